@@ -1,0 +1,55 @@
+"""Grad Moments: exact moments of per-example gradients for TensorFlow 2, and a TensorBoard tab.
+
+    import tb_gradmom as gradmom
+    grads, moments = gradmom.gradients_and_moments(loss, var_list, orders=(1, 2))
+
+The package imports lazily: ``import tb_gradmom`` does not import TensorFlow, so the
+TensorBoard plugin (which lives here too) stays cheap to load. TensorFlow is imported on first
+use of an attribute that needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "gradients_and_moments",
+    "variance",
+    "UnsupportedOpError",
+    "BatchSizeError",
+    "summary",
+    "keras",
+    "data",
+    "stats",
+    "metadata",
+]
+
+# Public name -> (module, attribute or None for the module itself).
+_LAZY = {
+    "gradients_and_moments": ("tb_gradmom._core", "gradients_and_moments"),
+    "variance": ("tb_gradmom._core", "variance"),
+    "UnsupportedOpError": ("tb_gradmom._errors", "UnsupportedOpError"),
+    "BatchSizeError": ("tb_gradmom._errors", "BatchSizeError"),
+    "summary": ("tb_gradmom.summary", None),
+    "keras": ("tb_gradmom.keras", None),
+    "data": ("tb_gradmom.data", None),
+    "stats": ("tb_gradmom.stats", None),
+    "metadata": ("tb_gradmom.metadata", None),
+}
+
+
+def __getattr__(name: str):
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'tb_gradmom' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
