@@ -1,0 +1,213 @@
+"""stats.py against definitions written from per-example gradients (numpy)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tb_gradmom import metadata, stats
+
+CASES = [
+    {"id": "signal-dominated-n16", "n": 16, "d": 12, "mean": 1.0, "noise": 0.3},
+    {"id": "noise-dominated-n4", "n": 4, "d": 30, "mean": 0.01, "noise": 1.0},
+    {"id": "n2-d3", "n": 2, "d": 3, "mean": 0.5, "noise": 0.5},
+    {"id": "n64-d5", "n": 64, "d": 5, "mean": -0.2, "noise": 2.0},
+]
+
+
+def _grads(case, seed=0):
+    rng = np.random.default_rng(seed)
+    g = case["mean"] + case["noise"] * rng.normal(size=(case["n"], case["d"]))
+    return g
+
+
+def _reference(g, loss=float("nan"), lr=float("nan")):
+    """Every quantity from its paper's definition, element by element."""
+    n, d = g.shape
+    m = [sum(g[j, i] for j in range(n)) / n for i in range(d)]
+    s = [sum(g[j, i] ** 2 for j in range(n)) / n for i in range(d)]
+    var = [sum((g[j, i] - m[i]) ** 2 for j in range(n)) / (n - 1) for i in range(d)]
+    tr_sigma = sum(var)
+    norm_sq = sum(x * x for x in m)
+    true_norm_sq = norm_sq - tr_sigma / n
+    gsnr = [m[i] ** 2 / var[i] for i in range(d) if var[i] > 0]
+    return {
+        "sums": {
+            "batch_size": n,
+            "num_elements": d,
+            "sum_m2": norm_sq,
+            "sum_var": tr_sigma,
+            "sum_gsnr": sum(gsnr),
+            "gsnr_count": len(gsnr),
+            "sum_m2_raw": sum(s),
+        },
+        "derived": {
+            "total_variance": tr_sigma,
+            "grad_norm_sq": norm_sq,
+            "grad_norm_sq_unbiased": true_norm_sq,
+            "noise_scale": tr_sigma / true_norm_sq,
+            "gsnr_mean": sum(gsnr) / len(gsnr),
+            "norm_test": math.sqrt(tr_sigma / (n * norm_sq)),
+            "eb_criterion": 1 - n / d * sum(gsnr),
+            "cabs_batch_size": lr * sum(s[i] - m[i] ** 2 for i in range(d)) / loss,
+        },
+    }
+
+
+def _sums(g, loss=float("nan"), lr=float("nan")):
+    m1, m2 = g.mean(axis=0), (g**2).mean(axis=0)
+    out = stats.sums_from_moments(m1, m2, g.shape[0])
+    out["loss"], out["learning_rate"] = loss, lr
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_sums_from_moments_matches_definitions(case):
+    g = _grads(case)
+    got = stats.sums_from_moments(g.mean(axis=0), (g**2).mean(axis=0), case["n"])
+    assert list(got) == list(metadata.STATS_FIELDS)
+    ref = _reference(g)["sums"]
+    for k, v in ref.items():
+        assert got[k] == pytest.approx(v, rel=1e-9), k
+    assert math.isnan(got["loss"]) and math.isnan(got["learning_rate"])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_derived_matches_definitions(case):
+    g = _grads(case)
+    got = stats.derived(_sums(g, loss=0.7, lr=0.05))
+    ref = _reference(g, loss=0.7, lr=0.05)["derived"]
+    assert list(got) == list(stats.DERIVED)
+    for k, v in ref.items():
+        assert isinstance(got[k], float)
+        assert got[k] == pytest.approx(v, rel=1e-8), k
+
+
+def test_noise_dominated_noise_scale_is_negative_not_hidden():
+    g = _grads(CASES[1])
+    ref = _reference(g)["derived"]
+    assert ref["grad_norm_sq_unbiased"] < 0  # the setting is chosen so
+    got = stats.derived(_sums(g))
+    assert got["noise_scale"] < 0
+    assert got["noise_scale"] == pytest.approx(ref["noise_scale"], rel=1e-8)
+
+
+def test_missing_loss_and_zero_counts_give_nan_without_warnings():
+    g = np.ones((4, 3))  # no variance at all
+    with np.errstate(all="raise"):
+        sums = stats.sums_from_moments(g.mean(axis=0), (g**2).mean(axis=0), 4)
+        got = stats.derived(sums)
+    assert sums["gsnr_count"] == 0 and sums["sum_var"] == 0
+    assert math.isnan(got["gsnr_mean"])
+    assert math.isnan(got["cabs_batch_size"])
+    assert got["noise_scale"] == 0.0
+    assert got["norm_test"] == 0.0
+    zero = dict(sums, sum_m2=0.0, sum_var=1.0)
+    with np.errstate(all="raise"):
+        z = stats.derived(zero)
+    assert z["norm_test"] == np.inf
+
+
+def test_batch_of_one_has_nan_variance():
+    g = np.array([[1.0, 2.0]])
+    sums = stats.sums_from_moments(g[0], g[0] ** 2, 1)
+    assert math.isnan(sums["sum_var"])
+    assert sums["gsnr_count"] == 0
+    assert math.isnan(stats.derived(sums)["noise_scale"])
+
+
+def test_derived_is_vectorised_over_steps():
+    per_step = [_sums(_grads(c, seed=i), loss=1.0 + i, lr=0.1) for i, c in enumerate(CASES)]
+    stacked = {k: np.array([s[k] for s in per_step]) for k in per_step[0]}
+    got = stats.derived(stacked)
+    for t, s in enumerate(per_step):
+        one = stats.derived(s)
+        for k in stats.DERIVED:
+            assert got[k].shape == (len(CASES),)
+            np.testing.assert_allclose(got[k][t], one[k], rtol=1e-12, err_msg=k)
+
+
+def test_ema_smooths_numerator_and_denominator_separately():
+    rng = np.random.default_rng(5)
+    num = rng.uniform(1, 2, size=6)
+    den = rng.uniform(0.5, 1.0, size=6)
+    den[3] = np.nan  # a step without data keeps the previous average
+    n = 8.0
+    # sum_m2 - sum_var / n == den  <=>  sum_m2 = den + num / n
+    sums = {
+        "batch_size": np.full(6, n),
+        "num_elements": np.full(6, 10.0),
+        "sum_m2": den + num / n,
+        "sum_var": num,
+        "sum_gsnr": np.ones(6),
+        "gsnr_count": np.ones(6),
+        "sum_m2_raw": np.ones(6),
+    }
+    decay = 0.9
+    got = stats.derived(sums, ema=decay)
+    # Reference: bias-corrected EMAs of numerator and denominator, then their ratio; the
+    # first step is the raw ratio.
+    assert got["noise_scale_ema"][0] == pytest.approx(num[0] / den[0], rel=1e-12)
+    ratio_of_emas = _bias_corrected_ratio(num, den, decay)
+    np.testing.assert_allclose(got["noise_scale_ema"], ratio_of_emas, rtol=1e-12)
+    # Unsmoothed noise scale is untouched.
+    np.testing.assert_allclose(got["noise_scale"][[0, 1, 2, 4, 5]], (num / den)[[0, 1, 2, 4, 5]])
+    assert got["noise_scale_ema"][-1] != pytest.approx(num[-1] / den[-1], rel=1e-3)
+
+
+def _bias_corrected_ratio(num, den, decay):
+    out = []
+    acc_n = w_n = acc_d = w_d = 0.0
+    for x, y in zip(num, den, strict=True):
+        acc_n, w_n = decay * acc_n + (1 - decay) * x, decay * w_n + (1 - decay)
+        if not math.isnan(y):
+            acc_d, w_d = decay * acc_d + (1 - decay) * y, decay * w_d + (1 - decay)
+        out.append((acc_n / w_n) / (acc_d / w_d))
+    return np.array(out)
+
+
+def test_ema_zero_decay_is_the_raw_noise_scale_and_bad_decay_raises():
+    g = _grads(CASES[0])
+    s = _sums(g)
+    got = stats.derived(s, ema=0.0)
+    assert got["noise_scale_ema"] == pytest.approx(got["noise_scale"], rel=1e-12)
+    with pytest.raises(ValueError, match=r"ema must be a decay in \[0, 1\)"):
+        stats.derived(s, ema=1.0)
+    with pytest.raises(KeyError, match="missing \\['sum_var'\\]"):
+        stats.derived({k: v for k, v in s.items() if k != "sum_var"})
+
+
+def test_variance_histogram_buckets():
+    edges = metadata.HIST_EDGES
+    values = np.array(
+        [0.0, -1.0, edges[0] / 2, edges[0], edges[5] * 1.01, edges[-1], 1e300, np.nan]
+    )
+    got = stats.variance_histogram(values)
+    assert got.shape == (metadata.NUM_HIST_BUCKETS,)
+    expected = np.zeros(metadata.NUM_HIST_BUCKETS)
+    for v in values:
+        if math.isnan(v):
+            continue
+        b = 0
+        for i, e in enumerate(edges):
+            if v >= e:
+                b = i + 1
+        expected[b] += 1
+    np.testing.assert_array_equal(got, expected)
+    assert got[0] == 3 and got[1] == 1 and got[-1] == 2
+
+
+def test_split_stats_tensor_round_trip():
+    g = _grads(CASES[0])
+    sums = _sums(g, loss=0.3, lr=0.01)
+    counts = stats.variance_histogram(g.var(axis=0, ddof=1))
+    tensor = np.concatenate([[sums[f] for f in metadata.STATS_FIELDS], counts]).astype(np.float32)
+    assert tensor.size == metadata.STATS_LENGTH
+    got_sums, got_counts = stats.split_stats_tensor(tensor)
+    for f in metadata.STATS_FIELDS:
+        assert got_sums[f] == pytest.approx(sums[f], rel=1e-6)
+    np.testing.assert_array_equal(got_counts, counts)
+    with pytest.raises(ValueError, match="at least 9 values"):
+        stats.split_stats_tensor(np.zeros(3))
