@@ -1,0 +1,492 @@
+// Pure functions of the Grad Moments tab: no DOM, no fetch. Tested with `node --test`.
+//
+// Colour maps and scales, tick choice, pooling, histogram binning, index arithmetic for the
+// 2-D view of a variable, CSV and SVG text, sorting and filtering. The views draw with these;
+// the browser tests compute expected colours with the same lookup tables.
+
+import { COLORMAP_HEX } from "./colormaps.js";
+
+// ---------------------------------------------------------------------------------------------
+// Decoding the backend's JSON numbers (NaN as null, +-Inf as the strings "Infinity"/"-Infinity").
+
+/** One JSON value from the backend as a number: null -> NaN, "Infinity" -> Infinity. */
+export function decodeNumber(v) {
+  if (v === null || v === undefined) return NaN;
+  if (typeof v === "number") return v;
+  if (v === "Infinity" || v === "inf" || v === "+Infinity") return Infinity;
+  if (v === "-Infinity" || v === "-inf") return -Infinity;
+  if (v === "NaN" || v === "nan") return NaN;
+  const x = Number(v);
+  return Number.isNaN(x) ? NaN : x;
+}
+
+/** An array of backend JSON values as a Float64Array. */
+export function decodeArray(values) {
+  const out = new Float64Array(values.length);
+  for (let i = 0; i < values.length; i++) out[i] = decodeNumber(values[i]);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Colour maps.
+
+export const COLORMAPS = Object.freeze(Object.keys(COLORMAP_HEX));
+const lutCache = new Map();
+
+/** The 256-entry lookup table of a colour map: Uint8Array of 768 bytes (r, g, b per entry). */
+export function colormapLUT(name) {
+  if (!(name in COLORMAP_HEX)) {
+    throw new Error(`unknown colour map ${JSON.stringify(name)}; expected one of ${COLORMAPS.join(", ")}`);
+  }
+  let lut = lutCache.get(name);
+  if (!lut) {
+    const hex = COLORMAP_HEX[name];
+    lut = new Uint8Array(hex.length / 2);
+    for (let i = 0; i < lut.length; i++) lut[i] = parseInt(hex.substr(2 * i, 2), 16);
+    lutCache.set(name, lut);
+  }
+  return lut;
+}
+
+/** Index into a 256-entry LUT for t in [0, 1] (matplotlib's rule: floor(t * 256), clamped). */
+export function lutIndex(t) {
+  return Math.max(0, Math.min(255, Math.floor(t * 256)));
+}
+
+/** The [r, g, b] of the normalised value t in a colour map; null for NaN. */
+export function colormapColor(name, t) {
+  if (!Number.isFinite(t)) return null;
+  const lut = colormapLUT(name);
+  const i = 3 * lutIndex(t);
+  return [lut[i], lut[i + 1], lut[i + 2]];
+}
+
+export function rgbHex([r, g, b]) {
+  return "#" + [r, g, b].map((c) => c.toString(16).padStart(2, "0")).join("");
+}
+
+/**
+ * The domain of a colour (or axis) scale over values: [min, max] of the finite values, for a
+ * log scale of the finite positive values. null when there is none.
+ */
+export function finiteExtent(values, scale = "linear") {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const v of values) {
+    if (!Number.isFinite(v) || (scale === "log" && !(v > 0))) continue;
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
+  }
+  return lo <= hi ? [lo, hi] : null;
+}
+
+/**
+ * A normaliser v -> t in [0, 1] for a linear or log scale over domain [lo, hi]. Values outside
+ * the domain give t outside [0, 1] (the LUT clamps them); values a log scale cannot show (<= 0)
+ * and NaN give NaN. A constant domain maps every value to 0.5.
+ */
+export function normalizer(domain, scale = "linear") {
+  if (scale !== "linear" && scale !== "log") {
+    throw new Error(`unknown scale ${JSON.stringify(scale)}; expected "linear" or "log"`);
+  }
+  if (!domain) return () => NaN;
+  const f = scale === "log" ? Math.log10 : (x) => x;
+  const lo = f(domain[0]);
+  const hi = f(domain[1]);
+  const span = hi - lo;
+  return (v) => {
+    if (Number.isNaN(v) || (scale === "log" && !(v > 0))) return NaN;
+    if (v === Infinity) return 1;
+    if (v === -Infinity) return 0;
+    return span > 0 ? (f(v) - lo) / span : 0.5;
+  };
+}
+
+/**
+ * RGBA pixels (Uint8ClampedArray, 4 bytes per value) for values under a colour map and a
+ * normaliser; values with no colour (NaN, or <= 0 on a log scale) get `missing` [r, g, b, a].
+ */
+export function colorize(values, name, normalize, missing = [0, 0, 0, 0]) {
+  const lut = colormapLUT(name);
+  const out = new Uint8ClampedArray(values.length * 4);
+  for (let k = 0; k < values.length; k++) {
+    const t = normalize(values[k]);
+    const o = 4 * k;
+    if (Number.isNaN(t)) {
+      out[o] = missing[0];
+      out[o + 1] = missing[1];
+      out[o + 2] = missing[2];
+      out[o + 3] = missing[3];
+    } else {
+      const i = 3 * lutIndex(t);
+      out[o] = lut[i];
+      out[o + 1] = lut[i + 1];
+      out[o + 2] = lut[i + 2];
+      out[o + 3] = 255;
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ticks.
+
+const E10 = Math.sqrt(50);
+const E5 = Math.sqrt(10);
+const E2 = Math.sqrt(2);
+
+/** The "nice" step (1, 2 or 5 times a power of ten) for about `count` ticks over [lo, hi]. */
+export function tickStep(lo, hi, count = 5) {
+  const raw = Math.abs(hi - lo) / Math.max(1, count);
+  if (!(raw > 0) || !Number.isFinite(raw)) return 0;
+  const power = Math.floor(Math.log10(raw));
+  const error = raw / 10 ** power;
+  const factor = error >= E10 ? 10 : error >= E5 ? 5 : error >= E2 ? 2 : 1;
+  return factor * 10 ** power;
+}
+
+/**
+ * About `count` nice linear ticks inside [lo, hi]: multiples of tickStep, computed as integer
+ * multiples so that 0.1 + 0.2 style errors do not show (0.30000000000000004).
+ */
+export function niceTicks(lo, hi, count = 5) {
+  if (!Number.isFinite(lo) || !Number.isFinite(hi)) return [];
+  if (lo > hi) [lo, hi] = [hi, lo];
+  if (lo === hi) return [lo];
+  const step = tickStep(lo, hi, count);
+  if (!(step > 0)) return [lo];
+  const power = Math.floor(Math.log10(step));
+  const decimals = Math.max(0, -power);
+  const i0 = Math.ceil(lo / step - 1e-9);
+  const i1 = Math.floor(hi / step + 1e-9);
+  const ticks = [];
+  for (let i = i0; i <= i1; i++) ticks.push(Number((i * step).toFixed(decimals)));
+  return ticks;
+}
+
+/** The domain [lo, hi] widened to multiples of the nice tick step (as d3's scale.nice()). */
+export function niceDomain(lo, hi, count = 5) {
+  const step = tickStep(lo, hi, count);
+  if (!(step > 0)) return [lo, hi];
+  return [Math.floor(lo / step) * step, Math.ceil(hi / step) * step];
+}
+
+/**
+ * Ticks for a log scale over [lo, hi] (lo > 0): the powers of ten inside, thinned to at most
+ * `count`; with fewer than two decades inside, 1-2-5 multiples as well.
+ */
+export function logTicks(lo, hi, count = 6) {
+  if (!(lo > 0) || !(hi > 0)) return [];
+  if (lo > hi) [lo, hi] = [hi, lo];
+  const e0 = Math.ceil(Math.log10(lo) - 1e-9);
+  const e1 = Math.floor(Math.log10(hi) + 1e-9);
+  const inside = (v) => v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9);
+  if (e1 - e0 + 1 >= 2) {
+    const every = Math.max(1, Math.ceil((e1 - e0 + 1) / count));
+    const ticks = [];
+    for (let e = e0; e <= e1; e++) if ((e - e0) % every === 0) ticks.push(Number(`1e${e}`));
+    return ticks;
+  }
+  const ticks = [];
+  for (let e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
+    for (const m of [1, 2, 5]) {
+      const v = Number(`${m}e${e}`);
+      if (inside(v)) ticks.push(v);
+    }
+  }
+  return ticks.length ? ticks : niceTicks(lo, hi, 3).filter((v) => v > 0);
+}
+
+/** Short text for an axis tick: 0.001 -> "0.001", 1e-7 -> "1e-7", 25000 -> "25k". */
+export function formatTick(v) {
+  if (v === 0) return "0";
+  if (!Number.isFinite(v)) return String(v);
+  const a = Math.abs(v);
+  if (a >= 1e-3 && a < 1e4) return String(Number(v.toPrecision(6)));
+  if (a >= 1e4 && a < 1e6 && Number.isInteger(v / 1e3)) return `${v / 1e3}k`;
+  const [m, e] = v.toExponential().split("e");
+  return `${Number(Number(m).toPrecision(3))}e${Number(e)}`;
+}
+
+/** A value for tooltips and tables: 4 significant digits, exponent form when tiny or huge. */
+export function formatValue(v, digits = 4) {
+  if (v === null || v === undefined) return "–";
+  if (Number.isNaN(v)) return "NaN";
+  if (v === Infinity) return "∞";
+  if (v === -Infinity) return "-∞";
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a >= 1e-3 && a < 1e5) return String(Number(v.toPrecision(digits)));
+  return v.toExponential(digits - 1).replace("e+", "e");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The 2-D view of a variable, pooling and indices.
+
+/** The 2-D view of a shape (all axes but the last become rows), as metadata.to_2d_shape. */
+export function to2dShape(shape) {
+  if (shape.length === 0) return [1, 1];
+  if (shape.length === 1) return [1, shape[0]];
+  return [shape.slice(0, -1).reduce((a, b) => a * b, 1), shape[shape.length - 1]];
+}
+
+/** The multi-dimensional index of a flat row-major index into `shape`. */
+export function unravelIndex(flat, shape) {
+  const index = new Array(shape.length);
+  for (let d = shape.length - 1; d >= 0; d--) {
+    index[d] = flat % shape[d];
+    flat = Math.floor(flat / shape[d]);
+  }
+  return index;
+}
+
+/**
+ * The original element(s) behind cell (i, j) of a displayed grid.
+ *
+ * `shape` is the variable's shape, `block` [br, bc] how many rows/columns of its 2-D view one
+ * displayed cell averages. Returns {rows: [r0, r1], cols: [c0, c1]} (inclusive ranges in the
+ * 2-D view) and, for a single element, `index`: its index in the variable (a conv kernel's
+ * row r is (i * kw + j) * cin + c, so [i, j, c, col]).
+ */
+export function cellElements(i, j, shape, block = [1, 1]) {
+  const [R, C] = to2dShape(shape);
+  const [br, bc] = block;
+  const rows = [i * br, Math.min((i + 1) * br, R) - 1];
+  const cols = [j * bc, Math.min((j + 1) * bc, C) - 1];
+  const out = { rows, cols, index: null };
+  if (rows[0] === rows[1] && cols[0] === cols[1]) {
+    if (shape.length === 0) out.index = [];
+    else if (shape.length === 1) out.index = [cols[0]];
+    else out.index = [...unravelIndex(rows[0], shape.slice(0, -1)), cols[0]];
+  }
+  return out;
+}
+
+/** Text for cellElements: "[1, 2, 0, 3]" or "rows 0–3, cols 4–7". */
+export function describeCell(cell) {
+  if (cell.index) return `[${cell.index.join(", ")}]`;
+  const range = (a, b) => (a === b ? `${a}` : `${a}–${b}`);
+  return `rows ${range(...cell.rows)}, cols ${range(...cell.cols)}`;
+}
+
+/**
+ * NaN-aware block means of a row-major grid, so that it has at most maxRows x maxCols cells.
+ * Returns {values, rows, cols, block: [br, bc]}; a block of only NaN is NaN, +-Inf propagate.
+ */
+export function poolGrid(values, rows, cols, maxRows, maxCols) {
+  const br = Math.max(1, Math.ceil(rows / maxRows));
+  const bc = Math.max(1, Math.ceil(cols / maxCols));
+  if (br === 1 && bc === 1) return { values: Float64Array.from(values), rows, cols, block: [1, 1] };
+  const pr = Math.ceil(rows / br);
+  const pc = Math.ceil(cols / bc);
+  const sum = new Float64Array(pr * pc);
+  const count = new Uint32Array(pr * pc);
+  for (let r = 0; r < rows; r++) {
+    const pi = Math.floor(r / br) * pc;
+    for (let c = 0; c < cols; c++) {
+      const v = values[r * cols + c];
+      if (Number.isNaN(v)) continue;
+      const k = pi + Math.floor(c / bc);
+      sum[k] += v;
+      count[k] += 1;
+    }
+  }
+  const out = new Float64Array(pr * pc);
+  for (let k = 0; k < out.length; k++) out[k] = count[k] ? sum[k] / count[k] : NaN;
+  return { values: out, rows: pr, cols: pc, block: [br, bc] };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Histograms.
+
+/**
+ * Bin edges for `bins` equal-width bins over [lo, hi] (log: equal width in log10). A constant
+ * range is widened by 0.5 (linear) or a factor sqrt(10) (log) either side.
+ */
+export function binEdges(lo, hi, bins = 30, scale = "linear") {
+  if (scale === "log") {
+    let a = Math.log10(lo);
+    let b = Math.log10(hi);
+    if (a === b) [a, b] = [a - 0.5, b + 0.5];
+    return Array.from({ length: bins + 1 }, (_, k) => 10 ** (a + ((b - a) * k) / bins));
+  }
+  if (lo === hi) [lo, hi] = [lo - 0.5, hi + 0.5];
+  return Array.from({ length: bins + 1 }, (_, k) => lo + ((hi - lo) * k) / bins);
+}
+
+/**
+ * Counts of values in bins with the given edges: bin k is [edges[k], edges[k+1]), the last bin
+ * includes its right edge. Values outside the edges, NaN and (log) values <= 0 are not counted;
+ * `dropped` says how many.
+ */
+export function binCounts(values, edges, scale = "linear") {
+  const bins = edges.length - 1;
+  const counts = new Array(bins).fill(0);
+  let dropped = 0;
+  const f = scale === "log" ? Math.log10 : (x) => x;
+  const lo = f(edges[0]);
+  const hi = f(edges[bins]);
+  for (const v of values) {
+    if (!Number.isFinite(v) || (scale === "log" && !(v > 0))) {
+      dropped++;
+      continue;
+    }
+    const x = f(v);
+    if (x < lo || x > hi) {
+      dropped++;
+      continue;
+    }
+    // Locate by arithmetic, then correct against the exact edges (rounding at bin borders).
+    let k = Math.min(bins - 1, Math.floor(((x - lo) / (hi - lo)) * bins));
+    while (k > 0 && v < edges[k]) k--;
+    while (k < bins - 1 && v >= edges[k + 1]) k++;
+    counts[k]++;
+  }
+  return { counts, dropped };
+}
+
+/** A histogram of values: {edges, counts, dropped}, edges over the finite (positive) range. */
+export function histogram(values, bins = 30, scale = "linear") {
+  const extent = finiteExtent(values, scale);
+  if (!extent) return { edges: [], counts: [], dropped: values.length };
+  const edges = binEdges(extent[0], extent[1], bins, scale);
+  return { edges, ...binCounts(values, edges, scale) };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text out: CSV and SVG.
+
+/** One CSV field (RFC 4180): numbers in full precision, NaN/Inf spelled out, quoted if needed. */
+export function csvField(v) {
+  if (v === null || v === undefined) return "";
+  if (typeof v === "number") {
+    if (Number.isNaN(v)) return "NaN";
+    if (v === Infinity) return "Infinity";
+    if (v === -Infinity) return "-Infinity";
+    return String(v);
+  }
+  const s = String(v);
+  return /[",\r\n]|^\s|\s$/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+}
+
+/** CSV text from a header and rows (arrays), CRLF line ends as RFC 4180 says. */
+export function toCSV(header, rows) {
+  const lines = [header.map(csvField).join(",")];
+  for (const row of rows) lines.push(row.map(csvField).join(","));
+  return lines.join("\r\n") + "\r\n";
+}
+
+/** Text escaped for XML/SVG character data and attribute values. */
+export function escapeXML(s) {
+  return String(s)
+    .replace(/&/g, "&amp;")
+    .replace(/</g, "&lt;")
+    .replace(/>/g, "&gt;")
+    .replace(/"/g, "&quot;")
+    .replace(/'/g, "&apos;");
+}
+
+/** An SVG element as text; attribute values and string children are escaped. */
+export function svgElement(tag, attrs = {}, children = []) {
+  const a = Object.entries(attrs)
+    .filter(([, v]) => v !== null && v !== undefined)
+    .map(([k, v]) => ` ${k}="${escapeXML(v)}"`)
+    .join("");
+  const body = (Array.isArray(children) ? children : [children])
+    .map((c) => (c && typeof c === "object" && "svg" in c ? c.svg : escapeXML(c)))
+    .join("");
+  return { svg: `<${tag}${a}>${body}</${tag}>` };
+}
+
+/** A standalone SVG file from serialised markup of an <svg> element (adds the XML prolog). */
+export function svgDocument(markup) {
+  let m = markup.trim();
+  if (!/^<svg[^>]*\sxmlns=/.test(m)) m = m.replace(/^<svg/, '<svg xmlns="http://www.w3.org/2000/svg"');
+  return `<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n${m}\n`;
+}
+
+/**
+ * An SVG path "M x,y L ..." through points; points with a non-finite coordinate break the line
+ * into separate pieces.
+ */
+export function linePath(points) {
+  let d = "";
+  let pen = false;
+  for (const [x, y] of points) {
+    if (!Number.isFinite(x) || !Number.isFinite(y)) {
+      pen = false;
+      continue;
+    }
+    d += `${pen ? "L" : "M"}${+x.toFixed(2)},${+y.toFixed(2)}`;
+    pen = true;
+  }
+  return d;
+}
+
+/** A file name from parts: "dense_kernel-variance-step100.png"; no path separators. */
+export function fileName(parts, ext) {
+  const stem = parts
+    .filter((p) => p !== null && p !== undefined && p !== "")
+    .map((p) => String(p).replace(/[^A-Za-z0-9._-]+/g, "_").replace(/^_+|_+$/g, ""))
+    .filter(Boolean)
+    .join("-");
+  return `${stem || "gradmom"}.${ext}`;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runs, tags, steps, tables.
+
+/** The run colours (TensorBoard's classic palette), assigned in sorted run order. */
+export const RUN_PALETTE = Object.freeze([
+  "#425066", "#12b5cb", "#e52592", "#f9ab00", "#9334e6", "#7cb342", "#e8710a",
+]);
+
+export function runColors(runs) {
+  const sorted = [...runs].sort();
+  return new Map(sorted.map((r, k) => [r, RUN_PALETTE[k % RUN_PALETTE.length]]));
+}
+
+/**
+ * Tags matching a regular expression, case-insensitive as in TensorBoard's tag filter.
+ * Returns {tags, error}: with an invalid pattern, all tags and the error message.
+ */
+export function filterTags(tags, pattern) {
+  if (!pattern) return { tags: [...tags], error: null };
+  let re;
+  try {
+    re = new RegExp(pattern, "i");
+  } catch (e) {
+    return { tags: [...tags], error: e.message };
+  }
+  return { tags: tags.filter((t) => re.test(t)), error: null };
+}
+
+/** The step to show for a wanted step: the last one <= wanted, else the first; null if none. */
+export function nearestStep(steps, wanted) {
+  if (!steps.length) return null;
+  if (wanted === null || wanted === undefined) return steps[steps.length - 1];
+  let best = null;
+  for (const s of steps) if (s <= wanted && (best === null || s > best)) best = s;
+  return best === null ? Math.min(...steps) : best;
+}
+
+/**
+ * Rows sorted by a key, ascending or descending; missing and NaN values last either way,
+ * strings by locale order.
+ */
+export function sortRows(rows, key, descending = false) {
+  const missing = (v) => v === null || v === undefined || (typeof v === "number" && Number.isNaN(v));
+  return [...rows].sort((a, b) => {
+    const x = a[key];
+    const y = b[key];
+    if (missing(x) || missing(y)) return missing(x) - missing(y);
+    const c = typeof x === "string" || typeof y === "string" ? String(x).localeCompare(String(y)) : x - y;
+    return descending ? -c : c;
+  });
+}
+
+/** Colours of the plots for TensorBoard's light and dark themes (attributes, for export). */
+export const THEMES = Object.freeze({
+  light: { background: "#ffffff", text: "#212121", muted: "#616161", grid: "#e0e0e0", axis: "#9e9e9e", missing: [204, 204, 204, 255] },
+  dark: { background: "#303030", text: "#e0e0e0", muted: "#a0a0a0", grid: "#484848", axis: "#8a8a8a", missing: [90, 90, 90, 255] },
+});

@@ -1,0 +1,3 @@
+export default function constant(x) {
+  return () => x;
+}

@@ -1,0 +1,3 @@
+export default function identity(x) {
+  return x;
+}

@@ -1,0 +1,3 @@
+export default function permute(source, keys) {
+  return Array.from(keys, key => source[key]);
+}

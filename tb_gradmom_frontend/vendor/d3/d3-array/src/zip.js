@@ -1,0 +1,5 @@
+import transpose from "./transpose.js";
+
+export default function zip() {
+  return transpose(arguments);
+}

@@ -1,0 +1,6 @@
+export {
+  axisTop,
+  axisRight,
+  axisBottom,
+  axisLeft
+} from "./axis.js";

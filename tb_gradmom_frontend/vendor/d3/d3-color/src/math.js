@@ -1,0 +1,2 @@
+export const radians = Math.PI / 180;
+export const degrees = 180 / Math.PI;

@@ -1,0 +1,5 @@
+export default function constants(x) {
+  return function() {
+    return x;
+  };
+}

@@ -1,0 +1,3 @@
+export default function number(x) {
+  return +x;
+}

@@ -1,0 +1,5 @@
+export default function(x) {
+  return function() {
+    return x;
+  };
+}

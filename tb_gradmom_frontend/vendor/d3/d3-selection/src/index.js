@@ -1,0 +1,15 @@
+export {default as create} from "./create.js";
+export {default as creator} from "./creator.js";
+export {default as local} from "./local.js";
+export {default as matcher} from "./matcher.js";
+export {default as namespace} from "./namespace.js";
+export {default as namespaces} from "./namespaces.js";
+export {default as pointer} from "./pointer.js";
+export {default as pointers} from "./pointers.js";
+export {default as select} from "./select.js";
+export {default as selectAll} from "./selectAll.js";
+export {default as selection} from "./selection/index.js";
+export {default as selector} from "./selector.js";
+export {default as selectorAll} from "./selectorAll.js";
+export {styleValue as style} from "./selection/style.js";
+export {default as window} from "./window.js";

@@ -1,0 +1,7 @@
+function raise() {
+  if (this.nextSibling) this.parentNode.appendChild(this);
+}
+
+export default function() {
+  return this.each(raise);
+}

@@ -1,0 +1,3 @@
+export default function(update) {
+  return new Array(update.length);
+}

@@ -1,0 +1,7 @@
+import interrupt from "../interrupt.js";
+
+export default function(name) {
+  return this.each(function() {
+    interrupt(this, name);
+  });
+}

@@ -1,0 +1,199 @@
+// Unit tests of tb_gradmom_frontend/core.js. Run from the repository root:
+//   node --test tests/js/
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import * as core from "../../tb_gradmom_frontend/core.js";
+
+test("decodeNumber reads the backend's NaN/Inf encoding", () => {
+  assert.ok(Number.isNaN(core.decodeNumber(null)));
+  assert.equal(core.decodeNumber("Infinity"), Infinity);
+  assert.equal(core.decodeNumber("-Infinity"), -Infinity);
+  assert.equal(core.decodeNumber(1.5e-7), 1.5e-7);
+  const a = core.decodeArray([1, null, "Infinity", "-Infinity", 0]);
+  assert.ok(a instanceof Float64Array);
+  assert.deepEqual([...a].map(String), ["1", "NaN", "Infinity", "-Infinity", "0"]);
+});
+
+test("colour map LUTs have 256 entries and matplotlib's end points", () => {
+  for (const name of core.COLORMAPS) assert.equal(core.colormapLUT(name).length, 768, name);
+  // Reference colours from matplotlib (round(255 * x)): viridis(0), viridis(1), magma(1).
+  assert.equal(core.rgbHex(core.colormapColor("viridis", 0)), "#440154");
+  assert.equal(core.rgbHex(core.colormapColor("viridis", 1)), "#fde725");
+  assert.equal(core.rgbHex(core.colormapColor("magma", 0)), "#000004");
+  assert.equal(core.rgbHex(core.colormapColor("inferno", 1)), "#fcffa4");
+  assert.equal(core.rgbHex(core.colormapColor("gray", 0.5)), "#808080");
+  assert.equal(core.colormapColor("viridis", NaN), null);
+  assert.throws(() => core.colormapLUT("jet"), /unknown colour map "jet"; expected one of viridis/);
+});
+
+test("lutIndex follows matplotlib: floor(t * 256) clamped to [0, 255]", () => {
+  assert.equal(core.lutIndex(0), 0);
+  assert.equal(core.lutIndex(1 / 256 - 1e-12), 0);
+  assert.equal(core.lutIndex(1 / 256), 1);
+  assert.equal(core.lutIndex(0.999), 255);
+  assert.equal(core.lutIndex(1), 255);
+  assert.equal(core.lutIndex(-3), 0);
+  assert.equal(core.lutIndex(7), 255);
+});
+
+test("normalizer maps linear and log domains to [0, 1]", () => {
+  const lin = core.normalizer([2, 6], "linear");
+  assert.equal(lin(2), 0);
+  assert.equal(lin(4), 0.5);
+  assert.equal(lin(6), 1);
+  assert.ok(Number.isNaN(lin(NaN)));
+  assert.equal(lin(Infinity), 1);
+  const log = core.normalizer([1e-4, 1], "log");
+  assert.ok(Math.abs(log(1e-2) - 0.5) < 1e-12);
+  assert.ok(Number.isNaN(log(0)));
+  assert.ok(Number.isNaN(log(-1)));
+  assert.equal(core.normalizer([3, 3])(3), 0.5);
+  assert.throws(() => core.normalizer([0, 1], "sqrt"), /unknown scale "sqrt"/);
+});
+
+test("finiteExtent skips NaN, Inf and (log) non-positive values", () => {
+  assert.deepEqual(core.finiteExtent([3, NaN, -1, Infinity, 2]), [-1, 3]);
+  assert.deepEqual(core.finiteExtent([3, 0, -1, 0.5], "log"), [0.5, 3]);
+  assert.equal(core.finiteExtent([NaN, 0], "log"), null);
+});
+
+test("colorize writes LUT colours and the missing colour for NaN", () => {
+  const px = core.colorize([0, 1, NaN], "viridis", core.normalizer([0, 1]), [1, 2, 3, 4]);
+  assert.deepEqual([...px], [0x44, 0x01, 0x54, 255, 0xfd, 0xe7, 0x25, 255, 1, 2, 3, 4]);
+});
+
+test("niceTicks picks 1-2-5 steps without float noise", () => {
+  assert.deepEqual(core.niceTicks(0, 1, 5), [0, 0.2, 0.4, 0.6, 0.8, 1]);
+  assert.deepEqual(core.niceTicks(0.1, 0.35, 5), [0.1, 0.15, 0.2, 0.25, 0.3, 0.35]);
+  assert.deepEqual(core.niceTicks(-3, 7, 5), [-2, 0, 2, 4, 6]);
+  assert.deepEqual(core.niceTicks(0, 1000, 4), [0, 200, 400, 600, 800, 1000]);
+  assert.deepEqual(core.niceTicks(5, 5), [5]);
+  assert.deepEqual(core.niceTicks(1.2e-7, 1.9e-7, 4).map((v) => +v.toPrecision(3)), [1.2e-7, 1.4e-7, 1.6e-7, 1.8e-7]);
+  assert.equal(core.tickStep(0, 10, 10), 1);
+  assert.deepEqual(core.niceDomain(0.13, 0.92, 5), [0, 1]);
+});
+
+test("logTicks gives decades, or 1-2-5 within one decade", () => {
+  assert.deepEqual(core.logTicks(1e-6, 1, 10), [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1]);
+  assert.deepEqual(core.logTicks(1e-12, 1, 4), [1e-12, 1e-8, 1e-4, 1]); // 13 decades, every 4th
+  assert.deepEqual(core.logTicks(0.15, 0.9), [0.2, 0.5]);
+  assert.deepEqual(core.logTicks(0, 1), []);
+});
+
+test("formatTick and formatValue", () => {
+  assert.equal(core.formatTick(0.2), "0.2");
+  assert.equal(core.formatTick(1e-7), "1e-7");
+  assert.equal(core.formatTick(2.5e-7), "2.5e-7");
+  assert.equal(core.formatTick(25000), "25k");
+  assert.equal(core.formatValue(0.000123456), "1.235e-4");
+  assert.equal(core.formatValue(12.3456), "12.35");
+  assert.equal(core.formatValue(NaN), "NaN");
+  assert.equal(core.formatValue(-Infinity), "-∞");
+});
+
+test("cellElements recovers a conv kernel's multi-dimensional index", () => {
+  // Conv2D kernel [kh=3, kw=2, cin=4, cout=5]: row (i * kw + j) * cin + c.
+  const shape = [3, 2, 4, 5];
+  assert.deepEqual(core.to2dShape(shape), [24, 5]);
+  const [i, j, c, o] = [2, 1, 3, 4];
+  const row = (i * 2 + j) * 4 + c;
+  assert.deepEqual(core.cellElements(row, o, shape).index, [2, 1, 3, 4]);
+  assert.deepEqual(core.cellElements(0, 3, [7]).index, [3]); // bias: 1 x 7
+  assert.deepEqual(core.cellElements(4, 1, [5, 2]).index, [4, 1]);
+  const pooled = core.cellElements(2, 1, [10, 7], [4, 4]);
+  assert.deepEqual(pooled, { rows: [8, 9], cols: [4, 6], index: null });
+  assert.equal(core.describeCell(pooled), "rows 8–9, cols 4–6");
+  assert.equal(core.describeCell(core.cellElements(row, o, shape)), "[2, 1, 3, 4]");
+  assert.deepEqual(core.unravelIndex(23, [2, 3, 4]), [1, 2, 3]);
+});
+
+test("poolGrid takes NaN-aware block means", () => {
+  // 3 x 4 grid pooled to at most 2 x 2: blocks of 2 x 2 (last block row has one row).
+  const v = [1, 2, 3, NaN, 5, 6, NaN, NaN, 9, 10, 11, 12];
+  const p = core.poolGrid(v, 3, 4, 2, 2);
+  assert.equal(p.rows, 2);
+  assert.equal(p.cols, 2);
+  assert.deepEqual(p.block, [2, 2]);
+  assert.deepEqual([...p.values], [(1 + 2 + 5 + 6) / 4, 3, (9 + 10) / 2, (11 + 12) / 2]);
+  assert.ok(Number.isNaN(core.poolGrid([NaN, NaN], 1, 2, 1, 1).values[0]));
+  assert.deepEqual([...core.poolGrid([1, 2], 1, 2, 5, 5).values], [1, 2]);
+});
+
+test("histogram bins: equal width, last bin closed, log bins in log10", () => {
+  const h = core.histogram([0, 1, 2, 3, 4, NaN], 4);
+  assert.deepEqual(h.edges, [0, 1, 2, 3, 4]);
+  assert.deepEqual(h.counts, [1, 1, 1, 2]);
+  assert.equal(h.dropped, 1);
+  const lg = core.histogram([1e-3, 1e-2, 1e-1, 1, 0, -1], 3, "log");
+  assert.deepEqual(lg.edges.map((e) => +e.toPrecision(6)), [1e-3, 1e-2, 1e-1, 1]);
+  assert.deepEqual(lg.counts, [1, 1, 2]);
+  assert.equal(lg.dropped, 2);
+  // Brute force: each value's bin by linear search agrees with binCounts.
+  const vals = Array.from({ length: 500 }, (_, k) => Math.sin(k * 12.9898) * 43758.5453 % 1);
+  const edges = core.binEdges(-1, 1, 7);
+  const { counts } = core.binCounts(vals, edges);
+  const ref = new Array(7).fill(0);
+  for (const x of vals) {
+    for (let k = 0; k < 7; k++) {
+      if (x >= edges[k] && (x < edges[k + 1] || (k === 6 && x <= edges[7]))) {
+        ref[k]++;
+        break;
+      }
+    }
+  }
+  assert.deepEqual(counts, ref);
+  assert.deepEqual(core.binEdges(2, 2, 2), [1.5, 2, 2.5]);
+});
+
+test("CSV quoting follows RFC 4180", () => {
+  const csv = core.toCSV(
+    ["run", "value"],
+    [
+      ['<img src=x onerror=alert(1)>', 1.5],
+      ['a,b', NaN],
+      ['say "hi"', Infinity],
+      ["two\nlines", -Infinity],
+      [" padded", 1e-30],
+    ],
+  );
+  assert.equal(
+    csv,
+    'run,value\r\n<img src=x onerror=alert(1)>,1.5\r\n"a,b",NaN\r\n"say ""hi""",Infinity\r\n' +
+      '"two\nlines",-Infinity\r\n" padded",1e-30\r\n',
+  );
+  assert.equal(core.csvField(0.1 + 0.2), "0.30000000000000004"); // full precision, round trip
+});
+
+test("SVG helpers escape text", () => {
+  assert.equal(core.escapeXML(`<a href="x">&'`), "&lt;a href=&quot;x&quot;&gt;&amp;&apos;");
+  const t = core.svgElement("text", { x: 1, y: null }, ["<img src=x onerror=alert(1)>"]);
+  assert.equal(t.svg, '<text x="1">&lt;img src=x onerror=alert(1)&gt;</text>');
+  const g = core.svgElement("g", {}, [t, "&"]);
+  assert.equal(g.svg, `<g>${t.svg}&amp;</g>`);
+  const doc = core.svgDocument('<svg width="2"><g/></svg>');
+  assert.match(doc, /^<\?xml version="1.0"/);
+  assert.match(doc, /<svg xmlns="http:\/\/www.w3.org\/2000\/svg" width="2">/);
+  assert.equal(core.linePath([[0, 0], [1, 2], [2, NaN], [3, 1], [4, 1.23456]]), "M0,0L1,2M3,1L4,1.23");
+  assert.equal(core.fileName(["run/a b", "dense/kernel", "step", 3], "png"), "run_a_b-dense_kernel-step-3.png");
+  assert.equal(core.fileName(["<img src=x>"], "csv"), "img_src_x.csv");
+});
+
+test("runs, tags, steps and sorting", () => {
+  const colors = core.runColors(["b", "a", "c"]);
+  assert.equal(colors.get("a"), core.RUN_PALETTE[0]);
+  assert.equal(colors.get("c"), core.RUN_PALETTE[2]);
+  const tags = ["dense/kernel", "dense/bias", "conv2d/kernel"];
+  assert.deepEqual(core.filterTags(tags, "KERNEL$").tags, ["dense/kernel", "conv2d/kernel"]);
+  const bad = core.filterTags(tags, "(");
+  assert.deepEqual(bad.tags, tags);
+  assert.match(bad.error, /Invalid regular expression/);
+  assert.equal(core.nearestStep([0, 10, 20], 15), 10);
+  assert.equal(core.nearestStep([5, 10], 1), 5);
+  assert.equal(core.nearestStep([5, 10], null), 10);
+  assert.equal(core.nearestStep([], 3), null);
+  const rows = [{ t: "b", v: 2 }, { t: "a", v: NaN }, { t: "c", v: 1 }];
+  assert.deepEqual(core.sortRows(rows, "v").map((r) => r.t), ["c", "b", "a"]);
+  assert.deepEqual(core.sortRows(rows, "v", true).map((r) => r.t), ["b", "c", "a"]);
+  assert.deepEqual(core.sortRows(rows, "t", true).map((r) => r.t), ["c", "b", "a"]);
+});
