@@ -1,0 +1,437 @@
+"""Reads Grad Moments data from TensorBoard event files, without TensorFlow.
+
+    from tb_gradmom import data
+    runs = data.load("runs/demo")          # {run: {tag: [Record, ...]}}
+    rec = runs["."]["dense/kernel"][-1]    # the latest step of one variable
+    rec.moments[2]                         # M_2, float32 [*stored_shape]
+
+Event files are TFRecord files: each record is ``uint64 length``, ``uint32 masked
+crc32c(length)``, ``length`` bytes of a serialized ``Event`` proto and ``uint32 masked
+crc32c(data)`` (little endian). Both checksums are verified (crc32c in numpy + Python, see
+`crc32c`). A truncated last record (a writer still writing, or a crash) is skipped with a
+`DataWarning`; a record whose data checksum fails is skipped with a warning; a corrupt length
+stops reading that file with a warning.
+
+A *run* is a directory holding ``*tfevents*`` files; its name is the path relative to the
+logdir, the logdir itself being ``"."`` (as in TensorBoard). Only tags whose metadata (on the
+first event of the tag) names the plugin ``gradmom`` are read.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import struct
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+from tensorboard.compat.proto import event_pb2
+from tensorboard.util import tensor_util
+
+from tb_gradmom import metadata, stats
+
+__all__ = [
+    "Record",
+    "DataWarning",
+    "load",
+    "list_runs",
+    "read_records",
+    "crc32c",
+    "masked_crc32c",
+]
+
+
+class DataWarning(UserWarning):
+    """A record or tag was skipped (truncated, corrupt or unreadable); the rest was read."""
+
+
+@dataclass
+class Record:
+    """One logged step of one tag.
+
+    Attributes:
+      step: the global step.
+      wall_time: seconds since the epoch when the event was written.
+      batch_size: ``n`` from the stats tag at this step, or None without stats.
+      moments: order -> float32 array ``[*stored_shape]`` of ``M_order`` (empty for stats-only
+        tags such as ``_model``).
+      pooled: whether the arrays are block means over the 2-D view of the variable.
+      shape: the variable's shape (``()`` for stats-only tags).
+      stats: field -> value of `metadata.STATS_FIELDS` at this step, or None.
+      hist: the counts of the per-element unbiased variance over `metadata.HIST_EDGES`, or
+        None.
+      content: the tag's parsed content message (`metadata.MomentsContent`, or
+        `metadata.StatsContent` for stats-only tags).
+    """
+
+    step: int
+    wall_time: float
+    batch_size: int | None
+    moments: dict[int, np.ndarray]
+    pooled: bool
+    shape: tuple[int, ...]
+    stats: dict[str, float] | None = None
+    hist: np.ndarray | None = None
+    content: metadata.MomentsContent | metadata.StatsContent | None = field(
+        default=None, repr=False
+    )
+
+
+# ----------------------------------------------------------------------------- crc32c
+
+_POLY = 0x82F63B78  # Castagnoli, reflected
+
+
+def _make_table() -> np.ndarray:
+    table = np.zeros(256, dtype=np.uint32)
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (_POLY if c & 1 else 0)
+        table[i] = c
+    return table
+
+
+_TABLE = _make_table()
+_TABLE_LIST = [int(x) for x in _TABLE]
+
+
+def _update_python(reg: int, data: bytes) -> int:
+    table = _TABLE_LIST
+    for b in data:
+        reg = table[(reg ^ b) & 0xFF] ^ (reg >> 8)
+    return reg
+
+
+@functools.lru_cache(maxsize=16)
+def _zero_shift_tables(length: int) -> np.ndarray:
+    # The register after feeding `length` zero bytes is a linear map of the register; tabulate
+    # it per input byte: shift(x) = T[0][x & 255] ^ T[1][(x >> 8) & 255] ^ ...
+    x = (
+        np.arange(256, dtype=np.uint32)[None, :] << (8 * np.arange(4, dtype=np.uint32))[:, None]
+    ).astype(np.uint32)
+    x = x.ravel()
+    for _ in range(length):
+        x = _TABLE[x & 0xFF] ^ (x >> 8)
+    return x.reshape(4, 256)
+
+
+def _update_numpy(reg: int, data: bytes) -> int:
+    # Chunks of `chunk` bytes are run in parallel from a zero register (the CRC register is
+    # linear), then combined in order: reg = shift_chunk(reg) ^ reg0(chunk_k).
+    n = len(data)
+    chunk = 1 << max(8, (int(math.isqrt(n)).bit_length()))
+    k = n // chunk
+    buf = np.frombuffer(data, dtype=np.uint8, count=k * chunk)
+    cols = np.ascontiguousarray(buf.reshape(k, chunk).T).astype(np.uint32)
+    regs = np.zeros(k, dtype=np.uint32)
+    table = _TABLE
+    for i in range(chunk):
+        regs = table[(regs ^ cols[i]) & 0xFF] ^ (regs >> 8)
+    shift = [[int(v) for v in row] for row in _zero_shift_tables(chunk)]
+    s0, s1, s2, s3 = shift
+    for r in regs.tolist():
+        reg = s0[reg & 0xFF] ^ s1[(reg >> 8) & 0xFF] ^ s2[(reg >> 16) & 0xFF] ^ s3[reg >> 24] ^ r
+    return _update_python(reg, data[k * chunk :])
+
+
+def crc32c(data: bytes) -> int:
+    """The CRC-32C (Castagnoli) checksum of ``data``, as used by TFRecord.
+
+    Pure Python for short data; longer data runs chunks in parallel with numpy and combines
+    them, so multi-megabyte tensors take milliseconds.
+
+    Args:
+      data: the bytes.
+
+    Returns:
+      The checksum, an int in ``[0, 2**32)``; ``crc32c(b"123456789") == 0xE3069283``.
+    """
+    data = bytes(data)
+    if len(data) < 4096:
+        reg = _update_python(0xFFFFFFFF, data)
+    else:
+        reg = _update_numpy(0xFFFFFFFF, data)
+    return reg ^ 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes) -> int:
+    """The masked CRC-32C of TFRecord: ``((crc >> 15) | (crc << 17)) + 0xA282EAD8`` mod 2**32."""
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def read_records(path: str | os.PathLike) -> Iterator[bytes]:
+    """The data of every TFRecord in one file, checksums verified.
+
+    Args:
+      path: an event file.
+
+    Yields:
+      The bytes of each record, in file order. Truncated, corrupt or mismatching records are
+      skipped with a `DataWarning` naming the file and the byte offset.
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        offset = 0
+        while True:
+            header = f.read(12)
+            if not header:
+                return
+            if len(header) < 12:
+                warnings.warn(
+                    f"{path}: truncated record header at byte {offset} skipped "
+                    "(the writer may still be writing)",
+                    DataWarning,
+                    stacklevel=2,
+                )
+                return
+            (length,) = struct.unpack("<Q", header[:8])
+            (length_crc,) = struct.unpack("<I", header[8:12])
+            if masked_crc32c(header[:8]) != length_crc:
+                warnings.warn(
+                    f"{path}: corrupt record length at byte {offset}; the rest of the file "
+                    "is skipped",
+                    DataWarning,
+                    stacklevel=2,
+                )
+                return
+            body = f.read(length + 4)
+            if len(body) < length + 4:
+                warnings.warn(
+                    f"{path}: truncated last record at byte {offset} skipped "
+                    f"({len(body)} of {length + 4} bytes; the writer may still be writing)",
+                    DataWarning,
+                    stacklevel=2,
+                )
+                return
+            data = body[:length]
+            (data_crc,) = struct.unpack("<I", body[length:])
+            offset += 12 + length + 4
+            if masked_crc32c(data) != data_crc:
+                warnings.warn(
+                    f"{path}: record at byte {offset - length - 16} fails its checksum; skipped",
+                    DataWarning,
+                    stacklevel=2,
+                )
+                continue
+            yield data
+
+
+def _is_event_file(name: str) -> bool:
+    return "tfevents" in name
+
+
+def list_runs(logdir: str | os.PathLike) -> dict[str, list[str]]:
+    """The runs under a logdir and their event files.
+
+    Args:
+      logdir: a directory.
+
+    Returns:
+      run name -> sorted event file paths; ``"."`` is the logdir itself; runs sorted by name.
+
+    Raises:
+      FileNotFoundError: if ``logdir`` does not exist or is not a directory.
+    """
+    logdir = os.fspath(logdir)
+    if not os.path.isdir(logdir):
+        raise FileNotFoundError(f"logdir {logdir!r} does not exist or is not a directory")
+    runs = {}
+    for dirpath, dirnames, filenames in os.walk(logdir):
+        dirnames.sort()
+        files = sorted(f for f in filenames if _is_event_file(f))
+        if files:
+            run = os.path.relpath(dirpath, logdir).replace(os.sep, "/")
+            runs[run] = [os.path.join(dirpath, f) for f in files]
+    return dict(sorted(runs.items()))
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclass
+class _Tag:
+    content: metadata.MomentsContent | metadata.StatsContent | None
+    # step -> (wall_time, ndarray); a later event at the same step replaces an earlier one.
+    events: dict[int, tuple[float, np.ndarray]] = field(default_factory=dict)
+
+
+def _read_run(files: list[str], errors: list[str]) -> dict[str, _Tag]:
+    tags: dict[str, _Tag] = {}
+    for path in files:
+        for data in read_records(path):
+            try:
+                event = event_pb2.Event.FromString(data)
+            except Exception as e:  # a record that is not an Event proto
+                warnings.warn(f"{path}: a record is not an Event: {e}", DataWarning, stacklevel=2)
+                continue
+            if not event.HasField("summary"):
+                continue
+            for value in event.summary.value:
+                tag = tags.get(value.tag)
+                if tag is None:
+                    # TensorBoard keeps the metadata of a tag's first event only.
+                    content = None
+                    plugin = value.metadata.plugin_data
+                    if plugin.plugin_name == metadata.PLUGIN_NAME:
+                        try:
+                            content = metadata.parse_plugin_content(plugin.content)
+                        except metadata.FormatError as e:
+                            errors.append(f"tag {value.tag!r}: {e}")
+                            warnings.warn(
+                                f"{path}: tag {value.tag!r} skipped: {e}", DataWarning, stacklevel=2
+                            )
+                    tag = tags[value.tag] = _Tag(content)
+                if tag.content is None or not value.HasField("tensor"):
+                    continue
+                try:
+                    array = tensor_util.make_ndarray(value.tensor)
+                except Exception as e:
+                    warnings.warn(
+                        f"{path}: tag {value.tag!r} step {event.step}: unreadable tensor: {e}",
+                        DataWarning,
+                        stacklevel=2,
+                    )
+                    continue
+                tag.events[int(event.step)] = (float(event.wall_time), array)
+    return {name: t for name, t in tags.items() if t.content is not None}
+
+
+def _stats_of(content: metadata.StatsContent, array: np.ndarray):
+    sums, counts = stats.split_stats_tensor(array, content.fields)
+    return sums, counts
+
+
+def _batch_size(sums: dict[str, float] | None) -> int | None:
+    if sums is None:
+        return None
+    n = sums.get("batch_size", float("nan"))
+    return int(round(n)) if math.isfinite(n) else None
+
+
+def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
+    moments_tags = {
+        name: t for name, t in tags.items() if isinstance(t.content, metadata.MomentsContent)
+    }
+    stats_by_base: dict[str, _Tag] = {}
+    for name, t in tags.items():
+        if isinstance(t.content, metadata.StatsContent):
+            base = (
+                name[: -len(metadata.STATS_SUFFIX)]
+                if name.endswith(metadata.STATS_SUFFIX)
+                else name
+            )
+            stats_by_base[base] = t
+    out: dict[str, list[Record]] = {}
+    for name, t in sorted(moments_tags.items()):
+        content = t.content
+        st = stats_by_base.get(name)
+        records = []
+        for step in sorted(t.events):
+            wall_time, array = t.events[step]
+            expected = (len(content.orders), *content.stored_shape)
+            if tuple(array.shape) != expected:
+                warnings.warn(
+                    f"run {run!r} tag {name!r} step {step}: tensor shape {tuple(array.shape)} "
+                    f"does not match its metadata {expected}; skipped",
+                    DataWarning,
+                    stacklevel=3,
+                )
+                continue
+            sums = counts = None
+            if st is not None and step in st.events:
+                sums, counts = _stats_of(st.content, st.events[step][1])
+            records.append(
+                Record(
+                    step=step,
+                    wall_time=wall_time,
+                    batch_size=_batch_size(sums),
+                    moments={int(p): array[i] for i, p in enumerate(content.orders)},
+                    pooled=content.pooled,
+                    shape=tuple(content.shape),
+                    stats=sums,
+                    hist=counts,
+                    content=content,
+                )
+            )
+        out[name] = records
+    for base, st in sorted(stats_by_base.items()):
+        if base in moments_tags:
+            continue
+        records = []
+        for step in sorted(st.events):
+            wall_time, array = st.events[step]
+            sums, counts = _stats_of(st.content, array)
+            records.append(
+                Record(
+                    step=step,
+                    wall_time=wall_time,
+                    batch_size=_batch_size(sums),
+                    moments={},
+                    pooled=False,
+                    shape=(),
+                    stats=sums,
+                    hist=counts,
+                    content=st.content,
+                )
+            )
+        out[base] = records
+    return {name: out[name] for name in sorted(out) if out[name]}
+
+
+def load(logdir: str | os.PathLike, run: str | None = None) -> dict[str, dict[str, list[Record]]]:
+    """Loads every Grad Moments tag under a logdir.
+
+    Each variable tag's records carry the stats of the same step from its ``<tag>/_stats``
+    tag (``batch_size``, ``stats``, ``hist``). Stats tags without a moments tag (``_model``
+    for the whole model, or variables logged without moments) appear under their base name
+    (``"_model"``) with empty ``moments``. Records are sorted by step; when a step was written
+    twice (a restarted run), the later event wins.
+
+    Args:
+      logdir: the directory given to TensorBoard's ``--logdir``.
+      run: read only this run (a name as returned by `list_runs`, e.g. ``"."`` or
+        ``"train"``); default all runs.
+
+    Returns:
+      ``{run: {tag: [Record, ...]}}``, runs and tags sorted by name; runs without Grad
+      Moments data are left out.
+
+    Raises:
+      FileNotFoundError: if ``logdir`` does not exist.
+      ValueError: if there is no event file, no such run, or no Grad Moments data (the
+        message says which and how to log some).
+    """
+    runs = list_runs(logdir)
+    if not runs:
+        raise ValueError(
+            f"no TensorBoard event files (*tfevents*) under logdir {os.fspath(logdir)!r}"
+        )
+    if run is not None:
+        if run not in runs:
+            raise ValueError(
+                f"no run {run!r} under logdir {os.fspath(logdir)!r}; runs: "
+                + ", ".join(repr(r) for r in runs)
+            )
+        runs = {run: runs[run]}
+    errors: list[str] = []
+    out = {}
+    for name, files in runs.items():
+        records = _records_of_run(_read_run(files, errors), name)
+        if records:
+            out[name] = records
+    if not out:
+        detail = f" ({errors[0]})" if errors else ""
+        where = f"run {run!r} of logdir" if run is not None else "logdir"
+        raise ValueError(
+            f"no Grad Moments data in {where} {os.fspath(logdir)!r}{detail}; log some with "
+            "tb_gradmom.summary or the Keras callback"
+        )
+    return out
