@@ -195,7 +195,9 @@ def parse_plugin_content(content: bytes) -> MomentsContent | StatsContent:
                 version=version,
             )
     except (KeyError, TypeError, ValueError) as e:
-        raise FormatError(f"Grad Moments {kind} content is missing or has a bad field: {e}") from None
+        raise FormatError(
+            f"Grad Moments {kind} content is missing or has a bad field: {e}"
+        ) from None
     raise FormatError(f"Grad Moments tag content has an unknown kind: {kind!r}")
 
 

@@ -1,0 +1,364 @@
+"""The graph core: gradients and per-example gradient moments from one backward pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from tb_gradmom import _graph
+from tb_gradmom._errors import BatchSizeError, UnsupportedOpError
+from tb_gradmom.rules import REGISTRY, RuleError, supported_ops
+from tb_gradmom.rules.base import Site
+
+__all__ = ["gradients_and_moments", "variance", "variable_name", "DEFAULT_CHUNK_ELEMENTS"]
+
+# Per rule, examples are processed in chunks so that the per-example tensors of one chunk hold
+# at most this many elements (32 MiB in float32), unless `chunk_size` is given.
+DEFAULT_CHUNK_ELEMENTS = 1 << 23
+
+_MAX_ORDER = 4
+
+
+def variable_name(variable) -> str:
+    """A readable, stable name: the Keras ``variable.path``, else the name without ``:0``."""
+    path = getattr(variable, "path", None)
+    if isinstance(path, str) and path:
+        return path
+    name = getattr(variable, "name", None) or "variable"
+    return name[:-2] if name.endswith(":0") else name
+
+
+def _tf_variable(variable, position: int):
+    """The `tf.Variable` behind a Keras 3 variable or a `tf.Variable`."""
+    inner = getattr(variable, "value", None)
+    if isinstance(variable, tf.Variable):
+        v = variable
+    elif isinstance(inner, tf.Variable):  # Keras 3 variable with the TensorFlow backend
+        v = inner
+    else:
+        raise TypeError(
+            f"var_list[{position}] is a {type(variable).__name__}, not a variable; pass "
+            "tf.Variable or Keras variables (e.g. model.trainable_variables)"
+        )
+    if not hasattr(v, "handle"):
+        raise TypeError(
+            f"var_list[{position}] ('{variable_name(variable)}') is not a resource variable; "
+            "TF1 reference variables are not supported (use tf.compat.v1.enable_resource_variables())"
+        )
+    return v
+
+
+def _check_orders(orders) -> tuple[int, ...]:
+    if isinstance(orders, int):
+        orders = (orders,)
+    try:
+        out = tuple(sorted({int(p) for p in orders}))
+    except (TypeError, ValueError):
+        raise ValueError(f"orders must be integers from 1 to 4, got {orders!r}") from None
+    if not out or any(p < 1 or p > _MAX_ORDER for p in out):
+        raise ValueError(f"orders must be integers from 1 to {_MAX_ORDER}, got {orders!r}")
+    return out
+
+
+def _moment_dtype(dtype: tf.DType) -> tf.DType:
+    return tf.float64 if dtype.base_dtype == tf.float64 else tf.float32
+
+
+@dataclass
+class _Plan:
+    variable: tf.Variable
+    name: str
+    dtype: tf.DType
+    sites: list  # [(Site, Contribution)]
+
+
+def _unsupported_message(name: str, op: tf.Operation, why: str | None) -> str:
+    if why:
+        return (
+            f"variable '{name}' is consumed by {op.type} (op '{op.name}') in a way the exact rule "
+            f"does not cover: {why}. Supported ops: {', '.join(supported_ops())}."
+        )
+    return (
+        f"variable '{name}' is consumed by {op.type} (op '{op.name}'), which has no moment rule. "
+        f"Supported ops: {', '.join(supported_ops())}. Open an issue with the layer that "
+        "produces this op."
+    )
+
+
+def _plan(variable, name: str, graph, on_path) -> _Plan:
+    dtype = _moment_dtype(variable.dtype)
+    handle = _graph.internal_handle(graph, variable)
+    sites = []
+    if handle is not None:
+        for raw in _graph.find_sites(handle, on_path):
+            rule = REGISTRY.get(raw.op.type)
+            if rule is None:
+                raise UnsupportedOpError(_unsupported_message(name, raw.op, None))
+            site = Site(
+                op=raw.op, index=raw.index, view=raw.view, output=raw.op.outputs[0], dtype=dtype
+            )
+            try:
+                sites.append((site, rule(site)))
+            except RuleError as e:
+                raise UnsupportedOpError(_unsupported_message(name, raw.op, str(e))) from None
+    return _Plan(variable, name, dtype, sites)
+
+
+def _batch_size(batch_size, loss_vector, plans) -> tuple[tf.Tensor | None, list]:
+    """The batch size and the checks that every other piece of evidence agrees with it."""
+    evidence = []  # (scalar int tensor, description)
+    if loss_vector is not None:
+        evidence.append((tf.size(loss_vector), "the per-example loss vector"))
+    for plan in plans:
+        for _, c in plan.sites:
+            evidence.append((c.examples, c.evidence + f" (variable '{plan.name}')"))
+    if batch_size is not None:
+        if isinstance(batch_size, int) and batch_size < 1:
+            raise BatchSizeError(f"batch_size must be a positive integer, got {batch_size}")
+        evidence.insert(0, (tf.convert_to_tensor(batch_size, tf.int32), "batch_size="))
+    if not evidence:
+        return None, []
+    n, n_desc = evidence[0]
+    n = tf.cast(n, tf.int32)
+    n_static = tf.get_static_value(n)
+    checks = []
+    for t, desc in evidence[1:]:
+        t = tf.cast(t, tf.int32)
+        t_static = tf.get_static_value(t)
+        if n_static is not None and t_static is not None:
+            if int(t_static) != int(n_static):
+                raise BatchSizeError(
+                    f"the graph disagrees about the batch size: {n_desc} says {int(n_static)}, "
+                    f"{desc} says {int(t_static)}. Pass the per-example loss vector or "
+                    "batch_size=, and make sure every requested variable's op sees the batch."
+                )
+            continue
+        checks.append(
+            tf.debugging.assert_equal(
+                t,
+                n,
+                message=f"tb_gradmom: batch size mismatch between {n_desc} and {desc}",
+            )
+        )
+    return n, checks
+
+
+def _chunk(plan: _Plan, n: tf.Tensor, chunk_size: int | None) -> int:
+    if chunk_size is not None:
+        if int(chunk_size) < 1:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+        return int(chunk_size)
+    per_example = sum(c.per_example_elements for _, c in plan.sites)
+    per_example = max(per_example, int(plan.variable.shape.num_elements() or 1))
+    return max(1, DEFAULT_CHUNK_ELEMENTS // max(per_example, 1))
+
+
+def _power_sums_chunked(plan, deltas, n, orders, chunk) -> dict:
+    """sum_j g_j**p with per-example gradients summed over sites, chunk by chunk."""
+    var_shape = plan.variable.shape
+
+    def chunk_sums(start, size):
+        g = None
+        for (site, c), delta in zip(plan.sites, deltas):
+            part = c.per_example(delta, n, start, size)
+            part = tf.reshape(part, [-1, *var_shape])
+            g = part if g is None else g + part
+        out, g_pow = {}, {1: g}
+        for p in orders:
+            for q in range(2, p + 1):
+                if q not in g_pow:
+                    g_pow[q] = g_pow[q // 2] * g_pow[q - q // 2]
+            out[p] = tf.reduce_sum(g_pow[p], axis=0)
+        return out
+
+    n_static = tf.get_static_value(n)
+    if n_static is not None and int(n_static) <= chunk:
+        return chunk_sums(0, n)
+
+    num_chunks = (n + chunk - 1) // chunk
+    zeros = tuple(tf.zeros(var_shape, plan.dtype) for _ in orders)
+
+    def body(i, accs):
+        start = i * chunk
+        size = tf.minimum(chunk, n - start)
+        sums = chunk_sums(start, size)
+        return i + 1, tuple(a + sums[p] for a, p in zip(accs, orders))
+
+    _, accs = tf.while_loop(
+        lambda i, _: i < num_chunks,
+        body,
+        (tf.constant(0), zeros),
+        parallel_iterations=1,
+        name="chunks",
+    )
+    return dict(zip(orders, accs))
+
+
+def gradients_and_moments(
+    loss,
+    var_list: Sequence,
+    orders: Sequence[int] = (1, 2),
+    reduction: str = "mean",
+    *,
+    batch_size: int | tf.Tensor | None = None,
+    chunk_size: int | None = None,
+    name: str | None = None,
+):
+    """Gradients and the moments of the per-example gradients, from one backward pass.
+
+    The p-th moment of variable ``theta`` is ``M_p = (1/n) * sum_j g_j ** p``, element-wise, where
+    ``g_j = d l_j / d theta`` is the *unscaled* gradient of example ``j``'s own loss ``l_j``
+    (whatever the reduction) and ``n`` the number of examples. ``M_1`` is the mini-batch gradient
+    of the mean loss; the (unbiased) variance is ``variance(moments_i, n)``.
+
+    Call it inside a ``tf.function`` (or a ``tf.compat.v1`` graph), after the forward pass:
+
+        @tf.function
+        def train_step(x, y):
+            logits = model(x, training=True)
+            loss = loss_fn(y, logits)  # mean over the batch
+            grads, moments = gradmom.gradients_and_moments(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return moments
+
+    Args:
+      loss: a scalar, the mean (``reduction="mean"``) or the sum (``"sum"``) of the per-example
+        losses of the batch; or a ``[n]`` vector of per-example losses (then ``grads`` are those
+        of its mean, and ``reduction`` is ignored).
+      var_list: ``tf.Variable``s or Keras variables (``model.trainable_variables``).
+      orders: the moment orders to compute, integers from 1 to 4.
+      reduction: ``"mean"`` or ``"sum"``: how a scalar ``loss`` combines the examples.
+      batch_size: the number of examples ``n``. Inferred from the graph by default (the
+        per-example loss vector or the batch axis of the layers' inputs); when given it is
+        checked against the graph like every other piece of evidence.
+      chunk_size: examples per chunk where per-example gradients are materialised (convolutions,
+        Dense on sequences, variables used by several ops). Default: chosen per layer so one
+        chunk holds at most 8M elements.
+      name: a name scope for the added ops.
+
+    Returns:
+      ``(grads, moments)``: ``grads[i]`` is what ``tf.gradients(loss, var_list)[i]`` gives (for a
+      vector loss, of its mean; ``None`` for a variable the loss does not depend on).
+      ``moments[i]`` is a dict from each order ``p`` to a tensor shaped like ``var_list[i]``,
+      float32 (float64 for float64 variables).
+
+    Raises:
+      RuntimeError: when called eagerly.
+      UnsupportedOpError: a requested variable is consumed by an op without an exact rule.
+      BatchSizeError: the batch size cannot be inferred or the graph disagrees about it.
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "gradmom.gradients_and_moments needs a graph: call it inside a tf.function (for "
+            "example in your train_step decorated with @tf.function) or in a tf.compat.v1 graph. "
+            "Eager tensors carry no graph to read the layers' inputs from."
+        )
+    orders = _check_orders(orders)
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    var_list = list(var_list)
+    if not var_list:
+        raise ValueError("var_list is empty: pass the variables to compute moments for")
+    variables = [_tf_variable(v, i) for i, v in enumerate(var_list)]
+    names = [variable_name(v) for v in var_list]
+
+    with tf.name_scope(name or "gradients_and_moments"):
+        loss = tf.convert_to_tensor(loss)
+        if loss.shape.rank == 1:
+            loss_vector, scalar, mode = loss, tf.reduce_mean(loss), "mean"
+        elif loss.shape.rank == 0:
+            loss_vector, scalar, mode = None, loss, reduction
+        else:
+            raise ValueError(
+                f"loss must be a scalar or a [n] vector of per-example losses, got shape "
+                f"{loss.shape}; reduce the other axes per example first"
+            )
+        graph = scalar.graph
+        on_path = _graph.ancestors(scalar)
+        plans = [_plan(v, nm, graph, on_path) for v, nm in zip(variables, names)]
+
+        outputs, index = [], {}
+        for plan in plans:
+            for site, _ in plan.sites:
+                key = site.output.ref()
+                if key not in index:
+                    index[key] = len(outputs)
+                    outputs.append(site.output)
+        all_grads = tf.gradients(scalar, variables + outputs)
+        grads = all_grads[: len(variables)]
+        out_grads = all_grads[len(variables) :]
+
+        n, checks = _batch_size(batch_size, loss_vector, plans)
+        needs_n = mode == "sum" or any(plan.sites for plan in plans)
+        if n is None and needs_n:
+            raise BatchSizeError(
+                "cannot infer the batch size: no requested variable is used by an op with a "
+                "batch axis; pass batch_size= or the per-example loss vector"
+            )
+
+        moments = []
+        with tf.control_dependencies(checks):
+            for plan, grad in zip(plans, grads):
+                moments.append(
+                    _moments_of(plan, grad, out_grads, index, n, mode, orders, chunk_size)
+                )
+    return list(grads), moments
+
+
+def _moments_of(plan, grad, out_grads, index, n, mode, orders, chunk_size) -> dict:
+    shape = plan.variable.shape
+    higher = tuple(p for p in orders if p > 1)
+    result = {}
+    if grad is None or not plan.sites:
+        return {p: tf.zeros(shape, plan.dtype) for p in orders}
+    nf = tf.cast(n, plan.dtype)
+    if 1 in orders:
+        g = tf.cast(tf.convert_to_tensor(grad), plan.dtype)
+        result[1] = g / nf if mode == "sum" else tf.identity(g)
+    if not higher:
+        return result
+    deltas = []
+    for site, _ in plan.sites:
+        g_out = out_grads[index[site.output.ref()]]
+        if g_out is None:
+            g_out = tf.zeros_like(site.output)
+        g_out = tf.cast(tf.convert_to_tensor(g_out), plan.dtype)
+        deltas.append(g_out * nf if mode == "mean" else g_out)
+    if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
+        sums = plan.sites[0][1].power_sums(deltas[0], n, higher)
+        sums = {p: tf.reshape(s, shape) for p, s in sums.items()}
+    else:
+        chunk = _chunk(plan, n, chunk_size)
+        sums = _power_sums_chunked(plan, deltas, n, higher, chunk)
+    for p in higher:
+        result[p] = sums[p] / nf
+    return result
+
+
+def variance(moments_i: dict, n, unbiased: bool = True):
+    """Element-wise variance of the per-example gradients from their first two raw moments.
+
+    Args:
+      moments_i: one entry of the ``moments`` list, a dict with orders 1 and 2.
+      n: the number of examples the moments average over.
+      unbiased: ``True`` for ``s2 = n/(n-1) * (M_2 - M_1**2)`` (the sample variance of the
+        per-example gradients); ``False`` for the biased ``M_2 - M_1**2``. The variance of the
+        mini-batch gradient itself is ``s2 / n``.
+
+    Returns:
+      A tensor (or numpy array) shaped like the variable.
+    """
+    if 1 not in moments_i or 2 not in moments_i:
+        raise ValueError("variance needs moments of orders 1 and 2; pass orders=(1, 2)")
+    m1, m2 = moments_i[1], moments_i[2]
+    biased = m2 - m1 * m1
+    if not unbiased:
+        return biased
+    if isinstance(n, int | float):
+        if n < 2:
+            raise ValueError(f"the unbiased variance needs at least 2 examples, got n={n}")
+        return biased * (n / (n - 1.0))
+    nf = tf.cast(n, biased.dtype)
+    return biased * nf / (nf - 1.0)

@@ -1,0 +1,149 @@
+"""Reading a traced graph: where a variable is read, what consumes it, where examples are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+__all__ = [
+    "VIEW_OPS",
+    "ancestors",
+    "internal_handle",
+    "find_sites",
+    "grouped_source",
+    "static_dim",
+]
+
+# Ops that pass a variable's value through unchanged up to shape and dtype, preserving the
+# row-major order of its elements. A moment of the viewed tensor reshapes to the variable.
+VIEW_OPS = frozenset({"Identity", "Cast", "ExpandDims", "Reshape", "Squeeze", "IdentityN"})
+
+
+def static_dim(t: tf.Tensor, axis: int = 0):
+    """The static size of ``t`` along ``axis``, or None."""
+    shape = t.shape
+    if shape.rank is None or shape.rank <= axis:
+        return None
+    return shape[axis]
+
+
+def ancestors(tensor: tf.Tensor) -> set[tf.Operation]:
+    """All ops that ``tensor`` depends on through data inputs (including its own op)."""
+    seen: set[tf.Operation] = set()
+    stack = [tensor.op]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+    return seen
+
+
+def internal_handle(graph: tf.Graph, variable) -> tf.Tensor | None:
+    """The tensor in ``graph`` that stands for ``variable``'s resource handle, or None.
+
+    Inside a ``tf.function`` the handle is an eager tensor captured as a placeholder; in nested
+    function graphs the capture is chained through the outer graphs. In a TF1 graph the handle
+    lives in the graph itself.
+    """
+    handle = variable.handle
+    if not isinstance(handle, tf.Tensor):
+        return None
+    try:
+        if handle.graph is graph:
+            return handle
+    except AttributeError:  # eager tensors have no graph
+        pass
+    return _captured(graph, handle)
+
+
+def _captured(graph, external):
+    captures = getattr(graph, "captures", None)
+    if captures is None:
+        return None
+    for ext, internal in captures:
+        if ext is external:
+            return internal
+    outer = getattr(graph, "outer_graph", None)
+    if outer is not None:
+        outer_t = _captured(outer, external)
+        if outer_t is not None:
+            for ext, internal in captures:
+                if ext is outer_t:
+                    return internal
+    return None
+
+
+@dataclass(frozen=True)
+class RawSite:
+    op: tf.Operation
+    index: int
+    view: tf.Tensor
+    read: tf.Operation
+
+
+def find_sites(handle: tf.Tensor, on_path: set[tf.Operation]) -> list[RawSite]:
+    """The consumers of a variable's value on the loss's path, past pass-through views.
+
+    Every read of ``handle`` (a variable may have several, e.g. in TF1 graphs) is followed
+    through `VIEW_OPS`; the first op that is not a view is a site. Ops not on ``on_path``
+    (the loss's ancestors) are ignored.
+    """
+    sites: list[RawSite] = []
+    for read in handle.consumers():
+        if read not in on_path:
+            continue
+        if read.type != "ReadVariableOp":
+            sites.append(RawSite(read, list(read.inputs).index(handle), handle, read))
+            continue
+        stack = [read.outputs[0]]
+        while stack:
+            t = stack.pop()
+            for op in t.consumers():
+                if op not in on_path:
+                    continue
+                if op.type in VIEW_OPS and op.inputs[0] is t:
+                    stack.extend(op.outputs[:1])
+                    continue
+                for i, inp in enumerate(op.inputs):
+                    if inp is t:
+                        sites.append(RawSite(op, i, t, read))
+    return sites
+
+
+def grouped_source(t: tf.Tensor, after_matmul: bool = False) -> tf.Tensor | None:
+    """If the rows of 2-D ``t`` are the positions of several examples, the tensor they came from.
+
+    Keras 3 Dense on ``[n, T, d]`` inputs reshapes them to ``[n * T, d]`` before ``MatMul``; the
+    rows of the product (and of its bias add) are then grouped by example. ``t`` is a ``MatMul``
+    input, or (``after_matmul=True``) a tensor computed from a ``MatMul`` output by bias adds.
+    Returns the rank >= 3 tensor before the reshape (its first axis indexes examples), or None
+    when ``t``'s rows are examples themselves.
+    """
+    if after_matmul:
+        t = _skip(t, _PASS)
+        if t.op.type != "MatMul" or t.op.get_attr("transpose_a"):
+            return None
+        t = t.op.inputs[0]
+    t = _skip(t, frozenset({"Cast", "Identity"}))
+    if t.op.type != "Reshape" or t.shape.rank != 2:
+        return None
+    src = t.op.inputs[0]
+    if src.shape.rank is None or src.shape.rank < 3:
+        return None
+    if t.shape[-1] is None or src.shape[-1] != t.shape[-1]:
+        return None  # e.g. Flatten: the last axis is not kept, rows are examples
+    return src
+
+
+_PASS = frozenset({"BiasAdd", "AddV2", "Add", "Cast", "Identity"})
+
+
+def _skip(t: tf.Tensor, kinds) -> tf.Tensor:
+    for _ in range(8):
+        if t.op.type not in kinds or not t.op.inputs:
+            break
+        t = t.op.inputs[0]
+    return t

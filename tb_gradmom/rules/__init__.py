@@ -1,0 +1,30 @@
+"""Exact moment rules, one op family per module, and the one registry from op type to rule.
+
+Adding support for an op is: a rule module (a pure function ``Site -> Contribution``), one line
+in `REGISTRY`, and a row in ``tests/cases.py``.
+"""
+
+from __future__ import annotations
+
+from tb_gradmom.rules.base import Contribution, RuleError, Site
+from tb_gradmom.rules.bias import bias_rule
+from tb_gradmom.rules.conv import conv_rule
+from tb_gradmom.rules.matmul import matmul_rule
+
+__all__ = ["REGISTRY", "Contribution", "RuleError", "Site", "supported_ops"]
+
+REGISTRY = {
+    "MatMul": matmul_rule,
+    "Conv2D": conv_rule,
+    "Conv3D": conv_rule,
+    "BiasAdd": bias_rule,
+    "AddV2": bias_rule,
+    "Add": bias_rule,
+    "Sub": bias_rule,
+    "Mul": bias_rule,
+}
+
+
+def supported_ops() -> list[str]:
+    """The op types that have an exact rule, sorted."""
+    return sorted(REGISTRY)

@@ -1,0 +1,73 @@
+"""What a moment rule receives and what it returns.
+
+A *site* is one op that consumes a requested variable (after pass-through views such as
+``Identity``, ``Cast``, ``ExpandDims``, ``Reshape``, ``Squeeze``). A rule looks at the site once,
+at trace time, and returns a `Contribution`: how many examples the site sees (evidence for the
+batch size) and how to turn the unscaled per-example output gradient ``delta`` into the
+per-example gradients of the consumed tensor, or directly into sums of their powers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+__all__ = ["Site", "Contribution", "RuleError"]
+
+
+class RuleError(Exception):
+    """Raised by a rule when the op is of a supported type but used in an unsupported way."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """One op that consumes a requested variable.
+
+    Attributes:
+      op: the consuming op.
+      index: which input of ``op`` carries the variable's value.
+      view: that input tensor (the variable after pass-through views).
+      output: the op's output whose gradient the rule needs.
+      dtype: the dtype in which moments are computed (float32, or float64 for float64 models).
+    """
+
+    op: tf.Operation
+    index: int
+    view: tf.Tensor
+    output: tf.Tensor
+    dtype: tf.DType
+
+    def input(self, i: int) -> tf.Tensor:
+        """The op's i-th input, cast to the moment dtype."""
+        return tf.cast(self.op.inputs[i], self.dtype)
+
+
+# per_example(delta, n, start, size) -> [size, *view.shape] per-example gradients of `view`
+PerExampleFn = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
+# power_sums(delta, n, orders) -> {p: sum_j g_j ** p}, shaped like `view`
+PowerSumsFn = Callable[[tf.Tensor, tf.Tensor, tuple], dict]
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """A rule's answer for one site.
+
+    Attributes:
+      examples: a scalar int tensor, the number of examples this site sees (batch evidence).
+      evidence: a short description of where ``examples`` comes from, for error messages.
+      per_example: the per-example gradients of the consumed tensor for examples
+        ``[start, start + size)``, shaped ``[size, *view.shape]``. ``delta`` is the unscaled
+        output gradient (``n * dL/dz`` for a mean loss) and ``n`` the batch size.
+      per_example_elements: how many elements one example's work materialises at peak
+        (used to choose a chunk size).
+      power_sums: optional fast path returning ``{p: sum_j g_j ** p}`` without materialising
+        per-example gradients (used when the variable has this site only).
+    """
+
+    examples: tf.Tensor
+    evidence: str
+    per_example: PerExampleFn
+    per_example_elements: int
+    power_sums: PowerSumsFn | None = None

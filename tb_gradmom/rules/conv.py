@@ -1,0 +1,106 @@
+"""Convolutions (``Conv2D``, ``Conv3D``; Keras Conv1D arrives as ``ExpandDims -> Conv2D``).
+
+The filter gradient of example ``j`` sums over output positions ``q``:
+``g_j = sum_q u_{j,q} delta_{j,q}^T``, with ``u_{j,q}`` the (strided, dilated, padded) input patch
+that output position ``q`` sees. For a chunk of examples the patches are gathered by one strided
+slice per kernel offset (im2col), and one batched matmul gives the per-example gradients, which
+are then raised to the power. Raising patches and output gradients to the power first (as the
+TF1 code did) drops every cross term between positions and is wrong.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import tensorflow as tf
+
+from tb_gradmom.rules.base import Contribution, RuleError, Site
+
+__all__ = ["conv_rule"]
+
+
+def _spatial_pads(op, kernel_sizes, strides, dilations, in_sizes, out_sizes):
+    """Per spatial axis (before, after) padding, as ints or scalar tensors."""
+    padding = op.get_attr("padding")
+    padding = padding.decode() if isinstance(padding, bytes) else padding
+    nd = len(kernel_sizes)
+    if padding == "VALID":
+        return [(0, 0)] * nd
+    if padding == "EXPLICIT":
+        flat = list(op.get_attr("explicit_paddings"))
+        pairs = [(flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2)]
+        return pairs[1 : 1 + nd]
+    if padding == "SAME":
+        pads = []
+        for k, s, d, i, o in zip(kernel_sizes, strides, dilations, in_sizes, out_sizes):
+            total = tf.maximum((o - 1) * s + (k - 1) * d + 1 - i, 0)
+            before = total // 2
+            pads.append((before, total - before))
+        return pads
+    raise RuleError(f"padding {padding!r} is not supported")
+
+
+def conv_rule(site: Site) -> Contribution:
+    """The rule for ``Conv2D`` and ``Conv3D`` consuming a variable as the filter."""
+    op = site.op
+    if site.index != 1:
+        raise RuleError("the variable is the convolution's input, not its filter")
+    fmt = op.get_attr("data_format")
+    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+    if fmt not in ("NHWC", "NDHWC"):
+        raise RuleError(f"data_format {fmt} is not supported (only channels-last)")
+    kshape = site.view.shape
+    if not kshape.is_fully_defined():
+        raise RuleError("the filter shape is not static")
+    nd = kshape.rank - 2
+    kernel_sizes = list(kshape[:nd])
+    c_in, c_out = kshape[nd], kshape[nd + 1]
+    strides = list(op.get_attr("strides"))
+    dilations = list(op.get_attr("dilations"))
+    if strides[0] != 1 or strides[-1] != 1 or dilations[0] != 1 or dilations[-1] != 1:
+        raise RuleError("strides or dilations over the batch or channel axis are not supported")
+    strides, dilations = strides[1:-1], dilations[1:-1]
+    out = op.outputs[0]
+    offsets = list(itertools.product(*[range(k) for k in kernel_sizes]))
+
+    def per_example(delta, n, start, size):
+        x = site.input(0)[start : start + size]
+        d = delta[start : start + size]
+        xs = tf.shape(x)
+        ds = tf.shape(d)
+        in_sizes = [xs[1 + i] for i in range(nd)]
+        out_sizes = [ds[1 + i] for i in range(nd)]
+        pads = _spatial_pads(op, kernel_sizes, strides, dilations, in_sizes, out_sizes)
+        if any(
+            not (isinstance(b, int) and b == 0 and isinstance(a, int) and a == 0) for b, a in pads
+        ):
+            x = tf.pad(x, [[0, 0]] + [[b, a] for b, a in pads] + [[0, 0]])
+        patches = []
+        for off in offsets:
+            begin = [0] + [o * dil for o, dil in zip(off, dilations)] + [0]
+            end = (
+                [tf.shape(x)[0]]
+                + [
+                    o * dil + (q - 1) * s + 1
+                    for o, dil, q, s in zip(off, dilations, out_sizes, strides)
+                ]
+                + [tf.shape(x)[-1]]
+            )
+            patches.append(tf.strided_slice(x, begin, end, [1] + strides + [1]))
+        u = tf.stack(patches, axis=-2)  # [c, *out_spatial, K, c_in]
+        u = tf.reshape(u, [tf.shape(u)[0], -1, len(offsets) * c_in])
+        d = tf.reshape(d, [tf.shape(d)[0], -1, c_out])
+        g = tf.einsum("nqk,nqo->nko", u, d)
+        return tf.reshape(g, [-1, *kernel_sizes, c_in, c_out])
+
+    positions = 1
+    for s in out.shape[1:-1]:
+        positions *= s if s is not None else 1024
+    elements = positions * len(offsets) * c_in + len(offsets) * c_in * c_out
+    return Contribution(
+        examples=tf.shape(op.inputs[0])[0],
+        evidence=f"the batch axis of the input of {op.type} op '{op.name}'",
+        per_example=per_example,
+        per_example_elements=int(elements),
+        power_sums=None,
+    )
