@@ -1,0 +1,395 @@
+"""Reads Grad Moments tags through TensorBoard's data provider, with caching.
+
+Everything goes through ``list_tensors`` / ``read_tensors`` (plugin ``gradmom``), so the same
+code serves the Python loader and RustBoard (``--load_fast=true``). Nothing here imports
+TensorFlow.
+
+What the data provider API allows shapes the read strategy:
+
+* ``list_tensors`` gives each tag's content message and its last step, without tensor values.
+* ``read_tensors`` has no step filter, only ``downsample``: ``downsample=1`` returns the last
+  step (cheap with RustBoard, which downsamples before sending), any other step needs the whole
+  series. Decoded arrays are kept in a byte-budgeted LRU, so scrubbing through steps after one
+  full read is served from memory.
+* RustBoard replies over gRPC, whose messages TensorBoard caps at 256 MiB: a series bigger
+  than `GRPC_READ_BUDGET` is read downsampled, and a step the sample misses answers 404 with
+  the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+
+import numpy as np
+from tensorboard import errors
+from tensorboard.data import provider
+
+from tb_gradmom import metadata
+from tb_gradmom.plugin._cache import ByteLRU
+
+logger = logging.getLogger(__name__)
+
+PLUGIN = metadata.PLUGIN_NAME
+# The most bytes of tensor values one read asks a gRPC data provider (RustBoard) for.
+GRPC_READ_BUDGET = 192 * 1024 * 1024
+# `downsample` meaning "every stored step": above any --samples_per_plugin anyone would use.
+ALL_STEPS = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class TagEntry:
+    """One Grad Moments time series as listed by the data provider."""
+
+    run: str
+    tag: str
+    content: metadata.MomentsContent | metadata.StatsContent
+    max_step: int
+    max_wall_time: float
+    description: str = ""
+
+    @property
+    def signature(self) -> tuple:
+        """Changes when the series gets new data."""
+        return (self.max_step, self.max_wall_time)
+
+
+@dataclasses.dataclass
+class RunIndex:
+    """The Grad Moments tags of one run: moments tags, and stats tags by name."""
+
+    moments: dict[str, TagEntry] = dataclasses.field(default_factory=dict)
+    stats: dict[str, TagEntry] = dataclasses.field(default_factory=dict)
+
+    def stats_for(self, tag: str) -> TagEntry | None:
+        """The stats tag belonging to moments tag ``tag`` (or ``_model``), if logged."""
+        return self.stats.get(metadata.stats_tag(tag))
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsSeries:
+    """The stats tensors of one tag over its steps.
+
+    Attributes:
+      steps: int64 ``[T]``, ascending.
+      wall_times: float64 ``[T]``.
+      sums: field -> float64 ``[T]`` for each field of `metadata.STATS_FIELDS` the tag has.
+      hist_counts: float64 ``[T, buckets]``, the variance histogram counts.
+    """
+
+    steps: np.ndarray
+    wall_times: np.ndarray
+    sums: dict[str, np.ndarray]
+    hist_counts: np.ndarray
+
+    def index_of(self, step: int) -> int | None:
+        i = int(np.searchsorted(self.steps, step))
+        if i < self.steps.size and self.steps[i] == step:
+            return i
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class MomentsAt:
+    """The moments of one tag at one step: ``arrays[order]`` of the stored shape."""
+
+    step: int
+    wall_time: float
+    arrays: dict[int, np.ndarray]
+
+
+class Reader:
+    """Grad Moments data for one TensorBoard instance, read through its data provider."""
+
+    def __init__(self, data_provider, cache: ByteLRU):
+        self._provider = data_provider
+        self._cache = cache
+        self._grpc = type(data_provider).__name__ != "MultiplexerDataProvider"
+        self._warned: set[tuple[str, str]] = set()
+        self._warn_lock = threading.Lock()
+
+    # ----------------------------------------------------------------------- listing
+
+    def index(self, ctx, experiment_id: str, run: str | None = None, tag: str | None = None):
+        """``{run: RunIndex}`` of every readable Grad Moments tag (optionally one run/tag).
+
+        Tags whose content message cannot be parsed (a newer format, a corrupt header) are
+        left out and logged once each.
+        """
+        rtf = None
+        if run is not None:
+            rtf = provider.RunTagFilter(runs=[run], tags=None if tag is None else [tag])
+        listing = self._provider.list_tensors(
+            ctx, experiment_id=experiment_id, plugin_name=PLUGIN, run_tag_filter=rtf
+        )
+        result: dict[str, RunIndex] = {}
+        for run_name, tags in listing.items():
+            ri = result.setdefault(run_name, RunIndex())
+            for tag_name, ts in tags.items():
+                content = self._parse(run_name, tag_name, ts.plugin_content)
+                if content is None:
+                    continue
+                entry = TagEntry(
+                    run=run_name,
+                    tag=tag_name,
+                    content=content,
+                    max_step=int(ts.max_step) if ts.max_step is not None else -1,
+                    max_wall_time=float(ts.max_wall_time or 0.0),
+                    description=ts.description or "",
+                )
+                if isinstance(content, metadata.StatsContent):
+                    ri.stats[tag_name] = entry
+                else:
+                    ri.moments[tag_name] = entry
+        return result
+
+    def run_index(self, ctx, experiment_id: str, run: str) -> RunIndex:
+        """The tags of one run; `errors.NotFoundError` if it has no Grad Moments data."""
+        ri = self.index(ctx, experiment_id, run=run).get(run)
+        if ri is None or not (ri.moments or ri.stats):
+            raise errors.NotFoundError(f"run {run!r} has no Grad Moments data")
+        return ri
+
+    def moments_entry(
+        self, ctx, experiment_id: str, run: str, tag: str
+    ) -> tuple[TagEntry, RunIndex]:
+        """The entry of moments tag ``tag`` in ``run``, or `errors.NotFoundError`."""
+        ri = self.run_index(ctx, experiment_id, run)
+        entry = ri.moments.get(tag)
+        if entry is None:
+            if tag in ri.stats:
+                raise errors.NotFoundError(
+                    f"tag {tag!r} in run {run!r} is a stats tag, not a moments tag; "
+                    f"ask for {tag[: -len(metadata.STATS_SUFFIX)]!r} instead"
+                )
+            raise errors.NotFoundError(f"run {run!r} has no moments tag {tag!r}")
+        return entry, ri
+
+    def _parse(self, run: str, tag: str, content: bytes):
+        key = ("content", bytes(content))
+        parsed = self._cache.get(key)
+        if parsed is not None:
+            return parsed
+        try:
+            parsed = metadata.parse_plugin_content(content)
+        except metadata.FormatError as e:
+            with self._warn_lock:
+                if (run, tag) not in self._warned:
+                    self._warned.add((run, tag))
+                    logger.warning("Grad Moments: skipping run %r tag %r: %s", run, tag, e)
+            return None
+        self._cache.put(key, parsed, size=len(content) + 512)
+        return parsed
+
+    # ------------------------------------------------------------------------- stats
+
+    def stats_series(
+        self, ctx, experiment_id: str, entries: list[TagEntry]
+    ) -> dict[str, StatsSeries]:
+        """``{tag: StatsSeries}`` for stats tags of one run (one read for all cache misses).
+
+        A stats tag whose tensors cannot be read (wrong length) is left out and logged.
+        """
+        out: dict[str, StatsSeries] = {}
+        missing: list[TagEntry] = []
+        for e in entries:
+            s = self._cache.get(("stats", experiment_id, e.run, e.tag, e.signature))
+            if s is None:
+                missing.append(e)
+            else:
+                out[e.tag] = s
+        if not missing:
+            return out
+        run = missing[0].run
+        data = self._provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=PLUGIN,
+            downsample=ALL_STEPS,
+            run_tag_filter=provider.RunTagFilter(runs=[run], tags=[e.tag for e in missing]),
+        ).get(run, {})
+        for e in missing:
+            series = data.get(e.tag)
+            if series is None:
+                continue
+            try:
+                s = _stats_series(series, e.content)
+            except ValueError as err:
+                logger.warning("Grad Moments: unreadable stats run %r tag %r: %s", run, e.tag, err)
+                continue
+            self._cache.put(("stats", experiment_id, e.run, e.tag, e.signature), s)
+            out[e.tag] = s
+        return out
+
+    def stats_for(self, ctx, experiment_id: str, entry: TagEntry | None) -> StatsSeries | None:
+        if entry is None:
+            return None
+        return self.stats_series(ctx, experiment_id, [entry]).get(entry.tag)
+
+    # ----------------------------------------------------------------------- moments
+
+    def _decode(self, entry: TagEntry, datum) -> MomentsAt:
+        c = entry.content
+        arr = np.asarray(datum.numpy)
+        expected = (len(c.orders), *c.stored_shape)
+        if arr.shape != expected or arr.dtype.kind != "f":
+            raise errors.NotFoundError(
+                f"run {entry.run!r} tag {entry.tag!r} step {datum.step}: the stored tensor has "
+                f"shape {list(arr.shape)} and dtype {arr.dtype}, but its metadata says "
+                f"float [{', '.join(map(str, expected))}]; the event file is corrupt or was "
+                "written by another tool"
+            )
+        arrays = {int(p): arr[i] for i, p in enumerate(c.orders)}
+        return MomentsAt(step=int(datum.step), wall_time=float(datum.wall_time), arrays=arrays)
+
+    def _moments_key(self, experiment_id, entry, step):
+        return ("moments", experiment_id, entry.run, entry.tag, int(step))
+
+    def bytes_per_step(self, entry: TagEntry) -> int:
+        c = entry.content
+        return 4 * len(c.orders) * max(1, math.prod(c.stored_shape))
+
+    def moments_at(
+        self, ctx, experiment_id: str, entry: TagEntry, step: int | None, num_steps: int | None
+    ) -> MomentsAt:
+        """The moments of ``entry`` at ``step`` (None: the last step).
+
+        Raises:
+          errors.NotFoundError: the step is not stored (the message gives the stored range).
+        """
+        want = entry.max_step if step is None else int(step)
+        key = self._moments_key(experiment_id, entry, want)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        if step is None:
+            return self._cache.get_or_load(key, lambda: self._read_last(ctx, experiment_id, entry))
+
+        def load():
+            series, downsampled = self.read_series(ctx, experiment_id, entry, num_steps)
+            steps = [d.step for d in series]
+            if want not in steps:
+                raise errors.NotFoundError(_missing_step_message(entry, want, steps, downsampled))
+            return self._keep_near(experiment_id, entry, series, want)
+
+        return self._cache.get_or_load(key, load)
+
+    def _read_last(self, ctx, experiment_id: str, entry: TagEntry) -> MomentsAt:
+        data = self._provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=PLUGIN,
+            downsample=1,
+            run_tag_filter=provider.RunTagFilter(runs=[entry.run], tags=[entry.tag]),
+        )
+        series = data.get(entry.run, {}).get(entry.tag) or []
+        if not series:
+            raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
+        return self._decode(entry, series[-1])
+
+    def read_series(
+        self, ctx, experiment_id: str, entry: TagEntry, num_steps: int | None
+    ) -> tuple[list[MomentsAt], bool]:
+        """Every stored step of a moments tag, ascending, and whether it had to be downsampled.
+
+        A gRPC data provider (RustBoard) is asked for at most `GRPC_READ_BUDGET` bytes; steps
+        whose tensor does not match the tag's metadata are skipped (and logged).
+        """
+        downsample = ALL_STEPS
+        if self._grpc:
+            per_step = self.bytes_per_step(entry)
+            expected = num_steps if num_steps else ALL_STEPS
+            if per_step * expected > GRPC_READ_BUDGET:
+                downsample = max(1, GRPC_READ_BUDGET // per_step)
+        data = self._provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=PLUGIN,
+            downsample=downsample,
+            run_tag_filter=provider.RunTagFilter(runs=[entry.run], tags=[entry.tag]),
+        )
+        series = data.get(entry.run, {}).get(entry.tag)
+        if not series:
+            raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
+        out = []
+        for d in series:
+            try:
+                out.append(self._decode(entry, d))
+            except errors.NotFoundError as e:
+                logger.warning("Grad Moments: %s", e)
+        out.sort(key=lambda m: m.step)
+        return out, downsample != ALL_STEPS
+
+    def _keep_near(self, experiment_id, entry, series: list[MomentsAt], want: int) -> MomentsAt:
+        """Caches the steps nearest ``want`` (up to a quarter of the budget); returns ``want``."""
+        found = None
+        budget = self._cache.budget_bytes // 4
+        used = 0
+        for m in sorted(series, key=lambda m: abs(m.step - want)):
+            if m.step == want:
+                found = m
+                continue
+            size = self.bytes_per_step(entry)
+            if used + size > budget:
+                break
+            used += size
+            self._cache.put(self._moments_key(experiment_id, entry, m.step), m, size=size + 256)
+        assert found is not None
+        return found
+
+    def cache_series(self, experiment_id: str, entry: TagEntry, series: list[MomentsAt]) -> None:
+        """Caches the latest steps of a full read, up to a quarter of the budget."""
+        if series:
+            self._keep_near(experiment_id, entry, series, series[-1].step)
+            last = series[-1]
+            key = self._moments_key(experiment_id, entry, last.step)
+            self._cache.put(key, last, size=self.bytes_per_step(entry) + 256)
+
+
+def _stats_series(series, content: metadata.StatsContent) -> StatsSeries:
+    fields = tuple(content.fields)
+    rows = []
+    steps = []
+    walls = []
+    for d in series:
+        v = np.asarray(d.numpy, dtype=np.float64).ravel()
+        if v.size < len(fields):
+            raise ValueError(
+                f"step {d.step}: a stats tensor needs at least {len(fields)} values, got {v.size}"
+            )
+        rows.append(v)
+        steps.append(int(d.step))
+        walls.append(float(d.wall_time))
+    order = np.argsort(np.asarray(steps, dtype=np.int64), kind="stable")
+    width = max((r.size for r in rows), default=len(fields))
+    table = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        table[i, : r.size] = r
+    table = table[order]
+    # Column i of the table is field i of the tag's content message (see
+    # `stats.split_stats_tensor`, which does the same for one step).
+    sums = {f: table[:, i].copy() for i, f in enumerate(fields)}
+    return StatsSeries(
+        steps=np.asarray(steps, dtype=np.int64)[order],
+        wall_times=np.asarray(walls, dtype=np.float64)[order],
+        sums=sums,
+        hist_counts=table[:, len(fields) :],
+    )
+
+
+def _missing_step_message(entry: TagEntry, want: int, steps: list[int], downsampled: bool) -> str:
+    if not steps:
+        return f"run {entry.run!r} tag {entry.tag!r} has no readable step"
+    msg = (
+        f"run {entry.run!r} tag {entry.tag!r} has no step {want}; it has {len(steps)} "
+        f"readable steps from {steps[0]} to {steps[-1]}"
+    )
+    if downsampled:
+        msg += (
+            f" in a sample: all its steps together exceed the {GRPC_READ_BUDGET >> 20} MiB one "
+            "read from the data server may carry; lower --samples_per_plugin=gradmom=N or use "
+            "--load_fast=false"
+        )
+    return msg

@@ -1,0 +1,569 @@
+"""The Grad Moments TensorBoard plugin: routes under ``/data/plugin/gradmom/``.
+
+Routes are thin: each parses its parameters (`_params`), calls an ``*_impl`` method that reads
+through the data provider (`_reader`) and builds the payload with plain numpy functions
+(`_payloads`), and raises `tensorboard.errors` types that TensorBoard's error middleware turns
+into 400 (bad parameter) or 404 (unknown run, tag or step; unreadable data). The routes and
+their payloads are documented in docs/http_api.md.
+
+This module imports no TensorFlow (only `tensorboard`'s TensorFlow-free modules and numpy).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import re
+
+import numpy as np
+from tensorboard import errors, plugin_util
+from tensorboard.backend import http_util
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+from tb_gradmom import metadata, reductions, stats
+from tb_gradmom.plugin import _encode, _params, _payloads, _static
+from tb_gradmom.plugin._cache import ByteLRU
+from tb_gradmom.plugin._reader import Reader
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GradMomentsPlugin", "DEFAULT_CACHE_MB"]
+
+# Budget of the in-memory cache of decoded arrays and computed responses.
+DEFAULT_CACHE_MB = 512
+ROUTE_PREFIX = "/data/plugin/" + metadata.PLUGIN_NAME + "/"
+MAX_GRID = 4096  # the largest max_rows / max_cols a heatmap may ask for
+MAX_BINS = 1000
+EXPORT_WHAT = ("heatmap", "histogram", "series", "moments")
+EXPORT_FORMATS = ("csv", "json", "npy")
+
+
+def _route(fn):
+    """A werkzeug route that never answers 500.
+
+    `tensorboard.errors` pass through to TensorBoard's error middleware (400/404). Anything
+    else (unreadable data that slipped past the checks, a data-provider failure) is logged
+    with its traceback and answered 404 with the reason.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(self, request):
+        try:
+            return fn(self, request)
+        except errors.PublicError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the never-500 safety net
+            logger.exception("Grad Moments: %s failed", request.path)
+            raise errors.NotFoundError(
+                f"Grad Moments could not serve this request: {type(e).__name__}: {e}"
+            ) from None
+
+    return wrappers.Request.application(wrapper)
+
+
+def _bad(e: ValueError) -> errors.InvalidArgumentError:
+    return errors.InvalidArgumentError(str(e))
+
+
+def _safe_name(s: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("._")
+    return s[:80] or "x"
+
+
+class GradMomentsPlugin(base_plugin.TBPlugin):
+    """Serves the Grad Moments tab: its frontend files and its data routes."""
+
+    plugin_name = metadata.PLUGIN_NAME
+
+    def __init__(self, context: base_plugin.TBContext):
+        self._data_provider = context.data_provider
+        cache_mb = getattr(context.flags, "gradmom_cache_mb", None) if context.flags else None
+        if not isinstance(cache_mb, (int, float)) or cache_mb <= 0:
+            cache_mb = DEFAULT_CACHE_MB
+        self._cache = ByteLRU(int(cache_mb * 1024 * 1024))
+        self._reader = Reader(self._data_provider, self._cache)
+        self._static_root = _static.frontend_dir()
+
+    # ------------------------------------------------------------------ TBPlugin API
+
+    def get_plugin_apps(self):
+        return {
+            "/tags": self._tags_route,
+            "/heatmap": self._heatmap_route,
+            "/histogram": self._histogram_route,
+            "/series": self._series_route,
+            "/summary": self._summary_route,
+            "/export": self._export_route,
+            "/*": self._static_route,
+        }
+
+    def is_active(self):
+        # TensorBoard's `list_plugins` (`data_plugin_names`) already says whether any
+        # `gradmom` summaries exist; there is nothing else to check.
+        return False
+
+    def frontend_metadata(self):
+        return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="Grad Moments")
+
+    # ------------------------------------------------------------------------ helpers
+
+    def _ctx(self, request):
+        if self._data_provider is None:
+            raise errors.NotFoundError("Grad Moments needs TensorBoard's data provider")
+        return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+
+    def _json(self, request, body) -> wrappers.Response:
+        text = body if isinstance(body, str) else _encode.to_json(body)
+        return http_util.Respond(request, text, "application/json")
+
+    def _cached_json(self, request, key, build) -> wrappers.Response:
+        return self._json(request, self._cache.get_or_load(key, lambda: _encode.to_json(build())))
+
+    # -------------------------------------------------------------------------- /tags
+
+    @_route
+    def _tags_route(self, request):
+        ctx, experiment = self._ctx(request)
+        return self._json(request, self.tags_impl(ctx, experiment))
+
+    def tags_impl(self, ctx, experiment: str) -> dict:
+        """``{"runs": {run: {tag: info}}, "model": {run: {"steps": [...]}}}``."""
+        runs: dict = {}
+        model: dict = {}
+        for run, ri in sorted(self._reader.index(ctx, experiment).items()):
+            series = (
+                self._reader.stats_series(ctx, experiment, list(ri.stats.values()))
+                if ri.stats
+                else {}
+            )
+            tags = {}
+            for tag, entry in sorted(ri.moments.items()):
+                st = ri.stats_for(tag)
+                s = series.get(st.tag) if st is not None else None
+                if s is not None:
+                    steps = s.steps.tolist()
+                else:
+                    steps = self._moment_steps(ctx, experiment, entry)
+                c = entry.content
+                tags[tag] = {
+                    "shape": list(c.shape),
+                    "stored_shape": list(c.stored_shape),
+                    "grid_shape": list(metadata.to_2d_shape(c.shape)),
+                    "pooled": bool(c.pooled),
+                    "block": list(c.block) if c.pooled else [1, 1],
+                    "orders": list(c.orders),
+                    "op": c.op,
+                    "layer": c.layer,
+                    "variable": c.variable,
+                    "dtype": c.dtype,
+                    "steps": steps,
+                    "has_stats": s is not None,
+                }
+            runs[run] = tags
+            ms = series.get(metadata.stats_tag(metadata.MODEL_TAG))
+            if ms is not None:
+                model[run] = {"steps": ms.steps.tolist()}
+        return {"runs": runs, "model": model}
+
+    def _moment_steps(self, ctx, experiment, entry) -> list[int]:
+        # Only for a moments tag logged without its stats tag (not what the writer does).
+        key = ("steps", experiment, entry.run, entry.tag, entry.signature)
+
+        def load():
+            series, _ = self._reader.read_series(ctx, experiment, entry, None)
+            self._reader.cache_series(experiment, entry, series)
+            return [m.step for m in series]
+
+        try:
+            return self._cache.get_or_load(key, load)
+        except errors.NotFoundError:
+            return []
+
+    # ----------------------------------------------------------------------- /heatmap
+
+    @_route
+    def _heatmap_route(self, request):
+        ctx, experiment = self._ctx(request)
+        args = self._heatmap_args(request)
+        return self._json(request, self.heatmap_impl(ctx, experiment, **args))
+
+    def _heatmap_args(self, request, max_default: int = 256, max_limit: int = MAX_GRID):
+        return {
+            "run": _params.string(request, "run", required=True),
+            "tag": _params.string(request, "tag", required=True),
+            "step": _params.step(request),
+            "stat": _params.choice(request, "stat", reductions.STATS, default="variance"),
+            "max_rows": _params.integer(
+                request, "max_rows", default=max_default, lo=1, hi=max_limit
+            ),
+            "max_cols": _params.integer(
+                request, "max_cols", default=max_default, lo=1, hi=max_limit
+            ),
+        }
+
+    def _moments(self, ctx, experiment, run, tag, step):
+        """``(entry, MomentsAt, batch size or None, StatsSeries or None)``."""
+        entry, ri = self._reader.moments_entry(ctx, experiment, run, tag)
+        s = self._reader.stats_for(ctx, experiment, ri.stats_for(tag))
+        m = self._reader.moments_at(ctx, experiment, entry, step, s.steps.size if s else None)
+        n = None
+        if s is not None:
+            i = s.index_of(m.step)
+            if i is not None:
+                n = float(s.sums["batch_size"][i])
+        return entry, m, n
+
+    def heatmap_impl(self, ctx, experiment, *, run, tag, step, stat, max_rows, max_cols) -> str:
+        """The /heatmap body as JSON text (cached per run, tag, step and parameters)."""
+        entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
+        resolved = entry.max_step if step is None else step
+        key = ("heatmap", experiment, run, tag, resolved, stat, max_rows, max_cols)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+
+        def build():
+            return _encode.to_json(
+                self._heatmap_body(ctx, experiment, run, tag, step, stat, max_rows, max_cols)
+            )
+
+        return self._cache.get_or_load(key, build)
+
+    def _heatmap_body(self, ctx, experiment, run, tag, step, stat, max_rows, max_cols) -> dict:
+        entry, m, n = self._moments(ctx, experiment, run, tag, step)
+        try:
+            body = _payloads.heatmap(entry.content, m.arrays, n, stat, max_rows, max_cols)
+        except ValueError as e:
+            raise _bad(e) from None
+        return {"run": run, "tag": tag, "step": m.step, "wall_time": m.wall_time, **body}
+
+    # --------------------------------------------------------------------- /histogram
+
+    @_route
+    def _histogram_route(self, request):
+        ctx, experiment = self._ctx(request)
+        args = self._histogram_args(request)
+        return self._json(request, self.histogram_impl(ctx, experiment, **args))
+
+    def _histogram_args(self, request):
+        return {
+            "run": _params.string(request, "run", required=True),
+            "tag": _params.string(request, "tag", required=True),
+            "step": _params.step(request, allow_all=True),
+            "stat": _params.choice(request, "stat", reductions.STATS, default="variance"),
+            "bins": _params.integer(request, "bins", default=30, lo=1, hi=MAX_BINS),
+            "scale": _params.choice(request, "scale", reductions.SCALES, default="linear"),
+        }
+
+    def histogram_impl(self, ctx, experiment, *, run, tag, step, stat, bins, scale) -> str:
+        """The /histogram body as JSON text."""
+        return _encode.to_json(
+            self.histogram_body(
+                ctx, experiment, run=run, tag=tag, step=step, stat=stat, bins=bins, scale=scale
+            )
+        )
+
+    def histogram_body(self, ctx, experiment, *, run, tag, step, stat, bins, scale) -> dict:
+        head = {
+            "run": run,
+            "tag": tag,
+            "stat": stat,
+            "label": reductions.stat_label(stat),
+            "scale": scale,
+            "bins": bins,
+        }
+        if step != "all":
+            entry, m, n = self._moments(ctx, experiment, run, tag, step)
+            try:
+                grid = _payloads.stat_grid(m.arrays, n, stat)
+                edges, counts = _payloads.histogram_one(grid, bins, scale)
+            except ValueError as e:
+                raise _bad(e) from None
+            nonfinite = int(grid.size - np.count_nonzero(np.isfinite(grid)))
+            return {
+                **head,
+                "edges": edges,
+                "series": [
+                    {
+                        "step": m.step,
+                        "wall_time": m.wall_time,
+                        "counts": counts,
+                        "nonfinite": nonfinite,
+                    }
+                ],
+            }
+        entry, ri = self._reader.moments_entry(ctx, experiment, run, tag)
+        s = self._reader.stats_for(ctx, experiment, ri.stats_for(tag))
+        key = (
+            "histogram",
+            experiment,
+            run,
+            tag,
+            stat,
+            bins,
+            scale,
+            entry.signature,
+            s.steps.size if s is not None else -1,
+        )
+
+        def build():
+            series, _ = self._reader.read_series(
+                ctx, experiment, entry, s.steps.size if s is not None else None
+            )
+            self._reader.cache_series(experiment, entry, series)
+            ns = []
+            for m in series:
+                i = s.index_of(m.step) if s is not None else None
+                ns.append(float(s.sums["batch_size"][i]) if i is not None else None)
+            try:
+                _payloads.check_stat(stat, entry.content.orders, ns[-1] if ns else None)
+            except ValueError as e:
+                raise _bad(e) from None
+
+            def compute(j):
+                try:
+                    return _payloads.stat_grid(series[j].arrays, ns[j], stat)
+                except ValueError:  # no batch size at this step: nothing to show
+                    return np.full(entry.content.stored_shape, np.nan)
+
+            edges, counts, nonfinite = _payloads.histograms_streaming(
+                compute, len(series), bins, scale
+            )
+            return {
+                **head,
+                "edges": edges,
+                "series": [
+                    {"step": m.step, "wall_time": m.wall_time, "counts": c, "nonfinite": nf}
+                    for m, c, nf in zip(series, counts, nonfinite)
+                ],
+            }
+
+        return self._cache.get_or_load(key, build)
+
+    # ------------------------------------------------------------------------ /series
+
+    @_route
+    def _series_route(self, request):
+        ctx, experiment = self._ctx(request)
+        run = _params.string(request, "run", required=True)
+        tag = _params.string(request, "tag", default=metadata.MODEL_TAG) or metadata.MODEL_TAG
+        ema = _params.number(request, "ema", default=None, lo=0.0, hi=1.0, hi_open=True)
+        return self._json(request, self.series_impl(ctx, experiment, run=run, tag=tag, ema=ema))
+
+    def series_impl(self, ctx, experiment, *, run, tag, ema=None) -> dict:
+        """Derived statistics per step of one tag, or of the whole model (``_model``)."""
+        ri = self._reader.run_index(ctx, experiment, run)
+        st = ri.stats_for(tag)
+        if st is None:
+            if tag == metadata.MODEL_TAG:
+                raise errors.NotFoundError(
+                    f"run {run!r} has no whole-model stats tag "
+                    f"{metadata.stats_tag(metadata.MODEL_TAG)!r}"
+                )
+            if tag in ri.moments:
+                raise errors.NotFoundError(
+                    f"tag {tag!r} in run {run!r} has no stats tag {metadata.stats_tag(tag)!r}"
+                )
+            raise errors.NotFoundError(f"run {run!r} has no moments tag {tag!r}")
+        s = self._reader.stats_for(ctx, experiment, st)
+        if s is None:
+            raise errors.NotFoundError(f"the stats of run {run!r} tag {tag!r} are unreadable")
+        values = _payloads.series(s.sums, ema=ema)
+        return {
+            "run": run,
+            "tag": tag,
+            "steps": s.steps,
+            "wall_times": s.wall_times.tolist(),
+            "values": values,
+            "descriptions": dict(stats.DERIVED),
+        }
+
+    # ----------------------------------------------------------------------- /summary
+
+    @_route
+    def _summary_route(self, request):
+        ctx, experiment = self._ctx(request)
+        run = _params.string(request, "run", required=True)
+        step = _params.step(request)
+        return self._json(request, self.summary_impl(ctx, experiment, run=run, step=step))
+
+    def summary_impl(self, ctx, experiment, *, run, step) -> dict:
+        """One row per moments tag (and the model) at ``step`` (None: each tag's latest)."""
+        ri = self._reader.run_index(ctx, experiment, run)
+        series = self._reader.stats_series(ctx, experiment, list(ri.stats.values()))
+
+        def row(tag, s, extra):
+            i = None
+            if s is not None and s.steps.size:
+                i = s.steps.size - 1 if step is None else s.index_of(step)
+            r = {
+                "tag": tag,
+                **extra,
+                "step": None,
+                "batch_size": None,
+                "total_variance": None,
+                "snr": None,
+                "noise_scale": None,
+                "grad_norm_sq": None,
+                "norm_test": None,
+            }
+            if i is None:
+                return r, False
+            sums = {f: float(v[i]) for f, v in s.sums.items()}
+            d = stats.derived(sums)
+            r.update(
+                step=int(s.steps[i]),
+                batch_size=sums["batch_size"],
+                total_variance=d["total_variance"],
+                snr=d["gsnr_mean"],
+                noise_scale=d["noise_scale"],
+                grad_norm_sq=d["grad_norm_sq"],
+                norm_test=d["norm_test"],
+            )
+            return r, True
+
+        rows = []
+        found = False
+        for tag, entry in sorted(ri.moments.items()):
+            st = ri.stats_for(tag)
+            c = entry.content
+            r, ok = row(
+                tag,
+                series.get(st.tag) if st else None,
+                {
+                    "layer": c.layer,
+                    "op": c.op,
+                    "shape": list(c.shape),
+                    "size": int(math.prod(c.shape)),
+                },
+            )
+            rows.append(r)
+            found = found or ok
+        model = None
+        ms = series.get(metadata.stats_tag(metadata.MODEL_TAG))
+        if ms is not None:
+            size = int(ms.sums["num_elements"][-1]) if ms.steps.size else None
+            model, ok = row(
+                metadata.MODEL_TAG, ms, {"layer": "", "op": "", "shape": None, "size": size}
+            )
+            found = found or ok
+        if step is not None and not found:
+            raise errors.NotFoundError(f"run {run!r} has no Grad Moments stats at step {step}")
+        return {"run": run, "step": step, "rows": rows, "model": model}
+
+    # ------------------------------------------------------------------------ /export
+
+    @_route
+    def _export_route(self, request):
+        ctx, experiment = self._ctx(request)
+        what = _params.choice(request, "what", EXPORT_WHAT, default=None)
+        fmt = _params.choice(request, "format", EXPORT_FORMATS, default="csv")
+        if fmt == "npy" and what not in ("heatmap", "moments"):
+            raise errors.InvalidArgumentError(
+                f"parameter `format`: npy is for arrays (what=heatmap or what=moments), "
+                f"not what={what}; use format=csv or format=json"
+            )
+        run = _params.string(request, "run", required=True)
+        body, mime, name = self.export_impl(ctx, experiment, request, what=what, fmt=fmt, run=run)
+        headers = [("Content-Disposition", f'attachment; filename="{name}"')]
+        return http_util.Respond(request, body, mime, headers=headers)
+
+    def export_impl(self, ctx, experiment, request, *, what, fmt, run):
+        """``(body, MIME type, file name)`` of one export."""
+        if what == "series":
+            tag = _params.string(request, "tag", default=metadata.MODEL_TAG) or metadata.MODEL_TAG
+            d = self.series_impl(ctx, experiment, run=run, tag=tag)
+            name = f"gradmom_{_safe_name(run)}_{_safe_name(tag)}_series"
+            if fmt == "json":
+                return _encode.to_json(d), "application/json", name + ".json"
+            keys = list(d["values"])
+            rows = (
+                [int(st), float(w), *[float(d["values"][k][i]) for k in keys]]
+                for i, (st, w) in enumerate(zip(d["steps"], d["wall_times"]))
+            )
+            return _encode.csv_table(["step", "wall_time", *keys], rows), "text/csv", name + ".csv"
+        tag = _params.string(request, "tag", required=True)
+        base = f"gradmom_{_safe_name(run)}_{_safe_name(tag)}"
+        if what == "heatmap":
+            a = self._heatmap_args(request, max_default=1 << 20, max_limit=1 << 20)
+            body = self._heatmap_body(
+                ctx,
+                experiment,
+                a["run"],
+                a["tag"],
+                a["step"],
+                a["stat"],
+                a["max_rows"],
+                a["max_cols"],
+            )
+            name = f"{base}_{a['stat']}_step{body['step']}"
+            if fmt == "json":
+                return _encode.to_json(body), "application/json", name + ".json"
+            grid = np.asarray(body["values"], dtype=np.float64).reshape(body["rows"], body["cols"])
+            if fmt == "npy":
+                return _encode.npy_bytes(grid), "application/octet-stream", name + ".npy"
+            header = ["row", *[str(j) for j in range(grid.shape[1])]]
+            rows = ([i, *row] for i, row in enumerate(grid.tolist()))
+            return _encode.csv_table(header, rows), "text/csv", name + ".csv"
+        if what == "histogram":
+            a = self._histogram_args(request)
+            body = self.histogram_body(ctx, experiment, **a)
+            which = "all" if a["step"] == "all" else f"step{body['series'][0]['step']}"
+            name = f"{base}_{a['stat']}_histogram_{which}"
+            if fmt == "json":
+                return _encode.to_json(body), "application/json", name + ".json"
+            edges = np.asarray(body["edges"], dtype=np.float64)
+            rows = (
+                [s["step"], s["wall_time"], float(edges[j]), float(edges[j + 1]), int(c)]
+                for s in body["series"]
+                for j, c in enumerate(np.asarray(s["counts"]))
+            )
+            header = ["step", "wall_time", "bin_lo", "bin_hi", "count"]
+            return _encode.csv_table(header, rows), "text/csv", name + ".csv"
+        # what == "moments": the raw stored moments at one step.
+        entry, m, n = self._moments(ctx, experiment, run, tag, _params.step(request))
+        c = entry.content
+        name = f"{base}_moments_step{m.step}"
+        if fmt == "npy":
+            stacked = np.stack([m.arrays[p] for p in c.orders]).astype(np.float32, copy=False)
+            return _encode.npy_bytes(stacked), "application/octet-stream", name + ".npy"
+        if fmt == "json":
+            return (
+                _encode.to_json(
+                    {
+                        "run": run,
+                        "tag": tag,
+                        "step": m.step,
+                        "wall_time": m.wall_time,
+                        "batch_size": n,
+                        "orders": list(c.orders),
+                        "shape": list(c.shape),
+                        "stored_shape": list(c.stored_shape),
+                        "pooled": bool(c.pooled),
+                        "block": list(c.block) if c.pooled else [1, 1],
+                        "moments": {str(p): m.arrays[p] for p in c.orders},
+                    }
+                ),
+                "application/json",
+                name + ".json",
+            )
+        header, table = _payloads.moments_table(m.arrays)
+        rows = ([int(r[0]), *r[1:]] for r in table.tolist())
+        return _encode.csv_table(header, rows), "text/csv", name + ".csv"
+
+    # ------------------------------------------------------------------------- static
+
+    @_route
+    def _static_route(self, request):
+        path = request.path
+        i = path.find(ROUTE_PREFIX)
+        rel = path[i + len(ROUTE_PREFIX) :] if i >= 0 else ""
+        found = _static.resolve(self._static_root, rel)
+        if found is None:
+            raise errors.NotFoundError(f"no Grad Moments frontend file {rel[:100]!r}")
+        file_path, mime = found
+        with open(file_path, "rb") as f:
+            content = f.read()
+        return http_util.Respond(request, content, mime)

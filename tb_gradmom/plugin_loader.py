@@ -1,0 +1,64 @@
+"""TensorBoard's entry point for the Grad Moments tab (``tensorboard_plugins: gradmom``).
+
+A plugin loader runs inside every ``tensorboard`` start-up once the package is installed, for
+every user, whatever dashboard they came for: nothing here may raise. The plugin itself is
+imported lazily in `GradMomentsPluginLoader.load`, and any failure there is logged and turns
+into "no Grad Moments tab" rather than a TensorBoard crash. Nothing here imports TensorFlow.
+
+Sampling: TensorBoard keeps only a sample of the steps of each tensor time series, per plugin:
+10 steps (Python loader) or 100 (RustBoard) for a plugin it does not know. `fix_flags` sets
+``--samples_per_plugin`` for ``gradmom`` to `DEFAULT_SAMPLES` unless the user gave a value, so
+both loaders keep `DEFAULT_SAMPLES` steps per tag (``gradmom=0`` keeps all).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tensorboard.plugins import base_plugin
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GradMomentsPluginLoader", "DEFAULT_SAMPLES", "PLUGIN_NAME"]
+
+PLUGIN_NAME = "gradmom"  # = tb_gradmom.metadata.PLUGIN_NAME, not imported to stay minimal
+# Steps kept per Grad Moments tag unless --samples_per_plugin says otherwise (as histograms).
+DEFAULT_SAMPLES = 500
+
+
+class GradMomentsPluginLoader(base_plugin.TBLoader):
+    """Loads `tb_gradmom.plugin.GradMomentsPlugin`; never raises."""
+
+    def define_flags(self, parser):
+        try:
+            group = parser.add_argument_group("gradmom")
+            group.add_argument(
+                "--gradmom_cache_mb",
+                type=int,
+                default=None,
+                help="Memory budget in MiB of the Grad Moments tab's cache of decoded "
+                "moments and computed responses (default: 512).",
+            )
+        except Exception:  # noqa: BLE001 - e.g. a flag defined twice; TensorBoard must start
+            logger.warning("Grad Moments: could not define its flags", exc_info=True)
+
+    def fix_flags(self, flags):
+        try:
+            current = getattr(flags, "samples_per_plugin", None)
+            if current is None or current == "":
+                current = {}
+            if isinstance(current, dict) and PLUGIN_NAME not in current:
+                updated = dict(current)
+                updated[PLUGIN_NAME] = DEFAULT_SAMPLES
+                flags.samples_per_plugin = updated
+        except Exception:  # noqa: BLE001
+            logger.warning("Grad Moments: could not set its samples_per_plugin", exc_info=True)
+
+    def load(self, context):
+        try:
+            from tb_gradmom.plugin.plugin import GradMomentsPlugin
+
+            return GradMomentsPlugin(context)
+        except Exception:  # noqa: BLE001 - a broken install must not crash TensorBoard
+            logger.error("Grad Moments: the plugin could not be loaded", exc_info=True)
+            return None
