@@ -1,0 +1,79 @@
+"""The ``tb-gradmom`` command: ``export`` (plots and numbers to files) and ``demo``.
+
+    tb-gradmom export --logdir runs/demo --out figures
+    tb-gradmom demo --logdir runs/demo --quick
+
+Subcommands import their modules lazily, so ``tb-gradmom --help`` is fast and ``export`` never
+imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "main"]
+
+
+def _run_export(args) -> int:
+    from tb_gradmom import export
+
+    return export.run_from_args(args)
+
+
+def _run_demo(args) -> int:
+    from tb_gradmom import demo
+
+    code = demo.main(args)
+    return int(code or 0)
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write the tab's plots (png, svg, pdf) or their numbers (csv, json) to files",
+        description="Write one file per plot: by default a heatmap of the unbiased variance "
+        "of every variable at its latest step.",
+    )
+    # Imported here for the choices; export imports no TensorFlow and no matplotlib.
+    from tb_gradmom import export
+
+    export.add_arguments(p)
+    p.set_defaults(func=_run_export)
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="train a small model and log its gradient moments")
+    p.add_argument("--logdir", default="runs/demo", help="where to write (default: runs/demo)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: the demo's)")
+    p.add_argument("--quick", action="store_true", help="a few steps only, for a smoke test")
+    p.set_defaults(func=_run_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``tb-gradmom`` with its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="tb-gradmom", description="Grad Moments: per-example gradient moments tools."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_export(sub)
+    _add_demo(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``tb-gradmom``.
+
+    Args:
+      argv: the arguments after the program name; default ``sys.argv[1:]``.
+
+    Returns:
+      The exit code (argparse exits with 2 itself on a usage error).
+    """
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

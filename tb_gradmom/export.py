@@ -1,0 +1,548 @@
+"""``tb-gradmom export``: the tab's plots as files (png, svg, pdf) or their numbers (csv, json).
+
+    tb-gradmom export --logdir runs/demo --out figures                 # variance heatmaps, latest step
+    tb-gradmom export --logdir runs/demo --tag 'dense' --plot histogram --stat snr --format pdf --out f
+    tb-gradmom export --logdir runs/demo --plot curves --format csv --out numbers
+
+One file per plot, named ``<run>-<tag>-step<N>-<stat>.<ext>`` (characters other than letters,
+digits, ``.``, ``_`` and ``-`` become ``_``; the root run ``"."`` is left out of names). The
+figures come from `tb_gradmom.plot` and the numbers from its ``*_data`` functions, so a CSV
+holds exactly what the figure of the same name draws.
+
+CSV: RFC 4180 with a header row, CRLF line ends, floats in shortest round-trip form, and
+non-finite numbers spelled ``NaN``, ``Infinity``, ``-Infinity``. JSON: the same numbers, with
+non-finite ones as those strings (the convention of the plugin's HTTP API).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import numpy as np
+
+from tb_gradmom import data, plot, reductions, stats
+
+__all__ = [
+    "FORMATS",
+    "ExportError",
+    "Job",
+    "plan",
+    "export",
+    "file_name",
+    "add_arguments",
+    "run_from_args",
+]
+
+FORMATS: tuple[str, ...] = ("png", "svg", "pdf", "csv", "json")
+IMAGE_FORMATS = ("png", "svg", "pdf")
+PROGRESS_MIN_FILES = 10  # a progress bar from this many files on
+
+
+class ExportError(ValueError):
+    """Bad input for an export (no match, a step that was not logged, ...): one-line message."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One file to write.
+
+    Attributes:
+      plot: one of `plot.PLOTS`.
+      run: the run (for curves: None, all matched runs in one figure).
+      tag: the tag (for summary: None).
+      step: the step (None for curves).
+      runs: for curves, the matched runs that have the tag.
+    """
+
+    plot: str
+    run: str | None
+    tag: str | None
+    step: int | None
+    runs: tuple[str, ...] = ()
+
+
+def _clean(part: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(part)).strip("._-")
+
+
+def file_name(parts: Sequence[Any], ext: str) -> str:
+    """A file name from parts: each cleaned to ``[A-Za-z0-9._-]``, joined with ``-``.
+
+    Args:
+      parts: e.g. ``["train", "dense/kernel", "step10", "variance"]``; empty parts and the root
+        run ``"."`` drop out.
+      ext: the extension without dot.
+
+    Returns:
+      e.g. ``"train-dense_kernel-step10-variance.png"``.
+    """
+    stem = "-".join(c for c in (_clean(p) for p in parts if p is not None) if c)
+    return f"{stem or 'gradmom'}.{ext}"
+
+
+def _compile(pattern: str | None, what: str):
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern, re.IGNORECASE)
+    except re.error as e:
+        raise ExportError(f"--{what} {pattern!r} is not a valid regular expression: {e}") from None
+
+
+def _parse_step(step: int | str | None) -> int | str:
+    if step is None or step in ("latest", "all"):
+        return step or "latest"
+    try:
+        return int(step)
+    except (TypeError, ValueError):
+        raise ExportError(f"--step must be an integer, 'latest' or 'all', got {step!r}") from None
+
+
+def plan(
+    runs: Mapping[str, Mapping[str, Sequence[data.Record]]],
+    plot_kind: str = "heatmap",
+    run: str | None = None,
+    tag: str | None = None,
+    step: int | str | None = "latest",
+    stat: str = "variance",
+) -> list[Job]:
+    """The files an export writes, without writing them.
+
+    Args:
+      runs: the result of `data.load`.
+      plot_kind: one of `plot.PLOTS`.
+      run: a regular expression searched in run names (case-insensitive); default all.
+      tag: a regular expression searched in tag names (case-insensitive); default all.
+      step: an integer, ``"latest"`` or ``"all"`` (ignored by curves).
+      stat: the element-wise statistic (heatmap and histogram).
+
+    Returns:
+      The jobs, in run, tag, step order.
+
+    Raises:
+      ExportError: with a one-line message when nothing matches, the step was not logged, the
+        statistic is unknown or no tag logged the moment orders it needs.
+    """
+    if plot_kind not in plot.PLOTS:
+        raise ExportError(f"unknown plot {plot_kind!r}; expected one of: {', '.join(plot.PLOTS)}")
+    step = _parse_step(step)
+    run_re, tag_re = _compile(run, "run"), _compile(tag, "tag")
+    run_names = [r for r in runs if run_re is None or run_re.search(r)]
+    if not run_names:
+        raise ExportError(f"no run matches --run {run!r}; runs: {', '.join(runs)}")
+    pairs = [(r, t) for r in run_names for t in runs[r] if tag_re is None or tag_re.search(t)]
+    if not pairs:
+        tags = sorted({t for r in run_names for t in runs[r]})
+        raise ExportError(f"no tag matches --tag {tag!r}; tags: {', '.join(tags)}")
+
+    def steps_of(records) -> list[int]:
+        if step == "latest":
+            return [records[-1].step] if records else []
+        if step == "all":
+            return [r.step for r in records]
+        return [step] if any(r.step == step for r in records) else []
+
+    jobs: list[Job] = []
+    if plot_kind in ("heatmap", "histogram"):
+        try:
+            needed = reductions.required_orders(stat)
+        except ValueError as e:
+            raise ExportError(str(e)) from None
+        with_moments = [(r, t) for r, t in pairs if runs[r][t] and runs[r][t][0].moments]
+        if not with_moments:
+            raise ExportError(
+                f"the matching tags hold stats only ({', '.join(t for _, t in pairs)}); "
+                "use --plot curves or --plot summary"
+            )
+        usable = [
+            (r, t) for r, t in with_moments if all(p in runs[r][t][0].moments for p in needed)
+        ]
+        if not usable:
+            raise ExportError(
+                f"--stat {stat} needs moment orders {list(needed)}, which no matching tag logged"
+            )
+        for r, t in usable:
+            jobs += [Job(plot_kind, r, t, s) for s in steps_of(runs[r][t])]
+    elif plot_kind == "curves":
+        tags = sorted({t for _, t in pairs})
+        for t in tags:
+            having = tuple(
+                r for r in run_names if (r, t) in set(pairs) and any(x.stats for x in runs[r][t])
+            )
+            if having:
+                jobs.append(Job("curves", None, t, None, having))
+        if not jobs:
+            raise ExportError("no matching tag has stats to draw curves of")
+    else:  # summary
+        for r in run_names:
+            tags = [t for rr, t in pairs if rr == r]
+            if step == "latest":
+                jobs.append(Job("summary", r, None, None))
+            else:
+                found = sorted({s for t in tags for s in steps_of(runs[r][t])})
+                jobs += [Job("summary", r, None, s) for s in found]
+    if not jobs:
+        all_steps = sorted({x.step for r, t in pairs for x in runs[r][t]})
+        shown = ", ".join(map(str, all_steps[:10])) + (", ..." if len(all_steps) > 10 else "")
+        raise ExportError(f"step {step} was not logged for any matching tag; steps: {shown}")
+    return jobs
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _num(x) -> Any:
+    x = float(x)
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x
+
+
+def _csv_num(x) -> str:
+    v = _num(x)
+    return v if isinstance(v, str) else repr(v)
+
+
+def _json_clean(obj):
+    if isinstance(obj, dict):
+        return {str(k): _json_clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_clean(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _json_clean(obj.tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return _num(obj)
+    return obj
+
+
+def _csv_text(header: list[str], rows: list[list[Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\r\n")
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow([_csv_num(v) if isinstance(v, (float, np.floating)) else v for v in row])
+    return buf.getvalue()
+
+
+def _numbers(job: Job, runs, opts: dict) -> tuple[dict, str, list[str], list[list[Any]]]:
+    """(json payload, csv header, csv rows) of one job."""
+    if job.plot == "heatmap":
+        d = plot.heatmap_data(runs, job.tag, run=job.run, step=job.step, stat=opts["stat"])
+        grid = d["grid"]
+        rows = [
+            [i, j, float(grid[i, j])] for i in range(grid.shape[0]) for j in range(grid.shape[1])
+        ]
+        d = {**d, "grid_shape": list(grid.shape)}
+        return d, ["row", "col", opts["stat"]], rows
+    if job.plot == "histogram":
+        d = plot.histogram_data(
+            runs,
+            job.tag,
+            run=job.run,
+            step=job.step,
+            stat=opts["stat"],
+            bins=opts["bins"],
+            scale=opts["scale"],
+        )
+        e, c = d["edges"], d["counts"][0]
+        rows = [[float(e[k]), float(e[k + 1]), int(c[k])] for k in range(len(c))]
+        return d, ["bin_lo", "bin_hi", "count"], rows
+    if job.plot == "curves":
+        d = plot.curves_data(
+            runs, tag=job.tag, runs=job.runs, quantities=opts["quantities"], ema=opts["ema"]
+        )
+        qs = list(d["quantities"])
+        rows = []
+        for r, series in d["runs"].items():
+            for k, s in enumerate(series["step"]):
+                rows.append([r, int(s), *[float(series[q][k]) for q in qs]])
+        return d, ["run", "step", *qs], rows
+    d = plot.summary_data(runs, run=job.run, step=job.step)
+    qs = list(stats.DERIVED)
+    rows = [
+        [
+            r["tag"],
+            r["step"],
+            "x".join(map(str, r["shape"])),
+            int(r["pooled"]),
+            "" if r["batch_size"] is None else r["batch_size"],
+            *[float(r[q]) for q in qs],
+        ]
+        for r in d["rows"]
+    ]
+    return d, ["tag", "step", "shape", "pooled", "batch_size", *qs], rows
+
+
+def _figure(job: Job, runs, opts: dict):
+    if job.plot == "heatmap":
+        return plot.heatmap(
+            runs,
+            job.tag,
+            run=job.run,
+            step=job.step,
+            stat=opts["stat"],
+            scale=opts["scale"],
+            cmap=opts["cmap"],
+        )
+    if job.plot == "histogram":
+        return plot.histogram(
+            runs,
+            job.tag,
+            run=job.run,
+            step=job.step,
+            stat=opts["stat"],
+            bins=opts["bins"],
+            scale=opts["scale"],
+            cmap=opts["cmap"],
+        )
+    if job.plot == "curves":
+        return plot.curves(
+            runs,
+            tag=job.tag,
+            runs=job.runs,
+            quantities=opts["quantities"],
+            ema=opts["ema"],
+            yscale=opts["yscale"],
+        )
+    return plot.summary(runs, run=job.run, step=job.step)
+
+
+def _job_name(job: Job, opts: dict, fmt: str) -> str:
+    if job.plot == "curves":
+        return file_name([job.tag, "curves"], fmt)
+    if job.plot == "summary":
+        step = "latest" if job.step is None else f"step{job.step}"
+        return file_name([job.run, step, "summary"], fmt)
+    parts = [job.run, job.tag, f"step{job.step}", opts["stat"]]
+    if job.plot == "histogram":
+        parts.append("histogram")
+    return file_name(parts, fmt)
+
+
+class _Progress:
+    def __init__(self, total: int, stream: TextIO | None):
+        self.total = total
+        self.stream = stream if total >= PROGRESS_MIN_FILES else None
+        self.tty = bool(self.stream is not None and getattr(self.stream, "isatty", lambda: False)())
+        self.last_quarter = -1
+
+    def update(self, done: int) -> None:
+        if self.stream is None:
+            return
+        width = 30
+        filled = int(width * done / self.total)
+        bar = f"exporting [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} files"
+        if self.tty:
+            self.stream.write("\r" + bar + ("\n" if done == self.total else ""))
+        else:
+            quarter = 4 * done // self.total
+            if quarter == self.last_quarter:
+                return
+            self.last_quarter = quarter
+            self.stream.write(bar + "\n")
+        self.stream.flush()
+
+
+def export(
+    logdir: str | os.PathLike,
+    out: str | os.PathLike,
+    run: str | None = None,
+    tag: str | None = None,
+    step: int | str | None = "latest",
+    plot_kind: str = "heatmap",
+    stat: str = "variance",
+    fmt: str = "png",
+    scale: str = "linear",
+    cmap: str = "viridis",
+    bins: int = 30,
+    quantities: Sequence[str] | None = None,
+    ema: float | None = None,
+    yscale: str = "linear",
+    dpi: int = 300,
+    progress: TextIO | None = None,
+) -> list[str]:
+    """Writes one file per plot.
+
+    Args:
+      logdir: the TensorBoard logdir.
+      out: the output directory (created if needed).
+      run: a regular expression for run names (case-insensitive search); default all.
+      tag: a regular expression for tag names; default all.
+      step: an integer, ``"latest"`` (each tag's last step) or ``"all"``.
+      plot_kind: one of `plot.PLOTS`.
+      stat: one of `reductions.STATS` (heatmap, histogram).
+      fmt: one of `FORMATS`.
+      scale: ``"linear"`` or ``"log"``: colour scale of heatmaps, bins of histograms.
+      cmap: one of `plot.COLORMAPS`.
+      bins: the number of histogram bins.
+      quantities: the derived quantities of curves (`stats.DERIVED` names).
+      ema: EMA decay for the noise scale in curves.
+      yscale: y scale of curves (``linear``, ``log``, ``symlog``).
+      dpi: resolution of PNG files.
+      progress: a stream for a progress bar when there are many files (e.g. ``sys.stderr``).
+
+    Returns:
+      The paths written, in order.
+
+    Raises:
+      FileNotFoundError: if the logdir does not exist.
+      ValueError: (`ExportError` or from `data.load`) with a one-line message for no data, no
+        match, a step that was not logged, or an unknown option value.
+      ImportError: for image formats without matplotlib (says how to install it).
+    """
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}; expected one of: {', '.join(FORMATS)}")
+    if cmap not in plot.COLORMAPS:
+        raise ExportError(
+            f"unknown colour map {cmap!r}; expected one of: {', '.join(plot.COLORMAPS)}"
+        )
+    if scale not in reductions.SCALES:
+        raise ExportError(f"unknown scale {scale!r}; expected 'linear' or 'log'")
+    if quantities:
+        bad = [q for q in quantities if q not in stats.DERIVED and q != "noise_scale_ema"]
+        if bad:
+            raise ExportError(
+                f"unknown quantities {bad}; expected names from: {', '.join(stats.DERIVED)}"
+            )
+    if fmt in IMAGE_FORMATS:
+        plot._mpl()  # fail before any work when matplotlib is missing
+    runs = data.load(logdir)
+    jobs = plan(runs, plot_kind=plot_kind, run=run, tag=tag, step=step, stat=stat)
+    opts = {
+        "stat": stat,
+        "scale": scale,
+        "cmap": cmap,
+        "bins": bins,
+        "quantities": tuple(quantities) if quantities else None,
+        "ema": ema,
+        "yscale": yscale,
+    }
+    out = os.fspath(out)
+    os.makedirs(out, exist_ok=True)
+    bar = _Progress(len(jobs), progress)
+    written: list[str] = []
+    used: set[str] = set()
+    for i, job in enumerate(jobs, 1):
+        name = _job_name(job, opts, fmt)
+        stem, ext = os.path.splitext(name)
+        k = 2
+        while name in used:  # two tags that clean to one name
+            name, k = f"{stem}-{k}{ext}", k + 1
+        used.add(name)
+        path = os.path.join(out, name)
+        if fmt in IMAGE_FORMATS:
+            fig = _figure(job, runs, opts)
+            fig.savefig(path, format=fmt, dpi=dpi)
+        elif fmt == "csv":
+            _, header, rows = _numbers(job, runs, opts)
+            with open(path, "w", encoding="utf-8", newline="") as f:
+                f.write(_csv_text(header, rows))
+        else:
+            payload, _, _ = _numbers(job, runs, opts)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(_json_clean(payload), f, allow_nan=False)
+                f.write("\n")
+        written.append(path)
+        bar.update(i)
+    return written
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser) -> None:
+    """Adds the options of ``tb-gradmom export`` to an argparse parser."""
+    parser.add_argument("--logdir", required=True, help="the TensorBoard logdir")
+    parser.add_argument("--out", required=True, help="output directory (created if needed)")
+    parser.add_argument("--run", help="regular expression for run names (default: all)")
+    parser.add_argument("--tag", help="regular expression for tag names (default: all)")
+    parser.add_argument("--step", default="latest", help="N, 'latest' (default, per tag) or 'all'")
+    parser.add_argument("--plot", default="heatmap", choices=plot.PLOTS, help="default: heatmap")
+    parser.add_argument(
+        "--stat",
+        default="variance",
+        choices=reductions.STATS,
+        help="element-wise statistic for heatmap and histogram (default: unbiased variance)",
+    )
+    parser.add_argument("--format", default="png", choices=FORMATS, help="default: png")
+    parser.add_argument("--scale", default="linear", choices=reductions.SCALES)
+    parser.add_argument("--cmap", default="viridis", choices=plot.COLORMAPS)
+    parser.add_argument("--bins", type=int, default=30, help="histogram bins (default: 30)")
+    parser.add_argument(
+        "--quantities",
+        help="comma-separated derived quantities for curves "
+        f"(default: {','.join(plot.CURVE_DEFAULTS)}; any of {','.join(stats.DERIVED)})",
+    )
+    parser.add_argument("--ema", type=float, help="EMA decay for the noise scale in curves")
+    parser.add_argument("--yscale", default="linear", choices=("linear", "log", "symlog"))
+    parser.add_argument("--dpi", type=int, default=300, help="PNG resolution (default: 300)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
+
+
+def _print_warnings(caught, stderr: TextIO) -> None:
+    for w in caught:
+        if issubclass(w.category, data.DataWarning):
+            print(f"tb-gradmom export: warning: {w.message}", file=stderr)
+
+
+def run_from_args(args, stderr: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    """Runs ``tb-gradmom export`` from parsed arguments.
+
+    Errors print one line ``tb-gradmom export: error: ...`` on stderr and return 1, without a
+    traceback; data warnings (a truncated record, ...) print one line each.
+
+    Returns:
+      The exit code: 0 on success, 1 on bad input.
+    """
+    stderr = stderr or sys.stderr
+    stdout = stdout or sys.stdout
+    quantities = (
+        [q.strip() for q in args.quantities.split(",") if q.strip()] if args.quantities else None
+    )
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", data.DataWarning)
+            paths = export(
+                args.logdir,
+                args.out,
+                run=args.run,
+                tag=args.tag,
+                step=args.step,
+                plot_kind=args.plot,
+                stat=args.stat,
+                fmt=args.format,
+                scale=args.scale,
+                cmap=args.cmap,
+                bins=args.bins,
+                quantities=quantities,
+                ema=args.ema,
+                yscale=args.yscale,
+                dpi=args.dpi,
+                progress=None if args.quiet else stderr,
+            )
+    except (FileNotFoundError, ValueError, ImportError, OSError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        _print_warnings(caught, stderr)
+        print(f"tb-gradmom export: error: {msg}", file=stderr)
+        return 1
+    _print_warnings(caught, stderr)
+    if not args.quiet:
+        print(f"wrote {len(paths)} file{'s' * (len(paths) != 1)} to {args.out}", file=stdout)
+    return 0

@@ -1,0 +1,677 @@
+"""Matplotlib figures of logged gradient moments: the plots of the TensorBoard tab, for papers.
+
+    from tb_gradmom import plot
+    fig = plot.heatmap("runs/demo", "dense/kernel", stat="variance", scale="log")
+    fig.savefig("variance.pdf")
+
+Every figure is built from `tb_gradmom.data.load` and the statistics of
+`tb_gradmom.reductions` and `tb_gradmom.stats` (the same code the tab's backend uses). The
+``*_data`` functions return the plotted numbers without matplotlib (the exporter writes them
+as CSV and JSON); the figure functions draw exactly those numbers.
+
+Matplotlib is an optional dependency: ``pip install "tb_gradmom[plots]"``. Figures are
+`matplotlib.figure.Figure` objects made without pyplot, so no GUI backend is touched; sized
+for one column of a two-column paper (3.4 inches wide) with 8-point text.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tb_gradmom import data, metadata, reductions, stats
+
+__all__ = [
+    "COLORMAPS",
+    "PLOTS",
+    "RUN_PALETTE",
+    "CURVE_DEFAULTS",
+    "load_source",
+    "select_record",
+    "heatmap_data",
+    "histogram_data",
+    "curves_data",
+    "summary_data",
+    "heatmap",
+    "histogram",
+    "curves",
+    "summary",
+]
+
+# The colour maps of the tab (same names and lookup tables as matplotlib's).
+COLORMAPS: tuple[str, ...] = ("viridis", "magma", "inferno", "plasma", "cividis", "gray")
+PLOTS: tuple[str, ...] = ("heatmap", "histogram", "curves", "summary")
+# Run colours of the tab (TensorBoard's classic palette), assigned in sorted run order.
+RUN_PALETTE: tuple[str, ...] = (
+    "#425066",
+    "#12b5cb",
+    "#e52592",
+    "#f9ab00",
+    "#9334e6",
+    "#7cb342",
+    "#e8710a",
+)
+# Derived quantities drawn by `curves` when none are named.
+CURVE_DEFAULTS: tuple[str, ...] = ("noise_scale", "gsnr_mean", "total_variance", "grad_norm_sq")
+
+_COLUMN_WIDTH = 3.4  # inches: one column of a two-column paper
+_MISSING = "#cccccc"  # NaN cells, and cells <= 0 on a log scale (the tab's light theme)
+_RC = {
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "legend.fontsize": 7,
+    "figure.dpi": 100,
+    "svg.fonttype": "none",
+    "pdf.fonttype": 42,
+}
+
+Runs = Mapping[str, Mapping[str, Sequence[data.Record]]]
+
+
+def _mpl():
+    try:
+        import matplotlib
+        import matplotlib.ticker
+        from matplotlib import colors
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError(
+            'tb_gradmom.plot needs matplotlib, which is not installed: pip install "tb_gradmom[plots]"'
+        ) from None
+    return matplotlib, colors, Figure
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def load_source(source: str | os.PathLike | Runs) -> Runs:
+    """The loaded runs of a source.
+
+    Args:
+      source: a logdir (loaded with `data.load`) or the result of `data.load` (used as is, so
+        one load can serve many figures).
+
+    Returns:
+      ``{run: {tag: [Record, ...]}}``.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        return data.load(source)
+    return source
+
+
+def _pick_run(runs: Runs, tag: str, run: str | None) -> str:
+    if run is not None:
+        if run not in runs:
+            raise ValueError(f"no run {run!r}; runs: {', '.join(map(repr, runs)) or 'none'}")
+        if tag not in runs[run]:
+            raise ValueError(
+                f"no tag {tag!r} in run {run!r}; tags: {', '.join(map(repr, runs[run]))}"
+            )
+        return run
+    having = [r for r in runs if tag in runs[r]]
+    if not having:
+        tags = sorted({t for r in runs.values() for t in r})
+        raise ValueError(f"no tag {tag!r} in any run; tags: {', '.join(map(repr, tags))}")
+    if len(having) > 1:
+        raise ValueError(
+            f"tag {tag!r} is in several runs ({', '.join(map(repr, having))}); pass run="
+        )
+    return having[0]
+
+
+def _steps_text(records: Sequence[data.Record]) -> str:
+    steps = [r.step for r in records]
+    if len(steps) > 8:
+        return ", ".join(map(str, steps[:3])) + ", ..., " + ", ".join(map(str, steps[-3:]))
+    return ", ".join(map(str, steps))
+
+
+def select_record(
+    records: Sequence[data.Record], step: int | str | None = None, where: str = ""
+) -> data.Record:
+    """The record of one step.
+
+    Args:
+      records: one tag's records, sorted by step.
+      step: an exact step, or None / ``"latest"`` for the last one.
+      where: a description for error messages (``"run '.' tag 'dense/kernel'"``).
+
+    Returns:
+      The record.
+
+    Raises:
+      ValueError: if there is no record or no record at ``step`` (the message lists the
+        logged steps).
+    """
+    if not records:
+        raise ValueError(f"no logged steps for {where or 'this tag'}")
+    if step is None or step == "latest":
+        return records[-1]
+    try:
+        wanted = int(step)
+    except (TypeError, ValueError):
+        raise ValueError(f"step must be an integer or 'latest', got {step!r}") from None
+    for r in records:
+        if r.step == wanted:
+            return r
+    raise ValueError(
+        f"step {wanted} was not logged for {where or 'this tag'}; steps: {_steps_text(records)}"
+    )
+
+
+def _n_for(stat: str, rec: data.Record, where: str) -> float:
+    if stat in ("variance", "std", "snr"):
+        if rec.batch_size is None:
+            raise ValueError(
+                f"{stat!r} needs the batch size from the stats tag, which {where} step "
+                f"{rec.step} does not have; show 'biased_variance' instead"
+            )
+        return rec.batch_size
+    return rec.batch_size or 1  # not used by the statistic
+
+
+def _stat_of(rec: data.Record, stat: str, where: str) -> np.ndarray:
+    if not rec.moments:
+        raise ValueError(f"{where} holds stats only (no moments); use curves or summary")
+    return reductions.stat_array(rec.moments, _n_for(stat, rec, where), stat)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def heatmap_data(
+    source: str | os.PathLike | Runs,
+    tag: str,
+    run: str | None = None,
+    step: int | str | None = None,
+    stat: str = "variance",
+) -> dict[str, Any]:
+    """The numbers of a heatmap: an element-wise statistic on the variable's 2-D view.
+
+    Args:
+      source: a logdir or the result of `data.load`.
+      tag: the variable tag, e.g. ``"dense/kernel"``.
+      run: the run; may be omitted when only one run has the tag.
+      step: an exact step, or None / ``"latest"``.
+      stat: one of `reductions.STATS`.
+
+    Returns:
+      A dict with ``run``, ``tag``, ``step``, ``wall_time``, ``stat``, ``label``,
+      ``batch_size``, ``shape`` (the variable's), ``pooled``, ``block`` (the logging block),
+      and ``grid``: float64 ``[rows, cols]``, the statistic on `metadata.to_2d_shape` of the
+      variable (block means when the variable was logged pooled).
+    """
+    runs = load_source(source)
+    run = _pick_run(runs, tag, run)
+    where = f"run {run!r} tag {tag!r}"
+    rec = select_record(runs[run][tag], step, where)
+    grid = reductions.to_2d(_stat_of(rec, stat, where))
+    block = tuple(rec.content.block) if rec.pooled else (1, 1)
+    return {
+        "run": run,
+        "tag": tag,
+        "step": rec.step,
+        "wall_time": rec.wall_time,
+        "stat": stat,
+        "label": reductions.stat_label(stat),
+        "batch_size": rec.batch_size,
+        "shape": tuple(rec.shape),
+        "pooled": rec.pooled,
+        "block": block,
+        "grid": grid,
+    }
+
+
+def histogram_data(
+    source: str | os.PathLike | Runs,
+    tag: str,
+    run: str | None = None,
+    step: int | str | Sequence[int] | None = None,
+    stat: str = "variance",
+    bins: int = 30,
+    scale: str = "linear",
+) -> dict[str, Any]:
+    """The numbers of a histogram of an element-wise statistic over a variable's elements.
+
+    Args:
+      source: a logdir or the result of `data.load`.
+      tag: the variable tag.
+      run: the run; may be omitted when only one run has the tag.
+      step: an exact step, None / ``"latest"``, ``"all"``, or a list of steps (one histogram
+        per step over shared edges, `reductions.histograms_over_steps`).
+      stat: one of `reductions.STATS`.
+      bins: the number of bins.
+      scale: ``"linear"`` or ``"log"`` (log-spaced bins over the positive values).
+
+    Returns:
+      A dict with ``run``, ``tag``, ``steps`` (list), ``stat``, ``label``, ``scale``,
+      ``pooled``, ``edges`` ``[bins + 1]`` and ``counts`` (one ``[bins]`` array per step);
+      ``dropped`` per step counts the values a bin cannot hold (NaN, Inf, <= 0 on log).
+    """
+    runs = load_source(source)
+    run = _pick_run(runs, tag, run)
+    where = f"run {run!r} tag {tag!r}"
+    records = runs[run][tag]
+    if step == "all":
+        recs = list(records)
+    elif isinstance(step, Sequence) and not isinstance(step, str):
+        recs = [select_record(records, s, where) for s in step]
+    else:
+        recs = [select_record(records, step, where)]
+    arrays = [_stat_of(r, stat, where) for r in recs]
+    edges, counts = reductions.histograms_over_steps(arrays, bins=bins, scale=scale)
+    return {
+        "run": run,
+        "tag": tag,
+        "steps": [r.step for r in recs],
+        "stat": stat,
+        "label": reductions.stat_label(stat),
+        "scale": scale,
+        "pooled": any(r.pooled for r in recs),
+        "edges": edges,
+        "counts": counts,
+        "dropped": [int(a.size - c.sum()) for a, c in zip(arrays, counts, strict=True)],
+    }
+
+
+def curves_data(
+    source: str | os.PathLike | Runs,
+    tag: str = metadata.MODEL_TAG,
+    runs: Sequence[str] | None = None,
+    quantities: Sequence[str] | None = None,
+    ema: float | None = None,
+) -> dict[str, Any]:
+    """The numbers of curves: derived quantities (`stats.DERIVED`) of one tag over steps.
+
+    Args:
+      source: a logdir or the result of `data.load`.
+      tag: a tag with stats: a variable tag, or ``"_model"`` for the whole model.
+      runs: the runs to include; default every run that has the tag.
+      quantities: names from `stats.DERIVED`; default `CURVE_DEFAULTS`. ``"noise_scale_ema"``
+        is allowed with ``ema``.
+      ema: a decay in ``[0, 1)`` to smooth the noise scale (`stats.derived`).
+
+    Returns:
+      A dict with ``tag``, ``quantities`` and ``runs``: run -> {``"step"``: int64 ``[T]``,
+      quantity: float64 ``[T]``}, using only the steps that have stats.
+    """
+    loaded = load_source(source)
+    quantities = tuple(quantities or CURVE_DEFAULTS)
+    known = set(stats.DERIVED) | ({"noise_scale_ema"} if ema is not None else set())
+    bad = [q for q in quantities if q not in known]
+    if bad:
+        raise ValueError(
+            f"unknown quantities {bad}; expected names from: {', '.join(stats.DERIVED)}"
+            + (" (noise_scale_ema needs ema=)" if "noise_scale_ema" in bad else "")
+        )
+    if runs is None:
+        runs = [r for r in loaded if tag in loaded[r]]
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for run in runs:
+        _pick_run(loaded, tag, run)
+        recs = [r for r in loaded[run][tag] if r.stats is not None]
+        if not recs:
+            continue
+        fields = {
+            f: np.array([r.stats.get(f, np.nan) for r in recs]) for f in metadata.STATS_FIELDS
+        }
+        d = stats.derived(fields, ema=ema)
+        out[run] = {"step": np.array([r.step for r in recs], dtype=np.int64)}
+        out[run].update({q: np.asarray(d[q], dtype=np.float64) for q in quantities})
+    if not out:
+        raise ValueError(f"no stats logged for tag {tag!r} in runs {list(runs)}")
+    return {"tag": tag, "quantities": quantities, "runs": out}
+
+
+def summary_data(
+    source: str | os.PathLike | Runs, run: str | None = None, step: int | str | None = None
+) -> dict[str, Any]:
+    """The numbers of a summary table: one row per tag of a run at one step.
+
+    Args:
+      source: a logdir or the result of `data.load`.
+      run: the run; may be omitted when there is only one.
+      step: an exact step, or None / ``"latest"`` (each tag's latest step).
+
+    Returns:
+      A dict with ``run``, ``step`` (the requested step, or None for latest) and ``rows``:
+      dicts with ``tag``, ``step``, ``shape``, ``pooled``, ``batch_size`` and every quantity of
+      `stats.DERIVED` (NaN without stats); tags without the step are left out.
+    """
+    runs = load_source(source)
+    if run is None:
+        if len(runs) != 1:
+            raise ValueError(f"several runs ({', '.join(map(repr, runs))}); pass run=")
+        run = next(iter(runs))
+    if run not in runs:
+        raise ValueError(f"no run {run!r}; runs: {', '.join(map(repr, runs))}")
+    rows = []
+    for tag, records in runs[run].items():
+        try:
+            rec = select_record(records, step, f"run {run!r} tag {tag!r}")
+        except ValueError:
+            continue
+        d = (
+            stats.derived(rec.stats)
+            if rec.stats is not None
+            else dict.fromkeys(stats.DERIVED, math.nan)
+        )
+        rows.append(
+            {
+                "tag": tag,
+                "step": rec.step,
+                "shape": tuple(rec.shape),
+                "pooled": rec.pooled,
+                "batch_size": rec.batch_size,
+                **{q: float(d[q]) for q in stats.DERIVED},
+            }
+        )
+    if not rows:
+        raise ValueError(f"step {step} was not logged for any tag of run {run!r}")
+    return {"run": run, "step": None if step in (None, "latest") else int(step), "rows": rows}
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def _figure(figsize, height_ratio=0.8):
+    matplotlib, _, Figure = _mpl()
+    if figsize is None:
+        figsize = (_COLUMN_WIDTH, _COLUMN_WIDTH * height_ratio)
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=figsize, layout="constrained")
+    return fig
+
+
+def _title(*parts: str) -> str:
+    text = " · ".join(p for p in parts if p)
+    return "\n".join(textwrap.wrap(text, 48)) or text
+
+
+def _check_cmap(cmap: str) -> None:
+    if cmap not in COLORMAPS:
+        raise ValueError(f"unknown colour map {cmap!r}; expected one of: {', '.join(COLORMAPS)}")
+
+
+def _axis_labels(shape: tuple[int, ...]) -> tuple[str, str]:
+    rows, cols = metadata.to_2d_shape(shape)
+    if len(shape) <= 1:
+        return ("", f"element index (0–{cols - 1})")
+    if len(shape) == 2:
+        return (f"input index, axis 0 (0–{rows - 1})", f"output index, axis 1 (0–{cols - 1})")
+    dims = "×".join(str(s) for s in shape[:-1])
+    return (
+        f"flattened axes 0–{len(shape) - 2} ({dims} = {rows})",
+        f"output index, axis {len(shape) - 1} (0–{cols - 1})",
+    )
+
+
+def heatmap(
+    source: str | os.PathLike | Runs,
+    tag: str,
+    run: str | None = None,
+    step: int | str | None = None,
+    stat: str = "variance",
+    scale: str = "linear",
+    cmap: str = "viridis",
+    max_cells: tuple[int, int] = (512, 512),
+    vmin: float | None = None,
+    vmax: float | None = None,
+    figsize: tuple[float, float] | None = None,
+):
+    """A heatmap of an element-wise statistic of one variable at one step.
+
+    The variable is drawn on its 2-D view (`metadata.to_2d_shape`: all axes but the last are
+    rows), axes in element indices. Grids bigger than ``max_cells`` are shown as NaN-aware block
+    means (`reductions.pool_2d`), said in the title. NaN cells, and cells <= 0 on a log scale,
+    are grey.
+
+    Args:
+      source: a logdir or the result of `data.load`.
+      tag: the variable tag.
+      run: the run; may be omitted when only one run has the tag.
+      step: an exact step, or None / ``"latest"``.
+      stat: one of `reductions.STATS`.
+      scale: colour scale, ``"linear"`` or ``"log"``.
+      cmap: one of `COLORMAPS`.
+      max_cells: the most ``(rows, cols)`` drawn.
+      vmin: lower end of the colour scale; default the smallest finite (positive) value.
+      vmax: upper end; default the largest finite value.
+      figsize: inches; default one paper column.
+
+    Returns:
+      A `matplotlib.figure.Figure`.
+    """
+    _check_cmap(cmap)
+    if scale not in reductions.SCALES:
+        raise ValueError(f"unknown scale {scale!r}; expected 'linear' or 'log'")
+    d = heatmap_data(source, tag, run=run, step=step, stat=stat)
+    matplotlib, colors, _ = _mpl()
+    grid = d["grid"]
+    shown, view_block = reductions.pool_2d(grid, *max_cells)
+    finite = grid[np.isfinite(grid)]
+    if scale == "log":
+        finite = finite[finite > 0]
+    lo = vmin if vmin is not None else (float(finite.min()) if finite.size else None)
+    hi = vmax if vmax is not None else (float(finite.max()) if finite.size else None)
+    if scale == "log":
+        lo, hi = lo or 1.0, hi or 10.0
+        if lo == hi:
+            lo, hi = lo / math.sqrt(10), hi * math.sqrt(10)
+        norm = colors.LogNorm(vmin=lo, vmax=hi)
+        shown = np.where(shown > 0, shown, np.nan)
+    else:
+        lo, hi = (0.0, 1.0) if lo is None else (lo, hi)
+        if lo == hi:
+            lo, hi = lo - 0.5, hi + 0.5
+        norm = colors.Normalize(vmin=lo, vmax=hi)
+    colour_map = matplotlib.colormaps[cmap].with_extremes(bad=_MISSING)
+    fig = _figure(figsize)
+    with matplotlib.rc_context(_RC):
+        ax = fig.add_subplot()
+        rows, cols = grid.shape
+        image = ax.imshow(
+            np.ma.masked_invalid(shown),
+            cmap=colour_map,
+            norm=norm,
+            aspect="auto",
+            interpolation="nearest",
+            extent=(-0.5, cols - 0.5, rows - 0.5, -0.5),
+        )
+        ylabel, xlabel = _axis_labels(d["shape"])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        if rows == 1:
+            ax.set_yticks([])
+        label = d["label"]
+        if d["batch_size"] is not None:
+            label += f", n = {d['batch_size']}"
+        bar = fig.colorbar(image, ax=ax, extend="neither")
+        bar.set_label(label)
+        notes = []
+        if d["pooled"]:
+            notes.append(f"logged as {d['block'][0]}×{d['block'][1]} block means")
+        if view_block != (1, 1):
+            notes.append(f"shown as {view_block[0]}×{view_block[1]} block means")
+        shape = "×".join(map(str, d["shape"])) or "scalar"
+        ax.set_title(_title(d["run"], d["tag"], f"step {d['step']}", f"[{shape}]", *notes))
+    return fig
+
+
+def histogram(
+    source: str | os.PathLike | Runs,
+    tag: str,
+    run: str | None = None,
+    step: int | str | Sequence[int] | None = None,
+    stat: str = "variance",
+    bins: int = 30,
+    scale: str = "linear",
+    cmap: str = "viridis",
+    figsize: tuple[float, float] | None = None,
+):
+    """A histogram of an element-wise statistic over the elements of one variable.
+
+    Several steps (``step="all"`` or a list) are drawn as outlines over shared bins, coloured
+    from early (dark) to late (bright) with ``cmap``.
+
+    Args:
+      source: a logdir or the result of `data.load`.
+      tag: the variable tag.
+      run: the run; may be omitted when only one run has the tag.
+      step: an exact step, None / ``"latest"``, ``"all"``, or a list of steps.
+      stat: one of `reductions.STATS`.
+      bins: the number of bins.
+      scale: ``"linear"`` or ``"log"`` (log-spaced bins and a log x axis).
+      cmap: one of `COLORMAPS` (for several steps).
+      figsize: inches; default one paper column.
+
+    Returns:
+      A `matplotlib.figure.Figure`.
+    """
+    _check_cmap(cmap)
+    d = histogram_data(source, tag, run=run, step=step, stat=stat, bins=bins, scale=scale)
+    matplotlib, _, _ = _mpl()
+    fig = _figure(figsize, height_ratio=0.7)
+    with matplotlib.rc_context(_RC):
+        ax = fig.add_subplot()
+        edges, counts = d["edges"], d["counts"]
+        if len(counts) == 1:
+            ax.stairs(counts[0], edges, fill=True, color=RUN_PALETTE[0], alpha=0.85)
+        else:
+            colour_map = matplotlib.colormaps[cmap]
+            for i, (s, c) in enumerate(zip(d["steps"], counts, strict=True)):
+                t = i / max(1, len(counts) - 1)
+                ax.stairs(c, edges, color=colour_map(0.1 + 0.8 * t), label=f"step {s}")
+            if len(counts) <= 8:
+                ax.legend(frameon=False)
+        if scale == "log":
+            ax.set_xscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_xlabel(d["label"] + (" (log scale)" if scale == "log" else ""))
+        ax.set_ylabel("number of elements" + (" (block means)" if d["pooled"] else ""))
+        steps = d["steps"]
+        when = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
+        ax.set_title(_title(d["run"], d["tag"], when))
+    return fig
+
+
+def curves(
+    source: str | os.PathLike | Runs,
+    tag: str = metadata.MODEL_TAG,
+    runs: Sequence[str] | None = None,
+    quantities: Sequence[str] | None = None,
+    ema: float | None = None,
+    yscale: str = "linear",
+    figsize: tuple[float, float] | None = None,
+):
+    """Derived quantities (`stats.DERIVED`) of one tag over steps: one panel per quantity.
+
+    Args:
+      source: a logdir or the result of `data.load`.
+      tag: a tag with stats; default ``"_model"`` (the whole model).
+      runs: the runs to draw (one line each, the tab's run colours); default all with the tag.
+      quantities: names from `stats.DERIVED`; default `CURVE_DEFAULTS`.
+      ema: a decay in ``[0, 1)`` to smooth the noise scale (adds ``noise_scale_ema`` if not
+        named in ``quantities``).
+      yscale: ``"linear"``, ``"log"`` or ``"symlog"`` (the noise scale can be negative).
+      figsize: inches; default one paper column, 1.1 inches per panel.
+
+    Returns:
+      A `matplotlib.figure.Figure`.
+    """
+    if quantities is None and ema is not None:
+        quantities = (*CURVE_DEFAULTS, "noise_scale_ema")
+    d = curves_data(source, tag=tag, runs=runs, quantities=quantities, ema=ema)
+    matplotlib, _, _ = _mpl()
+    qs = d["quantities"]
+    if figsize is None:
+        figsize = (_COLUMN_WIDTH, 0.6 + 1.1 * len(qs))
+    fig = _figure(figsize)
+    run_names = sorted(d["runs"])
+    colours = {r: RUN_PALETTE[i % len(RUN_PALETTE)] for i, r in enumerate(run_names)}
+    with matplotlib.rc_context(_RC):
+        axes = fig.subplots(len(qs), 1, sharex=True, squeeze=False)[:, 0]
+        for ax, q in zip(axes, qs, strict=True):
+            for run in run_names:
+                series = d["runs"][run]
+                ax.plot(series["step"], series[q], color=colours[run], lw=1.0, label=run)
+            ax.set_ylabel(q.replace("_", " "))
+            ax.set_yscale(yscale)
+            ax.grid(True, color="#e0e0e0", lw=0.5)
+        axes[-1].set_xlabel("step")
+        if len(run_names) > 1:
+            axes[0].legend(frameon=False, ncols=min(3, len(run_names)))
+        axes[0].set_title(_title(tag, "derived quantities"))
+    return fig
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "–"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def summary(
+    source: str | os.PathLike | Runs,
+    run: str | None = None,
+    step: int | str | None = None,
+    quantities: Sequence[str] = ("total_variance", "grad_norm_sq", "noise_scale", "gsnr_mean"),
+    figsize: tuple[float, float] | None = None,
+):
+    """A table of derived quantities per tag of one run at one step.
+
+    Args:
+      source: a logdir or the result of `data.load`.
+      run: the run; may be omitted when there is only one.
+      step: an exact step, or None / ``"latest"``.
+      quantities: columns from `stats.DERIVED`.
+      figsize: inches; default two paper columns wide, 0.22 inches per row.
+
+    Returns:
+      A `matplotlib.figure.Figure`.
+    """
+    d = summary_data(source, run=run, step=step)
+    matplotlib, _, _ = _mpl()
+    bad = [q for q in quantities if q not in stats.DERIVED]
+    if bad:
+        raise ValueError(
+            f"unknown quantities {bad}; expected names from: {', '.join(stats.DERIVED)}"
+        )
+    header = ["tag", "step", "shape", "n", *[q.replace("_", " ") for q in quantities]]
+    cells = [
+        [
+            r["tag"],
+            str(r["step"]),
+            "×".join(map(str, r["shape"])) or "–",
+            _fmt(r["batch_size"]),
+            *[_fmt(r[q]) for q in quantities],
+        ]
+        for r in d["rows"]
+    ]
+    if figsize is None:
+        figsize = (2 * _COLUMN_WIDTH, 0.5 + 0.22 * (len(cells) + 1))
+    fig = _figure(figsize)
+    with matplotlib.rc_context(_RC):
+        ax = fig.add_subplot()
+        ax.axis("off")
+        table = ax.table(cellText=cells, colLabels=header, loc="upper center", cellLoc="left")
+        table.auto_set_font_size(False)
+        table.set_fontsize(7)
+        table.auto_set_column_width(list(range(len(header))))
+        when = "latest step" if d["step"] is None else f"step {d['step']}"
+        ax.set_title(_title(d["run"], when, "variance unbiased"))
+    return fig
