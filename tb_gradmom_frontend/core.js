@@ -436,14 +436,52 @@ export function fileName(parts, ext) {
 // ---------------------------------------------------------------------------------------------
 // Runs, tags, steps, tables.
 
-/** The run colours (TensorBoard's classic palette), assigned in sorted run order. */
+/** The run colours: TensorBoard's default palette (light and dark variants), in sorted run order. */
 export const RUN_PALETTE = Object.freeze([
   "#425066", "#12b5cb", "#e52592", "#f9ab00", "#9334e6", "#7cb342", "#e8710a",
 ]);
+export const RUN_PALETTE_DARK = Object.freeze([
+  "#8e98a3", "#12b5cb", "#e52592", "#f9ab00", "#9334e6", "#7cb342", "#e8710a",
+]);
 
-export function runColors(runs) {
+export function runColors(runs, dark = false) {
+  const palette = dark ? RUN_PALETTE_DARK : RUN_PALETTE;
   const sorted = [...runs].sort();
-  return new Map(sorted.map((r, k) => [r, RUN_PALETTE[k % RUN_PALETTE.length]]));
+  return new Map(sorted.map((r, k) => [r, palette[k % palette.length]]));
+}
+
+/** The element-wise statistics and the moment orders each needs (as reductions.required_orders). */
+export const STAT_ORDERS = Object.freeze({
+  variance: [1, 2],
+  mean: [1],
+  std: [1, 2],
+  snr: [1, 2],
+  second_moment: [2],
+  biased_variance: [1, 2],
+  third_moment: [3],
+  fourth_moment: [4],
+  skewness: [1, 2, 3],
+  kurtosis: [1, 2, 3, 4],
+});
+
+/** Readable labels of the statistics, naming which variance is meant (as reductions.STAT_LABELS). */
+export const STAT_LABELS = Object.freeze({
+  mean: "mean gradient M1",
+  second_moment: "second raw moment M2",
+  variance: "variance (unbiased, n/(n-1))",
+  biased_variance: "variance (biased, M2 - M1²)",
+  std: "standard deviation (sqrt of unbiased variance)",
+  snr: "SNR M1² / variance (unbiased)",
+  third_moment: "third raw moment M3",
+  fourth_moment: "fourth raw moment M4",
+  skewness: "skewness μ3 / v^1.5 (biased v)",
+  kurtosis: "kurtosis μ4 / v² (biased v)",
+});
+
+/** The statistics computable from the stored orders, in display order. */
+export function availableStats(orders) {
+  const have = new Set(orders);
+  return Object.keys(STAT_ORDERS).filter((s) => STAT_ORDERS[s].every((o) => have.has(o)));
 }
 
 /**

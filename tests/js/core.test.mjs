@@ -183,6 +183,10 @@ test("runs, tags, steps and sorting", () => {
   const colors = core.runColors(["b", "a", "c"]);
   assert.equal(colors.get("a"), core.RUN_PALETTE[0]);
   assert.equal(colors.get("c"), core.RUN_PALETTE[2]);
+  assert.equal(core.runColors(["a"], true).get("a"), "#8e98a3");
+  assert.deepEqual(core.availableStats([1, 2]), ["variance", "mean", "std", "snr", "second_moment", "biased_variance"]);
+  assert.deepEqual(core.availableStats([1]), ["mean"]);
+  assert.equal(core.availableStats([1, 2, 3, 4]).length, 10);
   const tags = ["dense/kernel", "dense/bias", "conv2d/kernel"];
   assert.deepEqual(core.filterTags(tags, "KERNEL$").tags, ["dense/kernel", "conv2d/kernel"]);
   const bad = core.filterTags(tags, "(");
@@ -196,4 +200,12 @@ test("runs, tags, steps and sorting", () => {
   assert.deepEqual(core.sortRows(rows, "v").map((r) => r.t), ["c", "b", "a"]);
   assert.deepEqual(core.sortRows(rows, "v", true).map((r) => r.t), ["b", "c", "a"]);
   assert.deepEqual(core.sortRows(rows, "t", true).map((r) => r.t), ["c", "b", "a"]);
+});
+
+test("the vendored d3 modules load as native ES modules", async () => {
+  const d3 = await import("../../tb_gradmom_frontend/vendor/d3.js");
+  const s = d3.scaleLog().domain([1e-3, 10]).range([0, 100]);
+  assert.equal(s(0.1), 50);
+  assert.equal(typeof d3.zoom, "function");
+  assert.equal(typeof d3.axisBottom, "function");
 });

@@ -1,0 +1,87 @@
+// Fetching from the plugin's routes (docs/http_api.md). The plugin frame's document has
+// <base href="plugin/gradmom/"> under /data/, so relative URLs resolve to /data/plugin/gradmom/;
+// this module builds them from its own URL instead, which is the same folder and does not
+// depend on the frame's base.
+
+import { decodeArray, decodeNumber } from "./core.js";
+
+const BASE = new URL("./", import.meta.url);
+
+/** An error from a route: the HTTP status and the backend's text message. */
+export class ApiError extends Error {
+  constructor(route, status, message) {
+    super(`${route}: ${status} ${message}`);
+    this.route = route;
+    this.status = status;
+  }
+}
+
+/** The absolute URL of a route with query parameters (undefined/null parameters left out). */
+export function routeURL(route, params = {}) {
+  const url = new URL(route, BASE);
+  for (const [k, v] of Object.entries(params)) {
+    if (v !== undefined && v !== null) url.searchParams.set(k, String(v));
+  }
+  return url.href;
+}
+
+async function getJSON(route, params, signal) {
+  const response = await fetch(routeURL(route, params), { signal, cache: "no-store" });
+  const text = await response.text();
+  if (!response.ok) throw new ApiError(route, response.status, text.trim() || response.statusText);
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw new ApiError(route, response.status, `response is not JSON (${e.message})`);
+  }
+}
+
+const numbers = (a) => decodeArray(a ?? []);
+
+/** GET tags: {runs: {run: {tag: info}}, model: {run: {steps}}}. */
+export async function fetchTags(signal) {
+  const d = await getJSON("tags", {}, signal);
+  return { runs: d.runs ?? {}, model: d.model ?? {} };
+}
+
+/** GET heatmap: the statistic of one variable at one step, values decoded to a Float64Array. */
+export async function fetchHeatmap({ run, tag, step, stat, maxRows = 1024, maxCols = 1024 }, signal) {
+  const d = await getJSON("heatmap", { run, tag, step, stat, max_rows: maxRows, max_cols: maxCols }, signal);
+  return { ...d, values: numbers(d.values), min: decodeNumber(d.min), max: decodeNumber(d.max) };
+}
+
+/** GET histogram: {edges, scale, stat, series: [{step, counts}]} with numeric edges. */
+export async function fetchHistogram({ run, tag, stat, step, bins = 30, scale = "linear" }, signal) {
+  const d = await getJSON("histogram", { run, tag, stat, step, bins, scale }, signal);
+  return {
+    ...d,
+    edges: Array.from(numbers(d.edges)),
+    series: (d.series ?? []).map((s) => ({ step: s.step, counts: Array.from(numbers(s.counts)) })),
+  };
+}
+
+/** GET series: per-step derived quantities of one variable, or of the model (tag "_model"). */
+export async function fetchSeries({ run, tag }, signal) {
+  const d = await getJSON("series", { run, tag }, signal);
+  const values = {};
+  for (const [k, v] of Object.entries(d.values ?? {})) values[k] = Array.from(numbers(v));
+  return { ...d, steps: d.steps ?? [], wall_times: Array.from(numbers(d.wall_times)), values };
+}
+
+/** GET summary: one row per variable at a step. */
+export async function fetchSummary({ run, step }, signal) {
+  const d = await getJSON("summary", { run, step }, signal);
+  const rows = (d.rows ?? []).map((r) => {
+    const out = { ...r };
+    for (const k of ["size", "total_variance", "snr", "noise_scale", "batch_size"]) {
+      if (k in out) out[k] = decodeNumber(out[k]);
+    }
+    return out;
+  });
+  return { ...d, rows };
+}
+
+/** The URL of the backend's export route (the server-side raw data: npy and friends). */
+export function exportURL(params) {
+  return routeURL("export", params);
+}

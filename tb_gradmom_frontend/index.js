@@ -1,0 +1,464 @@
+// The Grad Moments tab. TensorBoard loads this module in the plugin frame
+// (/data/plugin_entry.html?name=gradmom, base href /data/plugin/gradmom/) and calls render().
+//
+// State lives in App; api.js fetches, core.js transforms, views/ draw.
+
+import * as api from "./api.js";
+import {
+  COLORMAPS, STAT_LABELS, THEMES, availableStats, filterTags, nearestStep, runColors,
+} from "./core.js";
+import { h, select } from "./views/common.js";
+import { CurvesView, METRICS } from "./views/curves.js";
+import { HeatmapView } from "./views/heatmap.js";
+import { HistogramView } from "./views/histogram.js";
+import { TableView } from "./views/table.js";
+
+const MODEL_TAG = "_model";
+const RELOAD_MS = 30000; // TensorBoard's default reload period
+
+/** Builds the tab into document.body. Returns the app (tests and the console can reach it). */
+export async function render() {
+  await loadStylesheet(new URL("./style.css", import.meta.url).href);
+  const app = new App(document.body);
+  window.gradmom = app; // for debugging and the browser tests
+  await app.start();
+  return app;
+}
+
+function loadStylesheet(href) {
+  return new Promise((resolve) => {
+    const link = h("link", { rel: "stylesheet", href });
+    link.addEventListener("load", resolve);
+    link.addEventListener("error", resolve);
+    document.head.append(link);
+  });
+}
+
+/** "dark" when TensorBoard (the parent page) is in dark mode, or, outside TensorBoard, the OS is. */
+function detectTheme() {
+  try {
+    const parentBody = window.parent !== window ? window.parent.document.body : null;
+    if (parentBody) return parentBody.classList.contains("dark-mode") ? "dark" : "light";
+  } catch {
+    // A parent from another origin: fall through to the media query.
+  }
+  return window.matchMedia?.("(prefers-color-scheme: dark)").matches ? "dark" : "light";
+}
+
+class App {
+  constructor(root) {
+    this.root = root;
+    this.state = {
+      runs: {}, model: {}, runList: [], checked: new Set(), known: new Set(),
+      run: null, tag: null, filter: "", stat: "variance", colormap: "viridis", scale: "linear",
+      step: null, follow: true, histMode: "step", histLog: false, metric: "noise_scale", logy: false,
+      theme: detectTheme(),
+    };
+    this.cache = new Map();
+    this.generation = { heatmap: 0, histogram: 0, curves: 0, table: 0 };
+  }
+
+  async start() {
+    this.buildSkeleton();
+    this.watchTheme();
+    await this.reload();
+    this.timer = setInterval(() => { if (this.state.follow) this.reload(); }, RELOAD_MS);
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Layout.
+
+  buildSkeleton() {
+    const card = (id, title, controls) => {
+      const body = h("div", { class: "card-body" });
+      const node = h("section", { class: "card", id }, [
+        h("header", { class: "card-header" }, [h("h2", { text: title }), controls ?? h("span")]),
+        body,
+      ]);
+      return { node, body };
+    };
+    this.el = {};
+    this.el.runs = h("div", { class: "run-list" });
+    this.el.filter = h("input", {
+      type: "search", class: "tag-filter", placeholder: "Filter variables (regular expressions supported)",
+      "aria-label": "Filter variables by regular expression", value: this.state.filter,
+    });
+    this.el.filter.addEventListener("input", () => {
+      this.state.filter = this.el.filter.value;
+      this.renderTags();
+      if (this.tagInfo()) this.loadTable();
+    });
+    this.el.filterError = h("div", { class: "filter-error", hidden: true });
+    this.el.tags = h("ul", { class: "tag-list" });
+    const sidebar = h("aside", { class: "sidebar" }, [
+      h("section", {}, [h("h3", { text: "Runs" }), this.el.runs]),
+      h("section", { class: "grow" }, [h("h3", { text: "Variables" }), this.el.filter, this.el.filterError, this.el.tags]),
+    ]);
+
+    this.el.toolbar = h("div", { class: "toolbar" });
+    this.el.status = h("div", { class: "status", role: "status" });
+
+    this.el.histControls = h("span", { class: "card-controls" });
+    this.el.curveControls = h("span", { class: "card-controls" });
+    const summary = card("summary-card", "Model summary");
+    const heatmap = card("heatmap-card", "Heatmap");
+    const hist = card("histogram-card", "Histograms", this.el.histControls);
+    const curves = card("curves-card", "Noise curves", this.el.curveControls);
+    this.el.curvesLayer = h("div", { class: "curves-layer" });
+    this.el.curvesModel = h("div", { class: "curves-model" });
+    curves.body.append(this.el.curvesLayer, this.el.curvesModel);
+
+    this.views = {
+      table: new TableView(summary.body, (tag) => this.selectTag(tag, true)),
+      heatmap: new HeatmapView(heatmap.body),
+      histogram: new HistogramView(hist.body),
+      layerCurves: new CurvesView(this.el.curvesLayer),
+      modelCurves: new CurvesView(this.el.curvesModel),
+    };
+    this.el.heatmapCard = heatmap.node;
+    const main = h("main", { class: "main" }, [this.el.toolbar, this.el.status, heatmap.node, summary.node, hist.node, curves.node]);
+    this.root.replaceChildren(h("div", { class: "app" }, [sidebar, main]));
+    this.applyTheme();
+  }
+
+  watchTheme() {
+    const update = () => {
+      const theme = detectTheme();
+      if (theme !== this.state.theme) {
+        this.state.theme = theme;
+        this.applyTheme();
+        this.renderRuns();
+        this.loadViews();
+      }
+    };
+    try {
+      if (window.parent !== window) {
+        new window.parent.MutationObserver(update).observe(window.parent.document.body, { attributes: true, attributeFilter: ["class"] });
+      }
+    } catch {
+      // Not reachable: only the media query below.
+    }
+    window.matchMedia?.("(prefers-color-scheme: dark)").addEventListener?.("change", update);
+  }
+
+  applyTheme() {
+    document.documentElement.dataset.theme = this.state.theme;
+    this.colors = runColors(this.state.runList, this.state.theme === "dark");
+  }
+
+  get theme() {
+    return THEMES[this.state.theme];
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Data.
+
+  /** Memoised fetch until the next reload. */
+  cached(key, fetcher) {
+    if (!this.cache.has(key)) {
+      const p = fetcher();
+      p.catch(() => this.cache.delete(key));
+      this.cache.set(key, p);
+    }
+    return this.cache.get(key);
+  }
+
+  /** Fetches the tag list again (new runs, new steps) and redraws everything. */
+  async reload() {
+    let data;
+    try {
+      data = await api.fetchTags();
+    } catch (e) {
+      this.setStatus(`Could not load the list of runs: ${e.message}`, "error");
+      return;
+    }
+    this.cache.clear();
+    const s = this.state;
+    s.runs = data.runs;
+    s.model = data.model;
+    s.runList = [...new Set([...Object.keys(data.runs), ...Object.keys(data.model)])].sort();
+    for (const r of s.runList) {
+      if (!s.known.has(r)) {
+        s.known.add(r);
+        s.checked.add(r);
+      }
+    }
+    this.applyTheme();
+    const withTags = s.runList.filter((r) => Object.keys(s.runs[r] ?? {}).length);
+    if (!withTags.length) {
+      this.setStatus(
+        "No Grad Moments data in this log directory yet. Log moments with tb_gradmom (see the README), " +
+        "or write a demo with `tb-gradmom demo --logdir <dir>`; this page reloads every 30 s.", "info");
+      this.renderRuns();
+      this.renderTags();
+      this.renderToolbar();
+      return;
+    }
+    this.setStatus("");
+    if (!withTags.includes(s.run)) s.run = withTags[0];
+    this.ensureTag();
+    if (s.follow) s.step = null;
+    this.renderRuns();
+    this.renderTags();
+    this.renderToolbar();
+    this.loadViews();
+  }
+
+  setStatus(text, kind = "info") {
+    this.el.status.textContent = text;
+    this.el.status.className = `status ${kind}`;
+    this.el.status.hidden = !text;
+  }
+
+  tagsOf(run) {
+    return Object.keys(this.state.runs[run] ?? {}).sort();
+  }
+
+  tagInfo() {
+    return this.state.runs[this.state.run]?.[this.state.tag] ?? null;
+  }
+
+  /** Keeps the selected tag valid for the active run and the filter. */
+  ensureTag() {
+    const s = this.state;
+    const tags = this.tagsOf(s.run);
+    if (!tags.includes(s.tag)) {
+      const { tags: shown } = filterTags(tags, s.filter);
+      s.tag = shown[0] ?? tags[0] ?? null;
+    }
+    const info = this.tagInfo();
+    if (info) {
+      const stats = availableStats(info.orders ?? [1, 2]);
+      if (!stats.includes(s.stat)) s.stat = stats[0];
+    }
+  }
+
+  /** The steps of the selected variable in the active run. */
+  steps() {
+    return [...(this.tagInfo()?.steps ?? [])].sort((a, b) => a - b);
+  }
+
+  currentStep() {
+    const steps = this.steps();
+    return nearestStep(steps, this.state.follow ? null : this.state.step);
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Controls.
+
+  renderRuns() {
+    const s = this.state;
+    this.el.runs.replaceChildren(...s.runList.map((run) => {
+      const box = h("input", { type: "checkbox", checked: s.checked.has(run), "aria-label": `show run ${run} in the noise curves` });
+      box.addEventListener("change", () => {
+        if (box.checked) s.checked.add(run);
+        else s.checked.delete(run);
+        this.loadCurves();
+      });
+      return h("label", { class: `run-row ${run === s.run ? "active" : ""}`, title: run }, [
+        box,
+        h("span", { class: "swatch", style: `background:${this.colors.get(run)}` }),
+        h("span", { class: "run-name", text: run }),
+      ]);
+    }));
+  }
+
+  renderTags() {
+    const s = this.state;
+    const all = this.tagsOf(s.run);
+    const { tags, error } = filterTags(all, s.filter);
+    this.el.filterError.hidden = !error;
+    this.el.filterError.textContent = error ? `Invalid regular expression: ${error}` : "";
+    this.el.filter.classList.toggle("invalid", !!error);
+    const info = s.runs[s.run] ?? {};
+    this.el.tags.replaceChildren(...tags.map((tag) => {
+      const t = info[tag];
+      const meta = `[${(t.shape ?? []).join("×")}] ${t.op ?? ""}${t.pooled ? " · pooled" : ""}`;
+      const button = h("button", { type: "button", class: `tag ${tag === s.tag ? "selected" : ""}`, "data-tag": tag, title: tag }, [
+        h("span", { class: "tag-name", text: tag }), h("span", { class: "tag-meta", text: meta }),
+      ]);
+      button.addEventListener("click", () => this.selectTag(tag, false));
+      return h("li", {}, [button]);
+    }));
+    if (!tags.length && all.length) this.el.tags.append(h("li", { class: "empty", text: "No variable matches the filter." }));
+  }
+
+  renderToolbar() {
+    const s = this.state;
+    const info = this.tagInfo();
+    const steps = this.steps();
+    const step = this.currentStep();
+    const withTags = s.runList.filter((r) => Object.keys(s.runs[r] ?? {}).length);
+    const field = (label, control) => h("label", { class: "field" }, [h("span", { text: label }), control]);
+    const stats = availableStats(info?.orders ?? [1, 2]).map((v) => ({ value: v, label: STAT_LABELS[v] ?? v }));
+
+    const slider = h("input", {
+      type: "range", class: "step-slider", min: 0, max: Math.max(0, steps.length - 1),
+      value: Math.max(0, steps.indexOf(step)), "aria-label": "step", disabled: steps.length < 2,
+    });
+    const stepLabel = h("output", { class: "step-value", text: step ?? "–" });
+    slider.addEventListener("input", () => { stepLabel.textContent = String(steps[+slider.value]); });
+    slider.addEventListener("change", () => {
+      s.step = steps[+slider.value];
+      s.follow = +slider.value === steps.length - 1 && s.follow;
+      follow.checked = s.follow;
+      this.loadViews({ keepZoom: true });
+    });
+    const follow = h("input", { type: "checkbox", checked: s.follow, class: "follow" });
+    follow.addEventListener("change", () => {
+      s.follow = follow.checked;
+      if (s.follow) this.reload();
+    });
+    const reload = h("button", { type: "button", class: "reload", text: "Reload", title: "Fetch new runs and steps" });
+    reload.addEventListener("click", () => this.reload());
+
+    this.el.toolbar.replaceChildren(
+      field("Run", select(withTags, s.run, (v) => { s.run = v; this.ensureTag(); this.renderRuns(); this.renderTags(); this.renderToolbar(); this.loadViews(); }, { class: "run-select" })),
+      field("Statistic", select(stats, s.stat, (v) => { s.stat = v; this.loadViews({ only: ["heatmap", "histogram"] }); }, { class: "stat-select" })),
+      field("Colour map", select(COLORMAPS, s.colormap, (v) => { s.colormap = v; this.loadViews({ only: ["heatmap"], keepZoom: true }); }, { class: "colormap-select" })),
+      field("Scale", select(["linear", "log"], s.scale, (v) => { s.scale = v; this.loadViews({ only: ["heatmap"], keepZoom: true }); }, { class: "scale-select" })),
+      h("div", { class: "field step-field" }, [h("span", { text: "Step" }), slider, stepLabel]),
+      h("label", { class: "field check" }, [follow, h("span", { text: "Follow latest" })]),
+      reload,
+    );
+
+    this.el.histControls.replaceChildren(
+      select([{ value: "step", label: "this step" }, { value: "steps", label: "over steps (offset)" }], s.histMode,
+        (v) => { s.histMode = v; this.loadHistogram(); }, { class: "hist-mode", "aria-label": "histogram mode" }),
+      h("label", { class: "check" }, [
+        (() => {
+          const c = h("input", { type: "checkbox", checked: s.histLog, class: "hist-log" });
+          c.addEventListener("change", () => { s.histLog = c.checked; this.loadHistogram(); });
+          return c;
+        })(),
+        h("span", { text: "log x" }),
+      ]),
+    );
+    this.el.curveControls.replaceChildren(
+      select(Object.keys(METRICS).map((k) => ({ value: k, label: k })), s.metric,
+        (v) => { s.metric = v; this.loadCurves(); }, { class: "metric-select", "aria-label": "quantity" }),
+      h("label", { class: "check" }, [
+        (() => {
+          const c = h("input", { type: "checkbox", checked: s.logy, class: "curves-log" });
+          c.addEventListener("change", () => { s.logy = c.checked; this.loadCurves(); });
+          return c;
+        })(),
+        h("span", { text: "log y" }),
+      ]),
+    );
+  }
+
+  selectTag(tag, scroll) {
+    this.state.tag = tag;
+    this.ensureTag();
+    this.renderTags();
+    this.renderToolbar();
+    this.loadViews({ only: ["heatmap", "histogram", "curves", "table"] });
+    if (scroll) this.el.heatmapCard.scrollIntoView({ behavior: "smooth", block: "start" });
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Views.
+
+  loadViews({ only = ["heatmap", "histogram", "curves", "table"], keepZoom = false } = {}) {
+    if (!this.tagInfo()) return;
+    const jobs = [];
+    if (only.includes("heatmap")) jobs.push(this.loadHeatmap(keepZoom));
+    if (only.includes("histogram")) jobs.push(this.loadHistogram());
+    if (only.includes("curves")) jobs.push(this.loadCurves());
+    if (only.includes("table")) jobs.push(this.loadTable());
+    this.pending = Promise.all(jobs);
+    return this.pending;
+  }
+
+  async loadHeatmap(keepZoom = false) {
+    const gen = ++this.generation.heatmap;
+    const s = this.state;
+    const { run, tag, stat } = s;
+    const step = this.currentStep();
+    const info = this.tagInfo();
+    const get = (st) => this.cached(`heatmap|${run}|${tag}|${step}|${st}`, () => api.fetchHeatmap({ run, tag, step, stat: st }));
+    try {
+      const extraStats = ["mean", "variance", "std", "snr"].filter((x) => x !== stat && availableStats(info.orders ?? [1, 2]).includes(x));
+      const [data, ...extras] = await Promise.all([get(stat), ...extraStats.map((x) => get(x).catch(() => null))]);
+      if (gen !== this.generation.heatmap) return;
+      this.views.heatmap.update({
+        data, extras: Object.fromEntries(extraStats.map((x, k) => [x, extras[k]])), stat, run, tag,
+        colormap: s.colormap, scale: s.scale, theme: this.theme, exportTheme: THEMES.light,
+      }, { keepZoom });
+    } catch (e) {
+      if (gen === this.generation.heatmap) this.views.heatmap.showMessage(`Could not load the heatmap of ${tag}: ${e.message}`, "error");
+    }
+  }
+
+  async loadHistogram() {
+    const gen = ++this.generation.histogram;
+    const s = this.state;
+    const { run, tag, stat, histMode } = s;
+    const step = histMode === "steps" ? "all" : this.currentStep();
+    const scale = s.histLog ? "log" : "linear";
+    try {
+      const data = await this.cached(`histogram|${run}|${tag}|${stat}|${step}|${scale}`,
+        () => api.fetchHistogram({ run, tag, stat, step, bins: 30, scale }));
+      if (gen !== this.generation.histogram) return;
+      this.views.histogram.update({
+        data, mode: histMode, run, tag, stat, color: this.colors.get(run), theme: this.theme, exportTheme: THEMES.light,
+      });
+    } catch (e) {
+      if (gen === this.generation.histogram) this.views.histogram.showMessage(`Could not load the histogram of ${tag}: ${e.message}`, "error");
+    }
+  }
+
+  async loadCurves() {
+    const gen = ++this.generation.curves;
+    const s = this.state;
+    const runs = s.runList.filter((r) => s.checked.has(r));
+    const fetchAll = async (tag, hasTag) => {
+      const out = [];
+      for (const run of runs) {
+        if (!hasTag(run)) continue;
+        try {
+          const d = await this.cached(`series|${run}|${tag}`, () => api.fetchSeries({ run, tag }));
+          out.push({ run, color: this.colors.get(run), steps: d.steps, wall_times: d.wall_times, values: d.values[s.metric] ?? [] });
+        } catch (e) {
+          out.push({ run, color: this.colors.get(run), steps: [], values: [], error: e.message });
+        }
+      }
+      return out;
+    };
+    const tag = s.tag;
+    const [layer, model] = await Promise.all([
+      fetchAll(tag, (r) => !!s.runs[r]?.[tag]),
+      fetchAll(MODEL_TAG, (r) => !!s.model[r]),
+    ]);
+    if (gen !== this.generation.curves) return;
+    const common = { metric: s.metric, logy: s.logy, theme: this.theme, exportTheme: THEMES.light };
+    this.views.layerCurves.update({ ...common, label: tag, tag, series: layer.filter((x) => !x.error) });
+    if (model.some((x) => !x.error)) {
+      this.views.modelCurves.update({ ...common, label: "whole model", tag: MODEL_TAG, series: model.filter((x) => !x.error) });
+    } else {
+      this.views.modelCurves.showMessage("No whole-model statistics (_model/_stats) in the shown runs.");
+    }
+    const failed = [...layer, ...model].filter((x) => x.error);
+    if (failed.length) this.setStatus(`Some curves could not be loaded: ${failed.map((x) => `${x.run}: ${x.error}`).join("; ")}`, "error");
+  }
+
+  async loadTable() {
+    const gen = ++this.generation.table;
+    const s = this.state;
+    const run = s.run;
+    const modelSteps = s.model[run]?.steps ?? this.steps();
+    const step = nearestStep([...modelSteps].sort((a, b) => a - b), this.currentStep());
+    try {
+      const d = await this.cached(`summary|${run}|${step}`, () => api.fetchSummary({ run, step }));
+      if (gen !== this.generation.table) return;
+      const { tags } = filterTags(d.rows.map((r) => r.tag), s.filter);
+      const keep = new Set(tags);
+      this.views.table.update({
+        rows: d.rows.filter((r) => keep.has(r.tag)), run, step, selected: s.tag, theme: this.theme, exportTheme: THEMES.light,
+      });
+    } catch (e) {
+      if (gen === this.generation.table) this.views.table.showMessage(`Could not load the summary of run ${run}: ${e.message}`, "error");
+    }
+  }
+}

@@ -1,0 +1,194 @@
+// Shared drawing helpers of the views: DOM building (text only, never HTML), axes, figure
+// frames, export buttons and downloads.
+
+import * as d3 from "../vendor/d3.js";
+import { fileName, formatTick, logTicks, niceTicks, svgDocument } from "../core.js";
+
+export const SVG_NS = "http://www.w3.org/2000/svg";
+
+/**
+ * An HTML element. `text` is set as textContent (names are data, never markup); other options
+ * become attributes, `on*` functions event listeners.
+ */
+export function h(tag, options = {}, children = []) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(options)) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "text") node.textContent = String(v);
+    else if (k === "class") node.className = v;
+    else if (k.startsWith("on") && typeof v === "function") node.addEventListener(k.slice(2), v);
+    else if (k === "checked" || k === "value" || k === "selected" || k === "disabled") node[k] = v;
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children) if (c) node.append(c);
+  return node;
+}
+
+/** A <select> with options [{value, label}] or plain strings. */
+export function select(options, value, onchange, attrs = {}) {
+  const node = h("select", { ...attrs, onchange: () => onchange(node.value) });
+  for (const o of options) {
+    const { value: v, label } = typeof o === "string" ? { value: o, label: o } : o;
+    node.append(h("option", { value: v, text: label, selected: v === value }));
+  }
+  node.value = value;
+  return node;
+}
+
+/** Starts a browser download of a Blob. */
+export function download(blob, name) {
+  const url = URL.createObjectURL(blob);
+  const a = h("a", { href: url, download: name, style: "display:none" });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+/** A standalone SVG file of an <svg> element. */
+export function serializeSVG(svgNode) {
+  return svgDocument(new XMLSerializer().serializeToString(svgNode));
+}
+
+/** Renders SVG text to a PNG Blob at `scale` times its size, on an opaque background. */
+export async function svgToPNG(svgText, width, height, scale = 2, background = "#ffffff") {
+  const url = URL.createObjectURL(new Blob([svgText], { type: "image/svg+xml" }));
+  try {
+    const img = new Image();
+    img.decoding = "sync";
+    const loaded = new Promise((resolve, reject) => {
+      img.onload = resolve;
+      img.onerror = () => reject(new Error("the figure's SVG could not be drawn as an image"));
+    });
+    img.src = url;
+    await loaded;
+    const canvas = document.createElement("canvas");
+    canvas.width = Math.round(width * scale);
+    canvas.height = Math.round(height * scale);
+    const ctx = canvas.getContext("2d");
+    ctx.fillStyle = background;
+    ctx.fillRect(0, 0, canvas.width, canvas.height);
+    ctx.drawImage(img, 0, 0, canvas.width, canvas.height);
+    return await new Promise((resolve) => canvas.toBlob(resolve, "image/png"));
+  } finally {
+    URL.revokeObjectURL(url);
+  }
+}
+
+/**
+ * The export buttons of a card: PNG, SVG, CSV, JSON (and more). `figure()` returns a detached
+ * <svg> drawn for export; `csv()` / `json()` return text. `name` gives file name parts.
+ */
+export function exportButtons({ figure, csv, json, name, extra = [] }) {
+  const run = (fn) => async () => {
+    try {
+      await fn();
+    } catch (e) {
+      console.warn("export failed:", e); // eslint-disable-line no-console
+    }
+  };
+  const bar = h("div", { class: "export" }, [
+    h("span", { class: "export-label", text: "Download" }),
+    h("button", {
+      type: "button", text: "PNG", title: "The figure as a PNG image (2x resolution)",
+      onclick: run(async () => {
+        const svg = figure();
+        const w = +svg.getAttribute("width");
+        const hgt = +svg.getAttribute("height");
+        download(await svgToPNG(serializeSVG(svg), w, hgt), fileName(name(), "png"));
+      }),
+    }),
+    h("button", {
+      type: "button", text: "SVG", title: "The figure as an SVG vector image",
+      onclick: run(() => download(new Blob([serializeSVG(figure())], { type: "image/svg+xml" }), fileName(name(), "svg"))),
+    }),
+    h("button", {
+      type: "button", text: "CSV", title: "The plotted data as CSV",
+      onclick: run(() => download(new Blob([csv()], { type: "text/csv" }), fileName(name(), "csv"))),
+    }),
+    json && h("button", {
+      type: "button", text: "JSON", title: "The plotted data as JSON",
+      onclick: run(() => download(new Blob([json()], { type: "application/json" }), fileName(name(), "json"))),
+    }),
+    ...extra,
+  ]);
+  return bar;
+}
+
+/** JSON text with NaN as null and +-Inf as "Infinity"/"-Infinity" (as the backend sends). */
+export function toJSON(obj) {
+  return JSON.stringify(
+    obj,
+    (_, v) => {
+      if (typeof v === "number" && !Number.isFinite(v)) return Number.isNaN(v) ? null : v > 0 ? "Infinity" : "-Infinity";
+      if (ArrayBuffer.isView(v)) return Array.from(v, (x) => (Number.isFinite(x) ? x : Number.isNaN(x) ? null : x > 0 ? "Infinity" : "-Infinity"));
+      return v;
+    },
+    1,
+  );
+}
+
+/** A fresh <svg> of the given size with a background, text colour and font set as attributes. */
+export function newFigure(width, height, theme) {
+  const svg = d3.create("svg")
+    .attr("xmlns", SVG_NS)
+    .attr("width", width)
+    .attr("height", height)
+    .attr("viewBox", `0 0 ${width} ${height}`)
+    .attr("font-family", "Roboto, Helvetica, Arial, sans-serif")
+    .attr("font-size", 11)
+    .attr("color", theme.text)
+    .attr("fill", theme.text);
+  svg.append("rect").attr("class", "bg").attr("width", width).attr("height", height).attr("fill", theme.background);
+  return svg;
+}
+
+/** A figure's title (and an optional subtitle) at its top left. */
+export function drawTitle(svg, title, subtitle, theme) {
+  svg.append("text").attr("class", "title").attr("x", 12).attr("y", 18)
+    .attr("font-size", 13).attr("font-weight", 600).attr("fill", theme.text).text(title);
+  if (subtitle) {
+    svg.append("text").attr("class", "subtitle").attr("x", 12).attr("y", 34)
+      .attr("font-size", 11).attr("fill", theme.muted).text(subtitle);
+  }
+}
+
+/** The ticks of a d3 linear or log scale with core's tick choice. */
+export function scaleTicks(scale, log, count) {
+  const [a, b] = scale.domain();
+  return log ? logTicks(Math.min(a, b), Math.max(a, b), count) : niceTicks(Math.min(a, b), Math.max(a, b), count);
+}
+
+/**
+ * An axis with core's ticks and labels, coloured by the theme, optional grid lines across
+ * `gridLength` pixels, and a label.
+ */
+export function drawAxis(g, scale, { orient, log = false, count = 5, theme, label, gridLength = 0, tickValues, tickFormat }) {
+  const make = { bottom: d3.axisBottom, left: d3.axisLeft, right: d3.axisRight, top: d3.axisTop }[orient];
+  const values = tickValues ?? scaleTicks(scale, log, count);
+  const axis = make(scale).tickValues(values).tickFormat(tickFormat ?? formatTick).tickSizeOuter(0);
+  g.attr("color", theme.axis).call(axis);
+  g.selectAll(".tick text").attr("fill", theme.muted);
+  if (gridLength) {
+    const sign = orient === "bottom" || orient === "right" ? -1 : 1;
+    g.selectAll(".tick").append("line").attr("class", "grid")
+      .attr(orient === "bottom" || orient === "top" ? "y2" : "x2", sign * gridLength)
+      .attr("stroke", theme.grid).attr("stroke-opacity", 0.7);
+  }
+  if (label) {
+    const [r0, r1] = scale.range();
+    const mid = (r0 + r1) / 2;
+    const t = g.append("text").attr("class", "axis-label").attr("fill", theme.muted)
+      .attr("text-anchor", "middle").attr("font-size", 11).text(label);
+    if (orient === "bottom") t.attr("x", mid).attr("y", 32);
+    else if (orient === "left") t.attr("transform", `translate(-46,${mid}) rotate(-90)`);
+    else if (orient === "right") t.attr("transform", `translate(48,${mid}) rotate(90)`);
+    else t.attr("x", mid).attr("y", -24);
+  }
+  return g;
+}
+
+/** A message in place of a plot (no data, an error from the backend). */
+export function message(container, text, kind = "info") {
+  container.replaceChildren(h("div", { class: `message ${kind}`, text }));
+}

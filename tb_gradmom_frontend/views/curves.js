@@ -1,0 +1,155 @@
+// Noise curves: a derived statistic (noise scale, total variance, GSNR, ...) over steps, one
+// line per run, for one variable or the whole model. Hover shows each run's value.
+
+import * as d3 from "../vendor/d3.js";
+import { finiteExtent, formatValue, linePath, niceDomain, toCSV } from "../core.js";
+import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
+
+const MARGIN = { top: 48, right: 24, bottom: 50, left: 72 };
+
+/** What the series route's quantities are, for titles and axis labels. */
+export const METRICS = {
+  noise_scale: "noise scale B_simple = tr(Σ) / |g|²",
+  total_variance: "total variance tr(Σ)",
+  grad_norm_sq: "|g|² (squared norm of the batch gradient)",
+  grad_norm_sq_unbiased: "|g|² − tr(Σ)/B (unbiased)",
+  gsnr_mean: "mean gradient signal-to-noise ratio",
+  norm_test: "norm test statistic",
+  eb_criterion: "EB criterion",
+  cabs_batch_size: "CABS batch size",
+  batch_size: "batch size",
+};
+
+export class CurvesView {
+  constructor(container) {
+    this.container = container;
+    this.model = null;
+  }
+
+  showMessage(text, kind) {
+    this.model = null;
+    message(this.container, text, kind);
+  }
+
+  /**
+   * model: {label (what the curves are of), tag, metric, logy, series: [{run, color, steps,
+   * values (numbers), wall_times}], theme, exportTheme}.
+   */
+  update(model) {
+    this.model = model;
+    const width = Math.max(360, Math.min(this.container.clientWidth || 720, 1100));
+    this.size = { width, height: 300 };
+    const svg = this.figure(model.theme, true);
+    this.tooltip = h("div", { class: "tooltip", role: "tooltip", hidden: true });
+    const fig = h("div", { class: "figure", style: `width:${width}px` }, [svg.node(), this.tooltip]);
+    this.container.replaceChildren(
+      h("div", { class: "card-tools" }, [
+        exportButtons({
+          figure: () => this.figure(this.model.exportTheme, false).node(),
+          csv: () => this.csv(),
+          json: () => toJSON({ tag: model.tag, metric: model.metric, series: model.series }),
+          name: () => [model.tag === "_model" ? "model" : model.tag, model.metric],
+        }),
+      ]),
+      fig,
+    );
+  }
+
+  figure(theme, interactive) {
+    const { label, metric, logy, series } = this.model;
+    const { width, height } = this.size;
+    const svg = newFigure(width, height, theme);
+    drawTitle(svg, `${METRICS[metric] ?? metric}: ${label}`,
+      `${series.length} run${series.length === 1 ? "" : "s"}${logy ? " · log y" : ""}`, theme);
+    const plotW = width - MARGIN.left - MARGIN.right;
+    const plotH = height - MARGIN.top - MARGIN.bottom;
+    const allSteps = series.flatMap((s) => s.steps);
+    const allValues = series.flatMap((s) => s.values);
+    const yext = finiteExtent(allValues, logy ? "log" : "linear");
+    if (!allSteps.length || !yext) {
+      svg.append("text").attr("x", width / 2).attr("y", height / 2).attr("text-anchor", "middle")
+        .attr("fill", theme.muted).text(`no ${logy ? "positive " : ""}finite values of ${metric}`);
+      return svg;
+    }
+    let [s0, s1] = [Math.min(...allSteps), Math.max(...allSteps)];
+    if (s0 === s1) [s0, s1] = [s0 - 1, s1 + 1];
+    const x = d3.scaleLinear().domain([s0, s1]).range([0, plotW]);
+    let [y0, y1] = yext;
+    if (y0 === y1) [y0, y1] = logy ? [y0 / 2, y1 * 2] : [y0 - Math.abs(y0 || 1) / 2, y1 + Math.abs(y1 || 1) / 2];
+    const y = logy
+      ? d3.scaleLog().domain([y0, y1]).range([plotH, 0])
+      : d3.scaleLinear().domain(niceDomain(y0, y1, 5)).range([plotH, 0]);
+    const g = svg.append("g").attr("transform", `translate(${MARGIN.left},${MARGIN.top})`);
+    drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, {
+      orient: "bottom", theme, label: "step", count: Math.floor(plotW / 90),
+      tickValues: x.ticks(Math.floor(plotW / 90)).filter(Number.isInteger), tickFormat: (v) => String(v),
+    });
+    drawAxis(g.append("g"), y, { orient: "left", log: logy, theme, label: metric, gridLength: plotW, count: 5 });
+    const lines = g.append("g").attr("class", "lines");
+    for (const s of series) {
+      const pts = s.steps.map((st, k) => [x(st), logy && !(s.values[k] > 0) ? NaN : y(s.values[k])]);
+      lines.append("path").attr("class", "curve").attr("data-run", s.run).attr("d", linePath(pts))
+        .attr("fill", "none").attr("stroke", s.color).attr("stroke-width", 1.75);
+      if (s.steps.length <= 60 || s.steps.length === 1) {
+        pts.forEach(([px, py]) => {
+          if (Number.isFinite(px) && Number.isFinite(py)) {
+            lines.append("circle").attr("cx", px).attr("cy", py).attr("r", 2).attr("fill", s.color);
+          }
+        });
+      }
+    }
+    // Legend: run names as text, top right, one per line.
+    const legend = svg.append("g").attr("class", "legend").attr("transform", `translate(${width - MARGIN.right},${16})`);
+    series.forEach((s, k) => {
+      const row = legend.append("g").attr("transform", `translate(0,${k * 14})`);
+      row.append("text").attr("x", -14).attr("y", 4).attr("text-anchor", "end").attr("fill", theme.text).text(s.run);
+      row.append("rect").attr("x", -10).attr("y", -4).attr("width", 10).attr("height", 3).attr("fill", s.color);
+    });
+    if (interactive) {
+      const rule = g.append("line").attr("class", "rule").attr("y1", 0).attr("y2", plotH)
+        .attr("stroke", theme.axis).attr("stroke-dasharray", "3,3").attr("visibility", "hidden");
+      g.append("rect").attr("class", "hover-target").attr("width", plotW).attr("height", plotH).attr("fill", "transparent")
+        .on("pointermove", (event) => this.hover(event, x, rule, plotW))
+        .on("pointerleave", () => {
+          rule.attr("visibility", "hidden");
+          this.tooltip.hidden = true;
+        });
+    }
+    return svg;
+  }
+
+  hover(event, x, rule, plotW) {
+    const [px, py] = d3.pointer(event);
+    const wanted = x.invert(px);
+    const rows = [];
+    let at = null;
+    for (const s of this.model.series) {
+      if (!s.steps.length) continue;
+      let best = 0;
+      s.steps.forEach((st, k) => {
+        if (Math.abs(st - wanted) < Math.abs(s.steps[best] - wanted)) best = k;
+      });
+      at = at ?? s.steps[best];
+      rows.push([s.run, s.color, s.steps[best], s.values[best]]);
+    }
+    if (!rows.length) return;
+    rule.attr("x1", x(at)).attr("x2", x(at)).attr("visibility", "visible");
+    const tip = this.tooltip;
+    tip.replaceChildren(...rows.map(([run, color, step, v]) => h("div", { class: "tip-row" }, [
+      h("span", { class: "swatch", style: `background:${color}` }),
+      h("span", { class: "tip-key", text: run }),
+      h("span", { class: "tip-value", text: `${formatValue(v, 5)} @ ${step}` }),
+    ])));
+    tip.hidden = false;
+    const left = MARGIN.left + px + 14;
+    tip.style.left = `${left + 240 > MARGIN.left + plotW ? MARGIN.left + px - 14 - tip.offsetWidth : left}px`;
+    tip.style.top = `${MARGIN.top + py + 10}px`;
+  }
+
+  csv() {
+    const { metric, series } = this.model;
+    const rows = [];
+    for (const s of series) s.steps.forEach((st, k) => rows.push([s.run, st, s.wall_times?.[k], s.values[k]]));
+    return toCSV(["run", "step", "wall_time", metric], rows);
+  }
+}

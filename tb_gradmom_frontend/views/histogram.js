@@ -1,0 +1,127 @@
+// Histograms of a statistic over a variable's elements: one step as bars, or all steps as an
+// offset ("ridge") view in the manner of TensorBoard's histogram dashboard; linear or log x.
+
+import * as d3 from "../vendor/d3.js";
+import { formatTick, linePath, toCSV } from "../core.js";
+import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
+
+const MARGIN = { top: 48, right: 24, bottom: 50, left: 66 };
+const MAX_RIDGES = 60;
+
+/** At most `n` series, evenly spaced over the steps, always keeping the first and the last. */
+export function thinSeries(series, n = MAX_RIDGES) {
+  if (series.length <= n) return series;
+  const out = [];
+  for (let k = 0; k < n; k++) out.push(series[Math.round((k * (series.length - 1)) / (n - 1))]);
+  return out;
+}
+
+export class HistogramView {
+  constructor(container) {
+    this.container = container;
+    this.model = null;
+  }
+
+  showMessage(text, kind) {
+    this.model = null;
+    message(this.container, text, kind);
+  }
+
+  /** model: {data (fetchHistogram), mode: "step"|"steps", run, tag, stat, color, theme, exportTheme}. */
+  update(model) {
+    this.model = model;
+    const width = Math.max(360, Math.min(this.container.clientWidth || 720, 1100));
+    const height = model.mode === "steps" ? 400 : 300;
+    this.size = { width, height };
+    const svg = this.figure(model.theme);
+    this.container.replaceChildren(
+      h("div", { class: "card-tools" }, [
+        exportButtons({
+          figure: () => this.figure(this.model.exportTheme).node(),
+          csv: () => this.csv(),
+          json: () => toJSON(this.model.data),
+          name: () => [model.run, model.tag, model.stat, model.mode === "steps" ? "histograms" : `histogram-step${model.data.series[0]?.step}`],
+        }),
+      ]),
+      h("div", { class: "figure" }, [svg.node()]),
+    );
+  }
+
+  figure(theme) {
+    const { data, mode, tag, stat, run, color } = this.model;
+    const { width, height } = this.size;
+    const svg = newFigure(width, height, theme);
+    const series = [...data.series].sort((a, b) => a.step - b.step);
+    const steps = series.map((s) => s.step);
+    const log = data.scale === "log";
+    drawTitle(svg, `Histogram of ${stat} over the elements of ${tag}`,
+      `run ${run} · ${mode === "steps" ? `steps ${steps[0]}–${steps[steps.length - 1]}` : `step ${steps[0]}`} · ${data.edges.length - 1} bins${log ? " · log x" : ""}`,
+      theme);
+    if (!series.length || data.edges.length < 2) {
+      svg.append("text").attr("x", width / 2).attr("y", height / 2).attr("text-anchor", "middle")
+        .attr("fill", theme.muted).text("no finite values to bin");
+      return svg;
+    }
+    const plotW = width - MARGIN.left - MARGIN.right;
+    const plotH = height - MARGIN.top - MARGIN.bottom;
+    const edges = data.edges;
+    const x = (log ? d3.scaleLog() : d3.scaleLinear()).domain([edges[0], edges[edges.length - 1]]).range([0, plotW]);
+    const g = svg.append("g").attr("transform", `translate(${MARGIN.left},${MARGIN.top})`);
+    const xlabel = `${stat}${log ? " (log scale)" : ""}`;
+
+    if (mode !== "steps") {
+      const counts = series[series.length - 1].counts;
+      const y = d3.scaleLinear().domain([0, Math.max(1, ...counts)]).nice().range([plotH, 0]);
+      drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, { orient: "bottom", log, theme, label: xlabel, count: Math.floor(plotW / 80) });
+      drawAxis(g.append("g"), y, { orient: "left", theme, label: "elements", gridLength: plotW, count: 5, tickValues: y.ticks(5).filter(Number.isInteger) });
+      const bars = g.append("g").attr("class", "bars");
+      counts.forEach((c, k) => {
+        const x0 = x(edges[k]);
+        const x1 = x(edges[k + 1]);
+        bars.append("rect").attr("class", "bar").attr("x", x0 + 0.5).attr("width", Math.max(0.5, x1 - x0 - 1))
+          .attr("y", y(c)).attr("height", plotH - y(c)).attr("fill", color).attr("fill-opacity", 0.85)
+          .attr("data-count", c).append("title").text(`[${formatTick(edges[k])}, ${formatTick(edges[k + 1])}): ${c}`);
+      });
+      return svg;
+    }
+
+    // Offset view: oldest step at the top, newest in front at the bottom.
+    const shown = thinSeries(series);
+    const maxCount = Math.max(1, ...shown.flatMap((s) => s.counts));
+    const ridgeH = Math.min(plotH * 0.5, Math.max(24, (plotH / Math.max(1, shown.length)) * 4));
+    const yStep = d3.scaleLinear().domain([shown[0].step, shown[shown.length - 1].step]).range([ridgeH, plotH]);
+    if (shown.length === 1) yStep.domain([shown[0].step - 1, shown[0].step]);
+    drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, { orient: "bottom", log, theme, label: xlabel, count: Math.floor(plotW / 80) });
+    drawAxis(g.append("g"), yStep, {
+      orient: "left", theme, label: "step",
+      tickValues: d3.scaleLinear().domain(yStep.domain()).ticks(6).filter((v) => Number.isInteger(v) && v >= yStep.domain()[0] && v <= yStep.domain()[1]),
+      tickFormat: (v) => String(v),
+    });
+    const ridges = g.append("g").attr("class", "ridges");
+    shown.forEach((s, idx) => {
+      const base = yStep(s.step);
+      const pts = [[x(edges[0]), base]];
+      s.counts.forEach((c, k) => {
+        const top = base - (c / maxCount) * ridgeH;
+        pts.push([x(edges[k]), top], [x(edges[k + 1]), top]);
+      });
+      pts.push([x(edges[edges.length - 1]), base]);
+      const opacity = 0.25 + (0.6 * (idx + 1)) / shown.length;
+      ridges.append("path").attr("class", "ridge").attr("data-step", s.step).attr("d", linePath(pts) + "Z")
+        .attr("fill", theme.background).attr("stroke", "none");
+      ridges.append("path").attr("d", linePath(pts) + "Z")
+        .attr("fill", color).attr("fill-opacity", opacity * 0.6).attr("stroke", color).attr("stroke-opacity", opacity).attr("stroke-width", 1)
+        .append("title").text(`step ${s.step}`);
+    });
+    return svg;
+  }
+
+  csv() {
+    const { data, mode } = this.model;
+    const series = [...data.series].sort((a, b) => a.step - b.step);
+    const shown = mode === "steps" ? series : series.slice(-1);
+    const rows = [];
+    for (const s of shown) s.counts.forEach((c, k) => rows.push([s.step, data.edges[k], data.edges[k + 1], c]));
+    return toCSV(["step", "bin_left", "bin_right", "count"], rows);
+  }
+}

@@ -1,0 +1,116 @@
+// The model summary table: per variable its size, total variance, SNR, noise scale and batch
+// size at one step; sortable by any column; a click on a row opens its heatmap.
+
+import { formatValue, sortRows, toCSV } from "../core.js";
+import { drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
+
+export const COLUMNS = [
+  { key: "tag", label: "variable", numeric: false },
+  { key: "size", label: "size", numeric: true },
+  { key: "total_variance", label: "total variance", numeric: true },
+  { key: "snr", label: "SNR", numeric: true },
+  { key: "noise_scale", label: "noise scale", numeric: true },
+  { key: "batch_size", label: "batch", numeric: true },
+];
+
+const cellText = (col, v) => (col.numeric ? (col.key === "size" || col.key === "batch_size" ? formatValue(v, 12) : formatValue(v, 4)) : String(v));
+
+export class TableView {
+  /** `onSelect(tag)` is called when a row is clicked. */
+  constructor(container, onSelect) {
+    this.container = container;
+    this.onSelect = onSelect;
+    this.sortKey = "total_variance";
+    this.descending = true;
+    this.model = null;
+  }
+
+  showMessage(text, kind) {
+    this.model = null;
+    message(this.container, text, kind);
+  }
+
+  /** model: {rows, run, step, selected (tag), theme, exportTheme}. */
+  update(model) {
+    this.model = model;
+    this.render();
+  }
+
+  sorted() {
+    return sortRows(this.model.rows, this.sortKey, this.descending);
+  }
+
+  render() {
+    const { run, step, selected } = this.model;
+    const head = h("tr", {}, COLUMNS.map((col) => {
+      const active = col.key === this.sortKey;
+      const th = h("th", {
+        class: `${col.numeric ? "num" : ""} ${active ? "sorted" : ""}`, scope: "col", tabindex: 0, role: "columnheader",
+        "aria-sort": active ? (this.descending ? "descending" : "ascending") : "none",
+        "data-key": col.key,
+        text: `${col.label}${active ? (this.descending ? " ▼" : " ▲") : ""}`,
+      });
+      const sort = () => {
+        if (this.sortKey === col.key) this.descending = !this.descending;
+        else {
+          this.sortKey = col.key;
+          this.descending = col.numeric;
+        }
+        this.render();
+      };
+      th.addEventListener("click", sort);
+      th.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sort(); } });
+      return th;
+    }));
+    const body = h("tbody", {}, this.sorted().map((row) => {
+      const tr = h("tr", { class: row.tag === selected ? "selected" : "", tabindex: 0, "data-tag": row.tag, title: "Open the heatmap of this variable" },
+        COLUMNS.map((col) => h("td", { class: col.numeric ? "num" : "tag", text: cellText(col, row[col.key]) })));
+      tr.addEventListener("click", () => this.onSelect(row.tag));
+      tr.addEventListener("keydown", (e) => { if (e.key === "Enter") this.onSelect(row.tag); });
+      return tr;
+    }));
+    this.container.replaceChildren(
+      h("div", { class: "card-tools" }, [
+        h("span", { class: "hint", text: `run ${run} · step ${step} · ${this.model.rows.length} variables` }),
+        exportButtons({
+          figure: () => this.figure(this.model.exportTheme).node(),
+          csv: () => this.csv(),
+          json: () => toJSON({ run, step, rows: this.sorted() }),
+          name: () => [run, "summary", `step${step}`],
+        }),
+      ]),
+      h("div", { class: "table-wrap" }, [h("table", { class: "summary" }, [h("thead", {}, [head]), body])]),
+    );
+  }
+
+  /** The table as a figure (for PNG/SVG export). */
+  figure(theme) {
+    const { run, step } = this.model;
+    const rows = this.sorted();
+    const widths = [260, 80, 110, 90, 100, 60];
+    const width = 24 + widths.reduce((a, b) => a + b, 0);
+    const rowH = 18;
+    const height = 60 + rowH * (rows.length + 1) + 12;
+    const svg = newFigure(width, height, theme);
+    drawTitle(svg, "Model summary", `run ${run} · step ${step} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`, theme);
+    const g = svg.append("g").attr("transform", "translate(12,52)");
+    const xs = widths.map((_, k) => widths.slice(0, k).reduce((a, b) => a + b, 0));
+    COLUMNS.forEach((col, k) => {
+      g.append("text").attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k]).attr("y", 12)
+        .attr("text-anchor", col.numeric ? "end" : "start").attr("font-weight", 600).attr("fill", theme.text).text(col.label);
+    });
+    g.append("line").attr("x1", 0).attr("x2", width - 24).attr("y1", 17).attr("y2", 17).attr("stroke", theme.axis);
+    rows.forEach((row, r) => {
+      const y = 12 + rowH * (r + 1);
+      COLUMNS.forEach((col, k) => {
+        g.append("text").attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k]).attr("y", y)
+          .attr("text-anchor", col.numeric ? "end" : "start").attr("fill", theme.text).text(cellText(col, row[col.key]));
+      });
+    });
+    return svg;
+  }
+
+  csv() {
+    return toCSV(COLUMNS.map((c) => c.key), this.sorted().map((row) => COLUMNS.map((c) => row[c.key])));
+  }
+}
