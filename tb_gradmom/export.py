@@ -448,7 +448,7 @@ def export(
         path = os.path.join(out, name)
         if fmt in IMAGE_FORMATS:
             fig = _figure(job, runs, opts)
-            fig.savefig(path, format=fmt, dpi=dpi)
+            plot.save(fig, path, dpi=dpi, fmt=fmt)
         elif fmt == "csv":
             _, header, rows = _numbers(job, runs, opts)
             with open(path, "w", encoding="utf-8", newline="") as f:

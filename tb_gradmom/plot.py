@@ -2,7 +2,7 @@
 
     from tb_gradmom import plot
     fig = plot.heatmap("runs/demo", "dense/kernel", stat="variance", scale="log")
-    fig.savefig("variance.pdf")
+    plot.save(fig, "variance.pdf")   # or fig.savefig(...)
 
 Every figure is built from `tb_gradmom.data.load` and the statistics of
 `tb_gradmom.reductions` and `tb_gradmom.stats` (the same code the tab's backend uses). The
@@ -41,6 +41,7 @@ __all__ = [
     "histogram",
     "curves",
     "summary",
+    "save",
 ]
 
 # The colour maps of the tab (same names and lookup tables as matplotlib's).
@@ -382,6 +383,20 @@ def summary_data(
 # ----------------------------------------------------------------------------- figures
 
 
+def save(fig, path: str | os.PathLike, dpi: int = 300, fmt: str | None = None) -> None:
+    """Saves a figure with the publication settings: text kept as text in SVG, TrueType in PDF.
+
+    Args:
+      fig: a figure from this module.
+      path: the file; the format follows its extension unless ``fmt`` is given.
+      dpi: resolution of raster formats (PNG).
+      fmt: ``"png"``, ``"svg"``, ``"pdf"``, ... (default from the extension).
+    """
+    matplotlib, _, _ = _mpl()
+    with matplotlib.rc_context(_RC):
+        fig.savefig(path, format=fmt, dpi=dpi)
+
+
 def _figure(figsize, height_ratio=0.8):
     matplotlib, _, Figure = _mpl()
     if figsize is None:
@@ -430,8 +445,9 @@ def heatmap(
     """A heatmap of an element-wise statistic of one variable at one step.
 
     The variable is drawn on its 2-D view (`metadata.to_2d_shape`: all axes but the last are
-    rows), axes in element indices. Grids bigger than ``max_cells`` are shown as NaN-aware block
-    means (`reductions.pool_2d`), said in the title. NaN cells, and cells <= 0 on a log scale,
+    rows), axes in element indices of the variable also when it was logged pooled. Grids bigger
+    than ``max_cells`` are shown as NaN-aware block means (`reductions.pool_2d`), said in the
+    title. Cells are a rasterized mesh, so SVG and PDF files stay small. NaN cells, and cells <= 0 on a log scale,
     are grey.
 
     Args:
@@ -477,15 +493,22 @@ def heatmap(
     fig = _figure(figsize)
     with matplotlib.rc_context(_RC):
         ax = fig.add_subplot()
-        rows, cols = grid.shape
-        image = ax.imshow(
+        # Cell edges in element indices of the variable's 2-D view: a cell is a block of the
+        # logging pool times a block of the display pool; blocks at the edges may be ragged.
+        rows, cols = metadata.to_2d_shape(d["shape"])
+        br, bc = d["block"][0] * view_block[0], d["block"][1] * view_block[1]
+        y_edges = np.minimum(np.arange(shown.shape[0] + 1) * br, rows) - 0.5
+        x_edges = np.minimum(np.arange(shown.shape[1] + 1) * bc, cols) - 0.5
+        image = ax.pcolormesh(
+            x_edges,
+            y_edges,
             np.ma.masked_invalid(shown),
             cmap=colour_map,
             norm=norm,
-            aspect="auto",
-            interpolation="nearest",
-            extent=(-0.5, cols - 0.5, rows - 0.5, -0.5),
+            rasterized=True,
         )
+        ax.set_xlim(-0.5, cols - 0.5)
+        ax.set_ylim(rows - 0.5, -0.5)  # row 0 at the top, as in a matrix
         ylabel, xlabel = _axis_labels(d["shape"])
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)

@@ -1,0 +1,543 @@
+"""plot.py, export.py and the `tb-gradmom export` command on event files written by real TF.
+
+The numbers in CSV and JSON files are checked against the event files read independently
+(TensorBoard's EventAccumulator) with the statistics written out here from MATH.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import types
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from tb_gradmom import cli, export, metadata, plot  # noqa: E402
+from tests.test_data import LAYOUT, STEPS, _write_logdir  # noqa: E402  (real-TF event files)
+
+NF = len(metadata.STATS_FIELDS)
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("plotlogs"))
+    _write_logdir(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def logged(logdir):
+    """{(run, tag): {step: (moments tensor or None, stats tensor)}} via EventAccumulator."""
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    out = {}
+    for run in LAYOUT:
+        acc = event_accumulator.EventAccumulator(
+            os.path.join(logdir, run), size_guidance={event_accumulator.TENSORS: 0}
+        )
+        acc.Reload()
+        for tag in acc.Tags()["tensors"]:
+            if acc.SummaryMetadata(tag).plugin_data.plugin_name != "gradmom":
+                continue
+            base, is_stats = (
+                (tag[: -len("/_stats")], True) if tag.endswith("/_stats") else (tag, False)
+            )
+            entry = out.setdefault((run, base), {})
+            for ev in acc.Tensors(tag):
+                arr = tensor_util.make_ndarray(ev.tensor_proto).astype(np.float64)
+                m, s = entry.get(ev.step, (None, None))
+                entry[ev.step] = (m, arr) if is_stats else (arr, s)
+    return out
+
+
+def _variance(m1, m2, n):
+    return n / (n - 1) * (m2 - m1 * m1)
+
+
+def _run(argv, capsys):
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_png_decodes_with_expected_size(logdir, tmp_path, capsys):
+    code, out, err = _run(
+        [
+            "export",
+            "--logdir",
+            logdir,
+            "--out",
+            str(tmp_path),
+            "--tag",
+            "^dense/kernel$",
+            "--dpi",
+            "100",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    path = tmp_path / f"dense_kernel-step{STEPS[-1]}-variance.png"
+    assert out.strip() == f"wrote 1 file to {tmp_path}"
+    # Default figure: one paper column, 3.4 x 2.72 inches.
+    assert _png_size(path) == (340, 272)
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im.load()
+        assert im.size == (340, 272)
+        assert len(set(im.convert("RGB").getdata())) > 20  # an image, not a blank page
+
+
+def test_svg_parses_and_is_labelled(logdir, tmp_path, capsys):
+    code, _, err = _run(
+        ["export", "--logdir", logdir, "--out", str(tmp_path), "--run", "eval", "--format", "svg"],
+        capsys,
+    )
+    assert code == 0, err
+    (path,) = tmp_path.iterdir()
+    assert path.name == f"eval_a-conv_kernel-step{STEPS[-1]}-variance.svg"
+    root = ET.parse(path).getroot()
+    assert root.tag.endswith("svg")
+    # Text is kept as <text> (svg.fonttype none), so it stays editable and searchable.
+    texts = " ".join("".join(t.itertext()) for t in root.iter() if t.tag.endswith("}text"))
+    texts = " ".join(texts.split())
+    assert "conv/kernel" in texts and f"step {STEPS[-1]}" in texts and "eval/a" in texts
+    assert "variance (unbiased, n/(n-1))" in texts
+    assert "logged as 2×2 block means" in texts
+    assert "output index" in texts
+
+
+def test_pdf_has_one_page(logdir, tmp_path, capsys):
+    code, _, err = _run(
+        [
+            "export",
+            "--logdir",
+            logdir,
+            "--out",
+            str(tmp_path),
+            "--plot",
+            "curves",
+            "--format",
+            "pdf",
+            "--tag",
+            "_model",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    blob = (tmp_path / "model-curves.pdf").read_bytes()
+    assert blob.startswith(b"%PDF-")
+    assert blob.rstrip().endswith(b"%%EOF")
+    assert len(re.findall(rb"/Type\s*/Page[^s]", blob)) == 1
+    assert b"/MediaBox" in blob
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+@pytest.mark.parametrize("stat", ["variance", "mean"])
+def test_heatmap_csv_equals_logged_data(logdir, logged, tmp_path, capsys, stat):
+    code, _, err = _run(
+        [
+            "export",
+            "--logdir",
+            logdir,
+            "--out",
+            str(tmp_path),
+            "--format",
+            "csv",
+            "--step",
+            "5",
+            "--stat",
+            stat,
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [
+        f"dense_bias-step5-{stat}.csv",
+        f"dense_kernel-step5-{stat}.csv",
+        f"eval_a-conv_kernel-step5-{stat}.csv",
+    ]
+    for run, tag, name in [(".", "dense/kernel", files[1]), ("eval/a", "conv/kernel", files[2])]:
+        moments, st = logged[(run, tag)][5]
+        n = st[0]
+        expected = moments[0] if stat == "mean" else _variance(moments[0], moments[1], n)
+        expected = expected.reshape(-1, expected.shape[-1])
+        with open(tmp_path / name, newline="") as f:
+            rows = list(csv.reader(f))
+        assert rows[0] == ["row", "col", stat]
+        got = np.full(expected.shape, np.nan)
+        for r, c, v in rows[1:]:
+            got[int(r), int(c)] = float(v)
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
+    assert (tmp_path / files[1]).read_bytes().count(b"\r\n") == 13  # header + 12 cells, CRLF
+
+
+def test_heatmap_json_equals_logged_data(logdir, logged, tmp_path, capsys):
+    code, _, err = _run(
+        [
+            "export",
+            "--logdir",
+            logdir,
+            "--out",
+            str(tmp_path),
+            "--format",
+            "json",
+            "--tag",
+            "bias",
+            "--stat",
+            "kurtosis",
+            "--step",
+            "all",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    for step in STEPS:
+        payload = json.loads((tmp_path / f"dense_bias-step{step}-kurtosis.json").read_text())
+        moments, st = logged[(".", "dense/bias")][step]
+        m1, m2, m3, m4 = moments
+        mu4 = m4 - 4 * m1 * m3 + 6 * m1**2 * m2 - 3 * m1**4
+        expected = mu4 / (m2 - m1**2) ** 2
+        assert payload["run"] == "." and payload["tag"] == "dense/bias" and payload["step"] == step
+        assert payload["batch_size"] == int(st[0])
+        assert payload["shape"] == [4]
+        np.testing.assert_allclose(np.array(payload["grid"])[0], expected, rtol=1e-9)
+
+
+def test_histogram_csv_counts_every_element(logdir, logged, tmp_path, capsys):
+    code, _, err = _run(
+        [
+            "export",
+            "--logdir",
+            logdir,
+            "--out",
+            str(tmp_path),
+            "--format",
+            "csv",
+            "--plot",
+            "histogram",
+            "--tag",
+            "dense/kernel",
+            "--bins",
+            "5",
+            "--scale",
+            "log",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    moments, st = logged[(".", "dense/kernel")][STEPS[-1]]
+    var = _variance(moments[0], moments[1], st[0]).ravel()
+    with open(tmp_path / f"dense_kernel-step{STEPS[-1]}-variance-histogram.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["bin_lo", "bin_hi", "count"]
+    lo = [float(r[0]) for r in rows[1:]]
+    hi = [float(r[1]) for r in rows[1:]]
+    counts = [int(r[2]) for r in rows[1:]]
+    assert len(counts) == 5 and sum(counts) == var.size
+    assert lo[0] == pytest.approx(var.min(), rel=1e-12) and hi[-1] == pytest.approx(
+        var.max(), rel=1e-12
+    )
+    np.testing.assert_allclose(np.diff(np.log10(lo + hi[-1:])), np.log10(hi[-1] / lo[0]) / 5)
+    for a, b, c in zip(lo, hi, counts, strict=True):
+        inside = ((var >= a) & (var < b)) | ((var == b) & (b == hi[-1]))
+        assert c == inside.sum()
+
+
+def test_curves_and_summary_equal_formulas(logdir, logged, tmp_path, capsys):
+    code, _, err = _run(
+        [
+            "export",
+            "--logdir",
+            logdir,
+            "--out",
+            str(tmp_path),
+            "--format",
+            "csv",
+            "--plot",
+            "curves",
+            "--tag",
+            "^_model$",
+            "--quantities",
+            "noise_scale,norm_test,cabs_batch_size",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    with open(tmp_path / "model-curves.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["run", "step", "noise_scale", "norm_test", "cabs_batch_size"]
+    assert [int(r[1]) for r in rows[1:]] == list(STEPS)
+    for r in rows[1:]:
+        _, st = logged[(".", "_model")][int(r[1])]
+        s = dict(zip(metadata.STATS_FIELDS, st[:NF], strict=True))
+        n = s["batch_size"]
+        assert float(r[2]) == pytest.approx(
+            s["sum_var"] / (s["sum_m2"] - s["sum_var"] / n), rel=1e-12
+        )
+        assert float(r[3]) == pytest.approx(np.sqrt(s["sum_var"] / (n * s["sum_m2"])), rel=1e-12)
+        assert float(r[4]) == pytest.approx(
+            s["learning_rate"] * (s["sum_m2_raw"] - s["sum_m2"]) / s["loss"], rel=1e-12
+        )
+
+    code, _, err = _run(
+        [
+            "export",
+            "--logdir",
+            logdir,
+            "--out",
+            str(tmp_path),
+            "--format",
+            "json",
+            "--plot",
+            "summary",
+            "--run",
+            r"^\.$",
+            "--step",
+            "0",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    payload = json.loads((tmp_path / "step0-summary.json").read_text())
+    assert [row["tag"] for row in payload["rows"]] == ["_model", "dense/bias", "dense/kernel"]
+    for row in payload["rows"]:
+        _, st = logged[(".", row["tag"])][0]
+        s = dict(zip(metadata.STATS_FIELDS, st[:NF], strict=True))
+        assert row["total_variance"] == pytest.approx(s["sum_var"], rel=1e-12)
+        assert row["gsnr_mean"] == pytest.approx(s["sum_gsnr"] / s["gsnr_count"], rel=1e-12)
+        assert row["eb_criterion"] == pytest.approx(
+            1 - s["batch_size"] / s["num_elements"] * s["sum_gsnr"], rel=1e-12
+        )
+
+
+def test_non_finite_numbers_are_spelled_out():
+    assert export._json_clean({"a": [float("nan"), float("inf"), -np.inf, np.float32(1.5)]}) == {
+        "a": ["NaN", "Infinity", "-Infinity", 1.5]
+    }
+    text = export._csv_text(["x", "y"], [[float("nan"), 0.1], ["a,b", -np.inf]])
+    assert text == 'x,y\r\nNaN,0.1\r\n"a,b",-Infinity\r\n'
+
+
+def test_file_names():
+    assert export.file_name([".", "dense/kernel", "step10", "variance"], "png") == (
+        "dense_kernel-step10-variance.png"
+    )
+    assert export.file_name(["train/a b", "x:y"], "csv") == "train_a_b-x_y.csv"
+    assert export.file_name([], "json") == "gradmom.json"
+
+
+def test_progress_bar_with_many_files(logdir, tmp_path, monkeypatch):
+    monkeypatch.setattr(export, "PROGRESS_MIN_FILES", 5)
+    err, out = io.StringIO(), io.StringIO()
+    args = cli.build_parser().parse_args(
+        ["export", "--logdir", logdir, "--out", str(tmp_path), "--step", "all", "--format", "csv"]
+    )
+    assert export.run_from_args(args, stderr=err, stdout=out) == 0
+    assert "exporting [" in err.getvalue() and "9/9 files" in err.getvalue()
+    assert len(list(tmp_path.iterdir())) == 9
+    quiet = cli.build_parser().parse_args(
+        ["export", "--logdir", logdir, "--out", str(tmp_path), "--format", "csv", "--quiet"]
+    )
+    err = io.StringIO()
+    assert export.run_from_args(quiet, stderr=err, stdout=out) == 0
+    assert err.getvalue() == ""
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--logdir", "MISSING"], "error: logdir '.*MISSING' does not exist"),
+        (["--run", "nothere"], r"error: no run matches --run 'nothere'; runs: \., eval/a$"),
+        (["--tag", "nothere"], "error: no tag matches --tag 'nothere'; tags: _model, conv/kernel"),
+        (["--tag", "("], r"error: --tag '\(' is not a valid regular expression"),
+        (["--step", "7"], "error: step 7 was not logged for any matching tag; steps: 0, 5, 10$"),
+        (["--step", "soon"], "error: --step must be an integer, 'latest' or 'all', got 'soon'"),
+        (["--tag", "kernel", "--stat", "kurtosis"], r"needs moment orders \[1, 2, 3, 4\]"),
+        (["--tag", "_model"], "hold stats only .*use --plot curves or --plot summary"),
+        (["--plot", "curves", "--quantities", "noise"], r"unknown quantities \['noise'\]"),
+    ],
+)
+def test_bad_input_one_line_error(logdir, tmp_path, capsys, extra, message):
+    argv = ["export", "--logdir", logdir, "--out", str(tmp_path / "o"), "--format", "csv", *extra]
+    if extra[0] == "--logdir":
+        argv = ["export", "--out", str(tmp_path / "o"), "--logdir", str(tmp_path / extra[1])]
+    code, out, err = _run(argv, capsys)
+    assert code == 1
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tb-gradmom export: error: ")
+    assert re.search(message, lines[0]), lines[0]
+    assert "Traceback" not in err
+
+
+def test_no_gradmom_data_and_subprocess_exit_code(tmp_path):
+    (tmp_path / "events.out.tfevents.1.host").write_bytes(b"")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tb_gradmom.cli",
+            "export",
+            "--logdir",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"tb-gradmom export: error: no Grad Moments data in logdir {str(tmp_path)!r}; log some "
+        "with tb_gradmom.summary or the Keras callback"
+    ]
+
+
+def test_missing_matplotlib_message(logdir, tmp_path):
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from tb_gradmom import cli\n"
+        "sys.exit(cli.main(sys.argv[1:]))"
+    )
+    base = [sys.executable, "-c", code, "export", "--logdir", logdir, "--out", str(tmp_path)]
+    proc = subprocess.run([*base, "--format", "png"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        "tb-gradmom export: error: tb_gradmom.plot needs matplotlib, which is not installed: "
+        'pip install "tb_gradmom[plots]"'
+    )
+    proc = subprocess.run([*base, "--format", "json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr  # numbers need no matplotlib
+    assert len(list(tmp_path.glob("*.json"))) == 3
+
+
+def test_truncated_file_warns_in_one_line(logdir, tmp_path, capsys):
+    import shutil
+
+    from tb_gradmom import data
+
+    src = data.list_runs(logdir)["."][0]
+    dst = tmp_path / "logs"
+    dst.mkdir()
+    shutil.copy(src, dst / os.path.basename(src))
+    with open(dst / os.path.basename(src), "r+b") as f:
+        f.seek(0, 2)
+        f.truncate(f.tell() - 3)
+    code, _, err = _run(
+        ["export", "--logdir", str(dst), "--out", str(tmp_path / "o"), "--format", "csv"], capsys
+    )
+    assert code == 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tb-gradmom export: warning: ")
+    assert "truncated last record" in lines[0]
+
+
+def test_demo_subcommand_calls_demo_main_lazily(monkeypatch):
+    seen = {}
+    fake = types.ModuleType("tb_gradmom.demo")
+
+    def main(args):
+        seen["args"] = args
+        return 0
+
+    fake.main = main
+    monkeypatch.setitem(sys.modules, "tb_gradmom.demo", fake)
+    assert cli.main(["demo", "--quick"]) == 0
+    args = seen["args"]
+    assert (args.logdir, args.steps, args.quick) == ("runs/demo", None, True)
+    assert cli.main(["demo", "--logdir", "x", "--steps", "3"]) == 0
+    assert (seen["args"].logdir, seen["args"].steps, seen["args"].quick) == ("x", 3, False)
+
+
+# ----------------------------------------------------------------------------- python API
+
+
+def test_heatmap_figure_draws_the_statistic(logdir, logged):
+    from matplotlib import colors
+
+    runs = plot.load_source(logdir)
+    fig = plot.heatmap(runs, "dense/kernel", step=0, stat="variance", scale="log", cmap="magma")
+    ax = fig.axes[0]
+    (image,) = ax.collections
+    moments, st = logged[(".", "dense/kernel")][0]
+    expected = _variance(moments[0], moments[1], st[0])
+    np.testing.assert_allclose(np.ma.filled(image.get_array(), np.nan), expected, rtol=1e-12)
+    assert image.get_cmap().name.startswith("magma")
+    assert isinstance(image.norm, colors.LogNorm)
+    assert image.norm.vmin == pytest.approx(expected.min()) and image.norm.vmax == pytest.approx(
+        expected.max()
+    )
+    assert ax.get_title().startswith(". · dense/kernel · step 0")
+    assert "unbiased" in fig.axes[1].get_ylabel() and "n = 4" in fig.axes[1].get_ylabel()
+    assert ax.get_xlabel() and ax.get_ylabel()
+
+
+def test_heatmap_display_pooling_matches_reductions(logdir, logged):
+    fig = plot.heatmap(logdir, "conv/kernel", stat="mean", max_cells=(4, 2))
+    (image,) = fig.axes[0].collections
+    m1 = logged[("eval/a", "conv/kernel")][STEPS[-1]][0][0]  # stored [6, 3]
+    # Blocks of 2 x 2 over the 6 x 3 grid: 3 x 2 cells, the right column ragged.
+    expected = np.array([[m1[r : r + 2, c : c + 2].mean() for c in (0, 2)] for r in (0, 2, 4)])
+    np.testing.assert_allclose(image.get_array(), expected, rtol=1e-12)
+    assert "shown as 2×2 block means" in " ".join(fig.axes[0].get_title().split())
+    # Cells in element indices of the [12, 5] view: logged 2 x 2 blocks, shown 2 x 2 of those.
+    coords = image.get_coordinates()
+    np.testing.assert_array_equal(coords[:, 0, 1], [-0.5, 3.5, 7.5, 11.5])
+    np.testing.assert_array_equal(coords[0, :, 0], [-0.5, 3.5, 4.5])
+    assert fig.axes[0].get_ylim() == (11.5, -0.5)
+
+
+def test_plot_api_errors(logdir):
+    with pytest.raises(
+        ValueError, match=r"step 3 was not logged for run '\.' tag 'dense/kernel'; steps: 0, 5, 10"
+    ):
+        plot.heatmap_data(logdir, "dense/kernel", step=3)
+    with pytest.raises(ValueError, match="no tag 'nope' in any run"):
+        plot.heatmap_data(logdir, "nope")
+    with pytest.raises(ValueError, match="unknown colour map 'jet'"):
+        plot.heatmap(logdir, "dense/kernel", cmap="jet")
+    with pytest.raises(ValueError, match="holds stats only"):
+        plot.heatmap_data(logdir, "_model")
+
+
+def test_histogram_and_curves_figures(logdir):
+    fig = plot.histogram(logdir, "dense/bias", step="all", stat="snr")
+    ax = fig.axes[0]
+    assert len(ax.patches) == len(STEPS)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"step {s}" for s in STEPS]
+    assert ax.get_ylabel() == "number of elements"
+    fig = plot.curves(logdir, tag="_model", ema=0.5)
+    assert len(fig.axes) == len(plot.CURVE_DEFAULTS) + 1
+    assert fig.axes[-1].get_xlabel() == "step"
+    fig = plot.summary(logdir, run=".")
+    assert fig.axes[0].get_title() == ". · latest step · variance unbiased"
