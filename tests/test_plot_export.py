@@ -23,7 +23,11 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from tb_gradmom import cli, export, metadata, plot  # noqa: E402
-from tests.test_data import LAYOUT, STEPS, _write_logdir  # noqa: E402  (real-TF event files)
+
+try:  # the real-TF event files of test_data (tests as a package, or tests/ on sys.path)
+    from tests.test_data import LAYOUT, STEPS, _write_logdir
+except ImportError:  # pragma: no cover
+    from test_data import LAYOUT, STEPS, _write_logdir
 
 NF = len(metadata.STATS_FIELDS)
 
