@@ -22,7 +22,8 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest", "ruff", "playwright"],
+        "plots": ["matplotlib"],
+        "test": ["pytest", "ruff", "playwright", "matplotlib"],
     },
     entry_points={
         "console_scripts": ["tb-gradmom = tb_gradmom.cli:main"],

@@ -24,6 +24,7 @@ __all__ = [
     "data",
     "stats",
     "metadata",
+    "plot",
 ]
 
 # Public name -> (module, attribute or None for the module itself).
@@ -37,6 +38,7 @@ _LAZY = {
     "data": ("tb_gradmom.data", None),
     "stats": ("tb_gradmom.stats", None),
     "metadata": ("tb_gradmom.metadata", None),
+    "plot": ("tb_gradmom.plot", None),
 }
 
 

@@ -196,6 +196,7 @@ def _power_sums_chunked(plan, deltas, n, orders, chunk) -> dict:
     return dict(zip(orders, accs))
 
 
+@tf.autograph.experimental.do_not_convert
 def gradients_and_moments(
     loss,
     var_list: Sequence,

@@ -113,27 +113,36 @@ def find_sites(handle: tf.Tensor, on_path: set[tf.Operation]) -> list[RawSite]:
     return sites
 
 
-def grouped_source(t: tf.Tensor, after_matmul: bool = False) -> tf.Tensor | None:
+def grouped_source(
+    t: tf.Tensor, after_matmul: bool = False, d_in: int | None = None
+) -> tf.Tensor | None:
     """If the rows of 2-D ``t`` are the positions of several examples, the tensor they came from.
 
     Keras 3 Dense on ``[n, T, d]`` inputs reshapes them to ``[n * T, d]`` before ``MatMul``; the
     rows of the product (and of its bias add) are then grouped by example. ``t`` is a ``MatMul``
     input, or (``after_matmul=True``) a tensor computed from a ``MatMul`` output by bias adds.
     Returns the rank >= 3 tensor before the reshape (its first axis indexes examples), or None
-    when ``t``'s rows are examples themselves.
+    when ``t``'s rows are examples themselves. ``d_in``: the width of ``t`` if not static.
     """
     if after_matmul:
         t = _skip(t, _PASS)
         if t.op.type != "MatMul" or t.op.get_attr("transpose_a"):
             return None
+        w = t.op.inputs[1]
+        d_in = w.shape[-1] if t.op.get_attr("transpose_b") else w.shape[0]
         t = t.op.inputs[0]
     t = _skip(t, frozenset({"Cast", "Identity"}))
     if t.op.type != "Reshape" or t.shape.rank != 2:
         return None
     src = t.op.inputs[0]
+    if src.op.type == "Transpose":  # tf.tensordot transposes, with the identity permutation
+        perm = tf.get_static_value(src.op.inputs[1])
+        if perm is not None and list(perm) == list(range(len(perm))):
+            src = src.op.inputs[0]
     if src.shape.rank is None or src.shape.rank < 3:
         return None
-    if t.shape[-1] is None or src.shape[-1] != t.shape[-1]:
+    last = t.shape[-1] if t.shape[-1] is not None else d_in
+    if last is None or src.shape[-1] != last:
         return None  # e.g. Flatten: the last axis is not kept, rows are examples
     return src
 

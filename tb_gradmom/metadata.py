@@ -55,8 +55,18 @@ STATS_FIELDS: tuple[str, ...] = (
 )
 
 # Fixed log-spaced bucket edges for the histogram of the per-element unbiased variance:
-# 4 buckets per decade from 1e-24 to 1e8.
-HIST_EDGES: tuple[float, ...] = tuple(10.0 ** (e / 4.0) for e in range(-96, 33))
+# 4 buckets per decade from 1e-24 to 1e8. The content message stores the three numbers, not
+# the edges, to keep the per-event metadata small.
+HIST_SPEC: tuple[int, int, int] = (-24, 8, 4)  # (first decade, last decade, buckets per decade)
+
+
+def hist_edges(spec: tuple[int, int, int] = HIST_SPEC) -> tuple[float, ...]:
+    """The bucket edges ``10 ** (k / per_decade)`` from ``10**first`` to ``10**last``."""
+    first, last, per_decade = spec
+    return tuple(10.0 ** (k / per_decade) for k in range(first * per_decade, last * per_decade + 1))
+
+
+HIST_EDGES: tuple[float, ...] = hist_edges()
 NUM_HIST_BUCKETS = len(HIST_EDGES) + 1
 STATS_LENGTH = len(STATS_FIELDS) + NUM_HIST_BUCKETS
 
@@ -133,7 +143,12 @@ def pool_block(shape: Sequence[int], max_elements: int) -> tuple[int, int]:
 
 def _encode(obj) -> bytes:
     d = {k: list(v) if isinstance(v, tuple) else v for k, v in obj.__dict__.items()}
-    return json.dumps(d, sort_keys=True).encode("utf-8")
+    if isinstance(obj, StatsContent):
+        edges = d.pop("hist_edges")
+        if tuple(edges) != HIST_EDGES:
+            raise ValueError("stats content must use the fixed HIST_EDGES")
+        d["hist"] = list(HIST_SPEC)
+    return json.dumps(d, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
 def create_summary_metadata(content: MomentsContent | StatsContent, description: str = ""):
@@ -188,9 +203,13 @@ def parse_plugin_content(content: bytes) -> MomentsContent | StatsContent:
                 version=version,
             )
         if kind == KIND_STATS:
+            if "hist" in d:
+                edges = hist_edges(tuple(int(x) for x in d["hist"]))
+            else:
+                edges = tuple(float(e) for e in d["hist_edges"])
             return StatsContent(
                 fields=tuple(str(f) for f in d["fields"]),
-                hist_edges=tuple(float(e) for e in d["hist_edges"]),
+                hist_edges=edges,
                 variable=str(d.get("variable", "")),
                 version=version,
             )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import tensorflow as tf
 
 from tb_gradmom.rules.base import Contribution, RuleError, Site
@@ -62,10 +63,28 @@ def conv_rule(site: Site) -> Contribution:
     strides, dilations = strides[1:-1], dilations[1:-1]
     out = op.outputs[0]
     offsets = list(itertools.product(*[range(k) for k in kernel_sizes]))
+    # Dilated convolutions on CPU arrive as SpaceToBatchND -> conv -> BatchToSpaceND: the conv's
+    # batch holds `blocks` rows per example, block-major (row b * n + j belongs to example j).
+    blocks, batch_source = 1, op.inputs[0]
+    src = op.inputs[0]
+    while src.op.type in ("ExpandDims", "Identity"):
+        src = src.op.inputs[0]
+    if src.op.type == "SpaceToBatchND":
+        block_shape = tf.get_static_value(src.op.inputs[1])
+        if block_shape is None:
+            raise RuleError("the SpaceToBatchND block shape before the convolution is not static")
+        blocks = int(np.prod(block_shape))
+        batch_source = src.op.inputs[0]
+
+    def rows(t, n, start, size):
+        if blocks == 1:
+            return t[start : start + size]
+        t = tf.reshape(t, tf.concat([[blocks, n], tf.shape(t)[1:]], 0))[:, start : start + size]
+        return tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0))
 
     def per_example(delta, n, start, size):
-        x = site.input(0)[start : start + size]
-        d = delta[start : start + size]
+        x = rows(site.input(0), n, start, size)
+        d = rows(delta, n, start, size)
         xs = tf.shape(x)
         ds = tf.shape(d)
         in_sizes = [xs[1 + i] for i in range(nd)]
@@ -91,14 +110,16 @@ def conv_rule(site: Site) -> Contribution:
         u = tf.reshape(u, [tf.shape(u)[0], -1, len(offsets) * c_in])
         d = tf.reshape(d, [tf.shape(d)[0], -1, c_out])
         g = tf.einsum("nqk,nqo->nko", u, d)
+        if blocks > 1:
+            g = tf.reduce_sum(tf.reshape(g, [blocks, -1, len(offsets) * c_in, c_out]), axis=0)
         return tf.reshape(g, [-1, *kernel_sizes, c_in, c_out])
 
     positions = 1
     for s in out.shape[1:-1]:
         positions *= s if s is not None else 1024
-    elements = positions * len(offsets) * c_in + len(offsets) * c_in * c_out
+    elements = blocks * (positions * len(offsets) * c_in + len(offsets) * c_in * c_out)
     return Contribution(
-        examples=tf.shape(op.inputs[0])[0],
+        examples=tf.shape(batch_source)[0],
         evidence=f"the batch axis of the input of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=int(elements),

@@ -38,7 +38,9 @@ def matmul_rule(site: Site) -> Contribution:
             return delta
 
         transpose_out = tb
-        group_src = None if ta else grouped_source(op.inputs[0])
+        group_src = (
+            None if ta else grouped_source(op.inputs[0], d_in=site.view.shape[-1 if tb else 0])
+        )
     elif site.index == 0:
         # Z = W_eff B_eff; Z^T = B_eff^T W_eff^T: columns of B_eff and of Z are examples.
         def rows() -> tf.Tensor:

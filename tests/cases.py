@@ -1,0 +1,253 @@
+"""The test-case table for the graph core: data, not code paths.
+
+Each case builds a small model in a given dtype, its inputs and targets, and names how the
+loss reduces the examples. `tests/reference.py` computes the brute-force moments (one gradient
+per example) and `tests/test_core.py` compares them with `gradients_and_moments`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the table.
+
+    Attributes:
+      id: a readable id such as ``conv2d-stride2-same``.
+      build: ``dtype -> (forward, variables)``; ``forward(x)`` returns the model output.
+      inputs: ``(rng, dtype) -> (x, y)`` numpy arrays.
+      loss: ``"mean"``, ``"sum"`` or ``"vector"``: how the per-example losses are combined.
+      per_example_loss: ``(outputs, y) -> [n]`` losses; defaults to half the squared error
+        summed over every non-batch axis.
+    """
+
+    id: str
+    build: Callable
+    inputs: Callable
+    loss: str = "mean"
+    per_example_loss: Callable | None = None
+
+
+def squared_error(out, y):
+    axes = list(range(1, len(out.shape)))
+    return 0.5 * tf.reduce_sum(tf.square(out - y), axis=axes)
+
+
+def _normal(*shape):
+    return lambda rng, dtype: (
+        rng.normal(size=shape).astype(dtype),
+        None,
+    )
+
+
+def _xy(x_shape, y_shape):
+    def make(rng, dtype):
+        return rng.normal(size=x_shape).astype(dtype), rng.normal(size=y_shape).astype(dtype)
+
+    return make
+
+
+def _keras(*layers_fn, input_shape):
+    """A Sequential model built in the given dtype."""
+
+    def build(dtype):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential(
+            [keras.Input(input_shape, dtype=dtype)] + [f(dtype) for f in layers_fn]
+        )
+        return model, model.trainable_variables
+
+    return build
+
+
+def dense(units, activation=None, **kw):
+    return lambda dtype: keras.layers.Dense(units, activation=activation, dtype=dtype, **kw)
+
+
+def conv(kind, filters, kernel, **kw):
+    cls = {1: keras.layers.Conv1D, 2: keras.layers.Conv2D, 3: keras.layers.Conv3D}[kind]
+    return lambda dtype: cls(filters, kernel, dtype=dtype, **kw)
+
+
+def flatten():
+    return lambda dtype: keras.layers.Flatten(dtype=dtype)
+
+
+def _functional(dtype):
+    keras.utils.set_random_seed(2)
+    inp = keras.Input((6,), dtype=dtype)
+    h = keras.layers.Dense(5, activation="relu", dtype=dtype)(inp)
+    skip = keras.layers.Dense(5, use_bias=False, dtype=dtype)(inp)
+    h = keras.layers.Add(dtype=dtype)([h, skip])
+    out = keras.layers.Dense(2, dtype=dtype)(h)
+    model = keras.Model(inp, out)
+    return model, model.trainable_variables
+
+
+class SubclassedConv(keras.Model):
+    def __init__(self, dtype):
+        super().__init__(dtype=dtype)
+        self.conv = keras.layers.Conv2D(3, 3, padding="same", activation="tanh", dtype=dtype)
+        self.flat = keras.layers.Flatten(dtype=dtype)
+        self.out = keras.layers.Dense(2, dtype=dtype)
+
+    def call(self, x):
+        return self.out(self.flat(self.conv(x)))
+
+
+def _subclassed(dtype):
+    keras.utils.set_random_seed(3)
+    model = SubclassedConv(dtype)
+    model(np.zeros((1, 5, 5, 2), dtype))
+    return model, model.trainable_variables
+
+
+class RawModule(tf.Module):
+    """Raw TF ops: W as the left operand with a transposed input, and a broadcast bias."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(4)
+        self.w1 = tf.Variable(rng.normal(size=(5, 4)).astype(dtype), name="w1")
+        self.b1 = tf.Variable(rng.normal(size=(5,)).astype(dtype), name="b1")
+        self.w2 = tf.Variable(rng.normal(size=(3, 5)).astype(dtype), name="w2")
+
+    def __call__(self, x):
+        h = tf.transpose(tf.matmul(self.w1, x, transpose_b=True))  # [n, 5]
+        h = tf.tanh(h + self.b1)
+        return tf.matmul(h, self.w2, transpose_b=True)  # [n, 3]
+
+
+def _raw(dtype):
+    m = RawModule(dtype)
+    return m, [m.w1, m.b1, m.w2]
+
+
+class SharedDense(keras.Model):
+    """A Dense layer applied to two inputs: contributions sum per example before the power."""
+
+    def __init__(self, dtype):
+        super().__init__(dtype=dtype)
+        self.shared = keras.layers.Dense(3, activation="tanh", dtype=dtype)
+        self.out = keras.layers.Dense(2, dtype=dtype)
+
+    def call(self, x):
+        return self.out(self.shared(x[:, :4]) * self.shared(x[:, 4:]))
+
+
+def _twice(dtype):
+    keras.utils.set_random_seed(5)
+    model = SharedDense(dtype)
+    model(np.zeros((1, 8), dtype))
+    return model, model.trainable_variables
+
+
+def sparse_ce(out, y):
+    return keras.losses.sparse_categorical_crossentropy(tf.cast(y, tf.int32), out, from_logits=True)
+
+
+def _labels(x_shape, classes):
+    def make(rng, dtype):
+        return rng.normal(size=x_shape).astype(dtype), rng.integers(0, classes, size=x_shape[0])
+
+    return make
+
+
+CASES: list[Case] = [
+    Case("mlp", _keras(dense(7, "tanh"), dense(3), input_shape=(4,)), _xy((5, 4), (5, 3))),
+    Case(
+        "mlp-sum", _keras(dense(7, "tanh"), dense(3), input_shape=(4,)), _xy((5, 4), (5, 3)), "sum"
+    ),
+    Case(
+        "mlp-vector-loss",
+        _keras(dense(7, "tanh"), dense(3), input_shape=(4,)),
+        _xy((5, 4), (5, 3)),
+        "vector",
+    ),
+    Case(
+        "mlp-cross-entropy",
+        _keras(dense(6, "relu"), dense(4), input_shape=(3,)),
+        _labels((6, 3), 4),
+        per_example_loss=sparse_ce,
+    ),
+    Case("batch-of-one", _keras(dense(3, "tanh"), dense(2), input_shape=(4,)), _xy((1, 4), (1, 2))),
+    Case(
+        "dense-sequence",
+        _keras(dense(5, "tanh"), dense(3), input_shape=(4, 6)),
+        _xy((3, 4, 6), (3, 4, 3)),
+    ),
+    Case(
+        "dense-sequence-sum",
+        _keras(dense(3), input_shape=(2, 3, 4)),
+        _xy((3, 2, 3, 4), (3, 2, 3, 3)),
+        "sum",
+    ),
+    Case(
+        "conv1d-valid",
+        _keras(conv(1, 3, 3), flatten(), dense(2), input_shape=(7, 2)),
+        _xy((4, 7, 2), (4, 2)),
+    ),
+    Case(
+        "conv1d-stride2-same",
+        _keras(conv(1, 3, 3, strides=2, padding="same"), input_shape=(8, 2)),
+        _xy((4, 8, 2), (4, 4, 3)),
+    ),
+    Case(
+        "conv1d-dilation2-causal",
+        _keras(conv(1, 2, 3, dilation_rate=2, padding="causal"), input_shape=(9, 2)),
+        _xy((3, 9, 2), (3, 9, 2)),
+    ),
+    Case(
+        "conv2d-valid",
+        _keras(conv(2, 3, (2, 3)), flatten(), dense(2), input_shape=(5, 6, 2)),
+        _xy((4, 5, 6, 2), (4, 2)),
+    ),
+    Case(
+        "conv2d-stride2-same",
+        _keras(conv(2, 4, 3, strides=2, padding="same"), input_shape=(7, 6, 3)),
+        _xy((3, 7, 6, 3), (3, 4, 3, 4)),
+    ),
+    Case(
+        "conv2d-stride21-valid",
+        _keras(conv(2, 2, (3, 2), strides=(2, 1)), input_shape=(7, 5, 2)),
+        _xy((3, 7, 5, 2), (3, 3, 4, 2)),
+    ),
+    Case(
+        "conv2d-dilation2-same",
+        _keras(conv(2, 3, 3, dilation_rate=2, padding="same"), input_shape=(6, 7, 2)),
+        _xy((3, 6, 7, 2), (3, 6, 7, 3)),
+    ),
+    Case(
+        "conv2d-no-bias-then-dense",
+        _keras(
+            conv(2, 3, 3, use_bias=False, activation="relu"),
+            flatten(),
+            dense(2),
+            input_shape=(5, 5, 1),
+        ),
+        _xy((4, 5, 5, 1), (4, 2)),
+    ),
+    Case(
+        "conv3d-stride2-same",
+        _keras(conv(3, 2, 3, strides=2, padding="same"), input_shape=(5, 4, 5, 2)),
+        _xy((3, 5, 4, 5, 2), (3, 3, 2, 3, 2)),
+    ),
+    Case(
+        "conv3d-dilation2-valid",
+        _keras(conv(3, 2, 2, dilation_rate=2), input_shape=(5, 5, 4, 1)),
+        _xy((2, 5, 5, 4, 1), (2, 3, 3, 2, 2)),
+    ),
+    Case("functional-residual", _functional, _xy((5, 6), (5, 2))),
+    Case("subclassed-conv", _subclassed, _xy((3, 5, 5, 2), (3, 2)), "sum"),
+    Case("raw-module", _raw, _xy((5, 4), (5, 3))),
+    Case("layer-used-twice", _twice, _xy((4, 8), (4, 2))),
+]
+
+CASES_BY_ID = {c.id: c for c in CASES}

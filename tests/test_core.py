@@ -1,0 +1,246 @@
+"""gradients_and_moments against brute-force per-example gradients, for every case and order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tb_gradmom as gradmom
+from tests import reference
+from tests.cases import CASES, CASES_BY_ID, squared_error
+
+ORDERS = (1, 2, 3, 4)
+# float64: the rules and the reference differ only by summation order (measured <= 1e-13).
+# float32: measured <= 2e-6 relative to the largest magnitude of each moment.
+TOLERANCE = {"float64": 1e-10, "float32": 2e-5}
+
+
+def _loss(case, out, y):
+    per_example = (case.per_example_loss or squared_error)(out, y)
+    if case.loss == "vector":
+        return per_example
+    if case.loss == "sum":
+        return tf.reduce_sum(per_example)
+    return tf.reduce_mean(per_example)
+
+
+def _run(case, dtype, *, dynamic_batch=False, **kwargs):
+    rng = np.random.default_rng(0)
+    forward, variables = case.build(dtype)
+    x, y = case.inputs(rng, dtype)
+
+    def step(x, y):
+        out = forward(x)
+        return gradmom.gradients_and_moments(
+            _loss(case, out, y),
+            variables,
+            orders=ORDERS,
+            reduction=case.loss if case.loss != "vector" else "mean",
+            **kwargs,
+        )
+
+    if dynamic_batch:
+        sig = [
+            tf.TensorSpec([None, *x.shape[1:]], tf.as_dtype(x.dtype)),
+            tf.TensorSpec([None, *y.shape[1:]], tf.as_dtype(y.dtype)),
+        ]
+        fn = tf.function(step, input_signature=sig)
+    else:
+        fn = tf.function(step)
+    grads, moments = fn(tf.constant(x), tf.constant(y))
+    per_example_loss = case.per_example_loss or squared_error
+    ref = reference.per_example_gradients(forward, variables, per_example_loss, x, y)
+    return variables, grads, moments, ref
+
+
+def _assert_close(ours, ref, tol, what):
+    ours = np.asarray(ours, np.float64)
+    scale = max(float(np.max(np.abs(ref))), 1e-30)
+    err = float(np.max(np.abs(ours - ref))) if ref.size else 0.0
+    assert ours.shape == ref.shape, f"{what}: shape {ours.shape} != {ref.shape}"
+    assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} * {scale:.3g}"
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_moments_match_brute_force(case, dtype):
+    variables, grads, moments, ref = _run(case, dtype)
+    assert len(moments) == len(variables)
+    for v, g, m, per_ex in zip(variables, grads, moments, ref):
+        name = gradmom._core.variable_name(v)
+        assert set(m) == set(ORDERS)
+        expected = reference.moments(per_ex, ORDERS)
+        for p in ORDERS:
+            want_dtype = tf.float64 if dtype == "float64" else tf.float32
+            assert m[p].dtype == want_dtype
+            _assert_close(m[p], expected[p], TOLERANCE[dtype], f"{case.id} {name} M{p}")
+        # grads are those of the loss as given (of the mean for a vector loss)
+        scale = per_ex.shape[0] if case.loss == "sum" else 1
+        _assert_close(g, expected[1] * scale, TOLERANCE[dtype], f"{case.id} {name} grad")
+
+
+@pytest.mark.parametrize(
+    "case_id", ["conv2d-stride2-same", "dense-sequence", "layer-used-twice", "mlp"]
+)
+def test_dynamic_batch_and_small_chunks(case_id):
+    """Unknown batch size at trace time, and chunks smaller than the batch (a while loop)."""
+    case = CASES_BY_ID[case_id]
+    variables, _, moments, ref = _run(case, "float64", dynamic_batch=True, chunk_size=2)
+    for v, m, per_ex in zip(variables, moments, ref):
+        expected = reference.moments(per_ex, ORDERS)
+        for p in ORDERS:
+            _assert_close(m[p], expected[p], 1e-10, f"{case_id} {v.path} M{p}")
+
+
+def test_old_tf1_conv_rule_counterexample():
+    """MATH.md's counter-example: two positions, inputs [1, 1], output gradients [1, -1].
+
+    The true per-example filter gradient is 0, so its square is 0; raising patches and output
+    gradients to the power first (the TF1 rule) gives 2.
+    """
+    w = tf.Variable(tf.ones([1, 1, 1, 1], tf.float64))
+
+    @tf.function
+    def step():
+        x = tf.ones([1, 1, 2, 1], tf.float64)
+        z = tf.nn.conv2d(x, w, strides=1, padding="VALID")
+        c = tf.constant([[[[1.0], [-1.0]]]], tf.float64)  # dl/dz at the two positions
+        loss = tf.reduce_sum(z * c)
+        return gradmom.gradients_and_moments(loss, [w], orders=(2,), reduction="sum")[1]
+
+    m2 = step()[0][2].numpy()
+    np.testing.assert_allclose(m2, 0.0, atol=1e-12)
+
+
+def test_tf1_session_graph():
+    case = CASES_BY_ID["mlp"]
+    rng = np.random.default_rng(0)
+    x_np, y_np = case.inputs(rng, "float64")
+    graph = tf.Graph()
+    with graph.as_default():
+        w1 = tf.compat.v1.get_variable("w1", initializer=rng.normal(size=(4, 6)), use_resource=True)
+        w2 = tf.compat.v1.get_variable("w2", initializer=rng.normal(size=(6, 3)), use_resource=True)
+        x = tf.compat.v1.placeholder(tf.float64, [None, 4])
+        y = tf.compat.v1.placeholder(tf.float64, [None, 3])
+        # A second, unrelated read of w1 that is not on the loss's path.
+        _ = tf.reduce_sum(w1.read_value())
+        out = tf.matmul(tf.tanh(tf.matmul(x, w1)), w2)
+        loss = tf.reduce_mean(squared_error(out, y))
+        grads, moments = gradmom.gradients_and_moments(loss, [w1, w2], orders=ORDERS)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            got = sess.run(moments, {x: x_np, y: y_np})
+            w1_np, w2_np = sess.run([w1, w2])
+    # Reference in numpy: per-example gradients of the same two-layer net.
+    h = np.tanh(x_np @ w1_np)
+    out_np = h @ w2_np
+    d_out = out_np - y_np  # [n, 3], per-example dl/dout
+    g2 = np.einsum("ni,no->nio", h, d_out)
+    d_h = (d_out @ w2_np.T) * (1 - h**2)
+    g1 = np.einsum("ni,no->nio", x_np, d_h)
+    for p in ORDERS:
+        np.testing.assert_allclose(got[0][p], np.mean(g1**p, 0), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(got[1][p], np.mean(g2**p, 0), rtol=1e-9, atol=1e-12)
+
+
+def test_eager_call_raises_with_advice():
+    v = tf.Variable([1.0])
+    with pytest.raises(RuntimeError, match=r"inside a tf\.function"):
+        gradmom.gradients_and_moments(tf.reduce_sum(v), [v])
+
+
+def test_unsupported_op_names_variable_op_and_supported_list():
+    w = tf.Variable(tf.ones([3, 2]), name="odd_kernel")
+
+    @tf.function
+    def step(x):
+        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, tf.sin(w)), axis=1))
+        return gradmom.gradients_and_moments(loss, [w])
+
+    with pytest.raises(gradmom.UnsupportedOpError) as info:
+        step(tf.ones([4, 3]))
+    msg = str(info.value)
+    assert "'odd_kernel'" in msg
+    assert "Sin" in msg and "op '" in msg
+    assert "Supported ops:" in msg and "MatMul" in msg and "Conv2D" in msg
+
+
+def test_disagreeing_batch_evidence_is_an_error():
+    w = tf.Variable(tf.ones([3, 2]), name="k")
+
+    @tf.function
+    def step(x):
+        per_example = tf.reduce_sum(tf.matmul(x, w), axis=1)  # 4 rows
+        return gradmom.gradients_and_moments(per_example, [w], batch_size=5)
+
+    with pytest.raises(gradmom.BatchSizeError, match=r"batch_size= says 5.*says 4"):
+        step(tf.ones([4, 3]))
+
+
+def test_dynamic_disagreement_fails_at_run_time():
+    w = tf.Variable(tf.ones([3, 2]), name="k")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3])])
+    def step(x):
+        per_example = tf.reduce_sum(tf.matmul(x, w), axis=1)
+        return gradmom.gradients_and_moments(per_example, [w], batch_size=5)[1][0][2]
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="batch size mismatch"):
+        step(tf.ones([4, 3]))
+
+
+def test_bad_arguments():
+    w = tf.Variable(tf.ones([3, 2]))
+
+    @tf.function
+    def step(orders=(1, 2), reduction="mean", var_list=None, loss_rank=0):
+        out = tf.matmul(tf.ones([4, 3]), w)
+        loss = tf.reduce_mean(out) if loss_rank == 0 else out
+        return gradmom.gradients_and_moments(
+            loss, var_list or [w], orders=orders, reduction=reduction
+        )
+
+    with pytest.raises(ValueError, match="orders must be integers from 1 to 4"):
+        step(orders=(2, 5))
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
+        step(reduction="avg")
+    with pytest.raises(TypeError, match=r"var_list\[0\] is a str"):
+        step(var_list=["w"])
+    with pytest.raises(ValueError, match=r"scalar or a \[n\] vector"):
+        step(loss_rank=2)
+
+
+def test_variable_not_on_loss_path_gets_zero_moments_and_none_grad():
+    w = tf.Variable(tf.ones([3, 2]))
+    unused = tf.Variable(tf.ones([2]))
+
+    @tf.function
+    def step(x):
+        _ = unused * 2.0  # read, but not on the loss's path
+        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, w), axis=1))
+        return gradmom.gradients_and_moments(loss, [w, unused])
+
+    grads, moments = step(tf.ones([4, 3]))
+    assert grads[1] is None
+    np.testing.assert_array_equal(moments[1][2].numpy(), np.zeros(2))
+
+
+def test_variance_helper_unbiased_and_biased():
+    g = np.random.default_rng(0).normal(size=(6, 3))
+    m = {1: tf.constant(g.mean(0)), 2: tf.constant((g**2).mean(0))}
+    np.testing.assert_allclose(gradmom.variance(m, 6).numpy(), g.var(0, ddof=1), rtol=1e-12)
+    np.testing.assert_allclose(gradmom.variance(m, 6, unbiased=False).numpy(), g.var(0), rtol=1e-12)
+    with pytest.raises(ValueError, match="at least 2 examples"):
+        gradmom.variance(m, 1)
+    with pytest.raises(ValueError, match="orders 1 and 2"):
+        gradmom.variance({1: m[1]}, 6)
+
+
+def test_import_is_lazy():
+    import subprocess
+    import sys
+
+    code = "import sys, tb_gradmom; assert 'tensorflow' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
