@@ -19,6 +19,7 @@ The test fixture has these runs:
 * ``eval``: a tag written by a newer format version (must be skipped), a tag whose tensor does
   not match its metadata (must answer 404, not 500).
 * ``n1``: batch size 1 (unbiased variance undefined).
+* ``long``: `LONG_STEPS` steps of a bias (checks the plugin's default ``samples_per_plugin``).
 * ``truncated``: the event file is cut in the middle of its last record.
 * ``corrupt``: a valid event file followed by a file of garbage.
 * `XSS_RUN` (if the file system allows that name).
@@ -88,6 +89,7 @@ TRAIN_VARS = (
     Var("nostats/kernel", (3, 3), stats=False),
 )
 TRAIN_STEPS = (0, 10, 20, 30, 40, 50)
+LONG_STEPS = 150
 
 
 def _seed(*parts) -> int:
@@ -284,6 +286,8 @@ def write_fixture(logdir: str) -> dict:
     writer.close()
 
     write_run(logdir, "n1", (dense,), (0, 1), n=1, model=False)
+    # More steps than TensorBoard keeps of an unknown plugin (10 Python, 100 RustBoard).
+    write_run(logdir, "long", (TRAIN_VARS[1],), range(LONG_STEPS), model=False)
 
     path = write_run(logdir, "truncated", (dense,), (0, 1, 2, 3, 4), model=False)
     (events,) = _event_files(path)
@@ -305,7 +309,12 @@ def write_fixture(logdir: str) -> dict:
         write_run(logdir, XSS_RUN, (dense,), (0, 5), model=False)
     except Exception:  # noqa: BLE001 - a file system that refuses the name
         xss = False
-    desc = {"xss_run": xss, "batch": BATCH, "train_steps": list(TRAIN_STEPS)}
+    desc = {
+        "xss_run": xss,
+        "batch": BATCH,
+        "train_steps": list(TRAIN_STEPS),
+        "long_steps": LONG_STEPS,
+    }
     with open(os.path.join(logdir, "fixture.json"), "w") as f:
         json.dump(desc, f)
     return desc

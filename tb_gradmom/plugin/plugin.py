@@ -203,10 +203,25 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             ),
         }
 
+    def _resolve_step(self, entry, s, step):
+        """The step to read: ``step``, or for None the latest step that has moments and stats.
+
+        With a stats tag, the steps listed by /tags are its steps; "latest" is the last of them
+        that the moments tag also reaches (a run cut off between the two records of a step
+        then still shows a complete step). None means "the moments tag's last step".
+        """
+        if step is not None or s is None or not s.steps.size:
+            return step
+        have = s.steps[s.steps <= entry.max_step]
+        if not have.size or int(have[-1]) == entry.max_step:
+            return None
+        return int(have[-1])
+
     def _moments(self, ctx, experiment, run, tag, step):
-        """``(entry, MomentsAt, batch size or None, StatsSeries or None)``."""
+        """``(entry, MomentsAt, batch size or None)`` of a moments tag at ``step``."""
         entry, ri = self._reader.moments_entry(ctx, experiment, run, tag)
         s = self._reader.stats_for(ctx, experiment, ri.stats_for(tag))
+        step = self._resolve_step(entry, s, step)
         m = self._reader.moments_at(ctx, experiment, entry, step, s.steps.size if s else None)
         n = None
         if s is not None:
@@ -217,8 +232,10 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
 
     def heatmap_impl(self, ctx, experiment, *, run, tag, step, stat, max_rows, max_cols) -> str:
         """The /heatmap body as JSON text (cached per run, tag, step and parameters)."""
-        entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
-        resolved = entry.max_step if step is None else step
+        entry, ri = self._reader.moments_entry(ctx, experiment, run, tag)
+        s = self._reader.stats_for(ctx, experiment, ri.stats_for(tag))
+        resolved = self._resolve_step(entry, s, step)
+        resolved = entry.max_step if resolved is None else resolved
         key = ("heatmap", experiment, run, tag, resolved, stat, max_rows, max_cols)
         hit = self._cache.get(key)
         if hit is not None:

@@ -1,0 +1,985 @@
+"""The TensorBoard plugin over real event files, through TensorBoard's own app and data provider.
+
+The logdir is written by `tests/plugin_logdir.py` with TensorFlow's summary writer (in a
+subprocess, so this test process never imports TensorFlow). The app is TensorBoard's
+`TensorBoardWSGIApp` with the real `LocalDataIngester` (the Python loader) configured by
+`program.TensorBoard.configure`, so the plugin loader's flag handling runs as in `tensorboard`.
+References are computed here from the per-example gradient samples the fixture drew
+(``np.var(g, ddof=1)`` and friends), independently of the moment formulas.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from tensorboard import context, program
+from tensorboard.backend import application
+from tensorboard.backend.event_processing import data_ingester
+from tensorboard.plugins import base_plugin
+from tensorboard.plugins.core import core_plugin
+from werkzeug.test import Client
+
+from tb_gradmom import metadata, reductions, stats
+from tb_gradmom.plugin import _cache, _encode, _payloads, _static
+from tb_gradmom.plugin_loader import DEFAULT_SAMPLES, GradMomentsPluginLoader
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import plugin_logdir as fx  # noqa: E402
+
+P = "/data/plugin/gradmom/"
+VARS = {v.tag: v for v in fx.TRAIN_VARS}
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("gradmom_logdir"))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    subprocess.run(
+        [sys.executable, os.path.join(HERE, "plugin_logdir.py"), d],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    with open(os.path.join(d, "fixture.json")) as f:
+        desc = json.load(f)
+    return d, desc
+
+
+class _CapturingLoader(GradMomentsPluginLoader):
+    plugin = None
+
+    def load(self, context):
+        self.plugin = super().load(context)
+        return self.plugin
+
+
+def make_app(logdir_path, *argv, wrap_provider=None):
+    """(werkzeug Client, plugin, flags) over a real TensorBoard app and Python data loader."""
+    loader = _CapturingLoader()
+    loaders = [core_plugin.CorePluginLoader(), loader]
+    tb = program.TensorBoard(plugins=loaders, assets_zip_provider=lambda: None)
+    tb.configure(
+        ["", "--logdir", logdir_path, "--reload_interval", "0", "--reload_task", "blocking", *argv]
+    )
+    ingester = data_ingester.LocalDataIngester(tb.flags)
+    ingester.start()
+    provider = ingester.data_provider
+    if wrap_provider is not None:
+        provider = wrap_provider(provider)
+    app = application.TensorBoardWSGIApp(
+        tb.flags, loaders, provider, None, ingester.deprecated_multiplexer
+    )
+    return Client(app), loader.plugin, tb.flags
+
+
+@pytest.fixture(scope="module")
+def env(logdir):
+    client, plugin, flags = make_app(logdir[0])
+    return client, plugin
+
+
+def _no_bare_constants(c):
+    raise AssertionError(f"bare {c} in JSON (not valid JSON)")
+
+
+def get(client, route, status=200, **params):
+    r = client.get(P + route, query_string=params)
+    assert r.status_code == status, (route, params, r.status_code, r.get_data(as_text=True))
+    return r
+
+
+def get_json(client, route, **params):
+    r = get(client, route, **params)
+    assert r.headers["Content-Type"] == "application/json"
+    return json.loads(r.get_data(as_text=True), parse_constant=_no_bare_constants)
+
+
+def num(v):
+    """Decodes the documented JSON encoding of numbers."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[v]
+    return float(v)
+
+
+def nums(vs):
+    return np.asarray([num(v) for v in vs], dtype=np.float64)
+
+
+# -------------------------------------------------------------------------- references
+
+
+def ref_stat(g: np.ndarray, stat: str) -> np.ndarray:
+    """Element-wise statistic straight from per-example gradients g [n, ...] (float64)."""
+    mean = g.mean(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            "mean": lambda: mean,
+            "second_moment": lambda: (g**2).mean(axis=0),
+            "third_moment": lambda: (g**3).mean(axis=0),
+            "fourth_moment": lambda: (g**4).mean(axis=0),
+            "variance": lambda: g.var(axis=0, ddof=1),
+            "biased_variance": lambda: g.var(axis=0),
+            "std": lambda: g.std(axis=0, ddof=1),
+            "snr": lambda: mean**2 / g.var(axis=0, ddof=1),
+            "skewness": lambda: ((g - mean) ** 3).mean(axis=0) / g.var(axis=0) ** 1.5,
+            "kurtosis": lambda: ((g - mean) ** 4).mean(axis=0) / g.var(axis=0) ** 2,
+        }[stat]()
+
+
+def ref_2d(a: np.ndarray) -> np.ndarray:
+    if a.ndim == 0:
+        return a.reshape(1, 1)
+    if a.ndim == 1:
+        return a.reshape(1, -1)
+    return a.reshape(-1, a.shape[-1])
+
+
+def ref_pool(grid: np.ndarray, max_rows: int, max_cols: int):
+    br, bc = -(-grid.shape[0] // max_rows), -(-grid.shape[1] // max_cols)
+    out = np.empty((-(-grid.shape[0] // br), -(-grid.shape[1] // bc)))
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            block = grid[i * br : (i + 1) * br, j * bc : (j + 1) * bc]
+            ok = block[~np.isnan(block)]
+            out[i, j] = ok.mean() if ok.size else np.nan
+    return out, [br, bc]
+
+
+# ---------------------------------------------------------------------- loader & listing
+
+
+def test_plugins_listing_has_the_tab(env):
+    client, _ = env
+    r = client.get("/data/plugins_listing")
+    entry = json.loads(r.get_data(as_text=True))["gradmom"]
+    assert entry["enabled"] is True
+    assert entry["tab_name"] == "Grad Moments"
+    assert entry["loading_mechanism"] == {
+        "type": "IFRAME",
+        "module_path": "/data/plugin/gradmom/index.js",
+    }
+
+
+def test_setup_declares_the_entry_point():
+    with open(os.path.join(os.path.dirname(HERE), "setup.py")) as f:
+        assert "gradmom = tb_gradmom.plugin_loader:GradMomentsPluginLoader" in f.read()
+
+
+def test_default_samples_per_plugin_keeps_more_than_tensorboards_10(logdir, env):
+    client, _ = env
+    tags = get_json(client, "tags")["runs"]["long"]
+    assert DEFAULT_SAMPLES >= logdir[1]["long_steps"] > 10
+    assert tags["dense/bias"]["steps"] == list(range(logdir[1]["long_steps"]))
+
+
+def test_user_samples_per_plugin_is_honoured(logdir):
+    client, _, flags = make_app(logdir[0], "--samples_per_plugin=gradmom=7,scalars=5")
+    assert flags.samples_per_plugin == {"gradmom": 7, "scalars": 5}
+    steps = get_json(client, "tags")["runs"]["long"]["dense/bias"]["steps"]
+    assert len(steps) == 7 and steps[-1] == logdir[1]["long_steps"] - 1
+
+
+def test_loader_never_raises(monkeypatch):
+    loader = GradMomentsPluginLoader()
+    # A broken plugin module: load() logs and returns None instead of raising.
+    monkeypatch.setitem(sys.modules, "tb_gradmom.plugin.plugin", None)
+    assert loader.load(base_plugin.TBContext(flags=None, data_provider=None)) is None
+    monkeypatch.undo()
+
+    class Flags:
+        samples_per_plugin = "not a dict"
+
+    loader.fix_flags(Flags())  # left alone, no exception
+    assert Flags.samples_per_plugin == "not a dict"
+    loader.fix_flags(object())  # no attribute at all
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    loader.define_flags(parser)
+    loader.define_flags(parser)  # defined twice: argparse raises, the loader must not
+    assert parser.parse_args([]).gradmom_cache_mb is None
+
+
+# --------------------------------------------------------------------------------- /tags
+
+
+def test_tags_lists_moments_tags_with_their_metadata(logdir, env):
+    client, _ = env
+    d = get_json(client, "tags")
+    train = d["runs"]["train"]
+    assert set(train) == set(VARS)  # no `_stats` tags, no scalar `loss`
+    for tag, var in VARS.items():
+        t = train[tag]
+        assert t["shape"] == list(var.shape)
+        assert t["stored_shape"] == list(var.stored_shape)
+        assert t["pooled"] is var.pooled
+        assert t["block"] == list(var.block)
+        assert t["orders"] == list(var.orders)
+        assert t["op"] == var.op and t["dtype"] == "float32"
+        assert t["steps"] == list(fx.TRAIN_STEPS)
+        assert t["has_stats"] is var.stats
+    assert train["big/kernel"]["block"] == [4, 3] and train["big/kernel"]["stored_shape"] == [
+        10,
+        10,
+    ]
+    assert train["conv/kernel"]["grid_shape"] == [18, 4]
+    assert d["model"]["train"] == {"steps": list(fx.TRAIN_STEPS)}
+    assert "future/kernel" not in d["runs"]["eval"]  # newer format version: skipped
+    assert d["runs"]["corrupt"]["dense/kernel"]["steps"] == [0, 1]
+    assert d["runs"]["truncated"]["dense/kernel"]["steps"][:4] == [0, 1, 2, 3]
+    if logdir[1]["xss_run"]:
+        assert d["runs"][fx.XSS_RUN]["dense/kernel"]["steps"] == [0, 5]
+
+
+def test_tags_reads_no_moments_values(logdir):
+    reads = []
+
+    class Recording:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+        def read_tensors(self, ctx=None, **kw):
+            reads.extend(kw["run_tag_filter"].tags)
+            return self._inner.read_tensors(ctx, **kw)
+
+    client, _, _ = make_app(logdir[0], wrap_provider=Recording)
+    get_json(client, "tags")
+    # Only stats tags, plus the moments tags that have no stats tag to take the steps from.
+    assert reads and {t for t in reads if not t.endswith("/_stats")} == {
+        "nostats/kernel",
+        "mismatch/kernel",
+    }
+
+
+# ------------------------------------------------------------------------------ /heatmap
+
+HEATMAP_CASES = [
+    # id, run, tag, step, stat, max_rows, max_cols
+    ("dense-variance-latest", "train", "dense/kernel", None, "variance", 256, 256),
+    ("dense-mean-step10", "train", "dense/kernel", 10, "mean", 256, 256),
+    ("bias-std", "train", "dense/bias", 20, "std", 256, 256),
+    ("conv2d-snr", "train", "conv/kernel", 30, "snr", 256, 256),
+    ("conv2d-variance-server-pooled", "train", "conv/kernel", 0, "variance", 4, 3),
+    ("conv1d-biased-variance", "train", "conv1d/kernel", 40, "biased_variance", 256, 256),
+    ("scalar-second-moment", "train", "scale", 50, "second_moment", 256, 256),
+    ("skew-third-moment", "train", "skew/kernel", 10, "third_moment", 256, 256),
+    ("skew-fourth-moment", "train", "skew/kernel", 10, "fourth_moment", 256, 256),
+    ("skew-skewness", "train", "skew/kernel", 10, "skewness", 256, 256),
+    ("skew-kurtosis-pooled", "train", "skew/kernel", 20, "kurtosis", 2, 2),
+    ("nostats-mean", "train", "nostats/kernel", 30, "mean", 256, 256),
+    ("n1-mean", "n1", "dense/kernel", 1, "mean", 256, 256),
+    ("xss-variance", fx.XSS_RUN, "dense/kernel", 5, "variance", 256, 256),
+]
+
+# float32 storage of the moments: M2 - M1**2 loses ~M2/var ulps (< 10 here); the central
+# moments of skewness/kurtosis combine up to 4 float32 terms (measured max rel. error 3e-5).
+RTOL = {"skewness": 2e-4, "kurtosis": 2e-4}
+
+
+@pytest.mark.parametrize("case", HEATMAP_CASES, ids=[c[0] for c in HEATMAP_CASES])
+def test_heatmap_matches_numpy_reference(env, logdir, case):
+    _, run, tag, step, stat, max_rows, max_cols = case
+    if run == fx.XSS_RUN and not logdir[1]["xss_run"]:
+        pytest.skip("the file system refused the run name")
+    client, _ = env
+    params = {"run": run, "tag": tag, "stat": stat, "max_rows": max_rows, "max_cols": max_cols}
+    if step is not None:
+        params["step"] = step
+    d = get_json(client, "heatmap", **params)
+    want_step = fx.TRAIN_STEPS[-1] if step is None else step
+    var = VARS.get(tag, fx.TRAIN_VARS[0])
+    n = 1 if run == "n1" else fx.BATCH
+    g = fx.samples(run, tag, want_step, var.shape, n)
+    expected, block = ref_pool(ref_2d(ref_stat(g, stat)), max_rows, max_cols)
+    assert d["run"] == run and d["tag"] == tag and d["step"] == want_step and d["stat"] == stat
+    assert d["shape"] == list(var.shape)
+    assert d["grid_shape"] == list(ref_2d(np.zeros(var.shape)).shape)
+    assert [d["rows"], d["cols"]] == list(expected.shape) and d["block"] == block
+    assert d["batch_size"] == (None if tag == "nostats/kernel" else n)
+    values = nums(d["values"]).reshape(expected.shape)
+    np.testing.assert_allclose(values, expected, rtol=RTOL.get(stat, 2e-6), atol=1e-12)
+    finite = expected[np.isfinite(expected)]
+    assert num(d["min"]) == pytest.approx(finite.min(), rel=RTOL.get(stat, 2e-6))
+    assert num(d["max"]) == pytest.approx(finite.max(), rel=RTOL.get(stat, 2e-6))
+
+
+@pytest.mark.parametrize("stat", ["mean", "variance", "second_moment"])
+def test_heatmap_of_a_writer_pooled_variable(env, stat):
+    """Stored block means: the statistic of the block-mean moments, blocks composed."""
+    client, _ = env
+    var = VARS["big/kernel"]
+    d = get_json(
+        client, "heatmap", run="train", tag="big/kernel", step=20, stat=stat, max_rows=5, max_cols=4
+    )
+    g = fx.samples("train", "big/kernel", 20, var.shape)
+    m1 = fx.block_means(g.mean(0), var.shape, var.block)
+    m2 = fx.block_means((g**2).mean(0), var.shape, var.block)
+    n = fx.BATCH
+    stored = {"mean": m1, "second_moment": m2, "variance": n / (n - 1) * (m2 - m1**2)}[stat]
+    expected, block = ref_pool(stored, 5, 4)
+    assert d["block"] == [var.block[0] * block[0], var.block[1] * block[1]] == [8, 9]
+    assert d["pooled"] is True and d["grid_shape"] == [40, 30] and d["stored_shape"] == [10, 10]
+    np.testing.assert_allclose(nums(d["values"]).reshape(expected.shape), expected, rtol=2e-6)
+
+
+def test_heatmap_nan_and_inf_are_served_json_safe(env):
+    client, _ = env
+    d = get_json(client, "heatmap", run="train", tag="nonfinite/kernel", step=10, stat="variance")
+    raw = d["values"]
+    assert raw[0] == "NaN"  # M1 NaN
+    assert raw[1] == "Infinity"  # M2 Inf, M1 finite
+    assert raw[3] == "NaN"  # M1 -Inf, M2 Inf: Inf - Inf
+    assert all(isinstance(v, (int, float)) for i, v in enumerate(raw) if i not in (0, 1, 3))
+    values = nums(raw)
+    # min/max over finite values (exact; values have 9 significant digits)
+    assert num(d["max"]) == pytest.approx(values[np.isfinite(values)].max(), rel=1e-8)
+    snr = get_json(client, "heatmap", run="train", tag="nonfinite/kernel", step=10, stat="snr")
+    assert snr["values"][1] == 0  # finite M1**2 / Inf
+    mean = get_json(client, "heatmap", run="train", tag="nonfinite/kernel", step=10, stat="mean")
+    assert mean["values"][3] == "-Infinity"
+
+
+def test_heatmap_batch_size_one_gives_nan_variance(env):
+    client, _ = env
+    d = get_json(client, "heatmap", run="n1", tag="dense/kernel", stat="variance")
+    assert d["batch_size"] == 1 and set(d["values"]) == {"NaN"}
+    assert d["min"] is None and d["max"] is None
+
+
+def test_latest_step_of_a_truncated_run_is_the_last_complete_one(env):
+    client, _ = env
+    d = get_json(client, "heatmap", run="truncated", tag="dense/kernel")
+    g = fx.samples("truncated", "dense/kernel", d["step"], (6, 4))
+    assert d["step"] == 3
+    np.testing.assert_allclose(nums(d["values"]), g.var(0, ddof=1).ravel(), rtol=2e-6)
+
+
+# ---------------------------------------------------------------------------- /histogram
+
+
+@pytest.mark.parametrize("scale", ["linear", "log"])
+@pytest.mark.parametrize("stat", ["variance", "mean", "snr"])
+def test_histogram_one_step(env, stat, scale):
+    client, _ = env
+    d = get_json(
+        client, "histogram", run="train", tag="conv/kernel", step=20, stat=stat, bins=7, scale=scale
+    )
+    v = ref_stat(fx.samples("train", "conv/kernel", 20, (3, 3, 2, 4)), stat).ravel()
+    v = v[np.isfinite(v)]
+    if scale == "log":
+        v = v[v > 0]
+        edges = np.logspace(np.log10(v.min()), np.log10(v.max()), 8)
+    else:
+        edges = np.linspace(v.min(), v.max(), 8)
+    assert d["scale"] == scale and d["stat"] == stat and d["bins"] == 7
+    np.testing.assert_allclose(nums(d["edges"]), edges, rtol=1e-5)
+    (s,) = d["series"]
+    assert s["step"] == 20 and s["nonfinite"] == 0
+    # Binned on the served edges: the extremes (float32 data vs float64 samples) clipped in.
+    served = nums(d["edges"])
+    assert s["counts"] == np.histogram(np.clip(v, served[0], served[-1]), served)[0].tolist()
+
+
+def test_histogram_over_all_steps_shares_edges(env):
+    client, _ = env
+    d = get_json(client, "histogram", run="train", tag="dense/kernel", step="all", bins=5)
+    per_step = [
+        ref_stat(fx.samples("train", "dense/kernel", s, (6, 4)), "variance").ravel()
+        for s in fx.TRAIN_STEPS
+    ]
+    allv = np.concatenate(per_step)
+    edges = np.linspace(allv.min(), allv.max(), 6)
+    np.testing.assert_allclose(nums(d["edges"]), edges, rtol=1e-5)
+    assert [s["step"] for s in d["series"]] == list(fx.TRAIN_STEPS)
+    for s, v in zip(d["series"], per_step):
+        # Values on an edge may fall either side within float32 rounding: compare totals
+        # exactly and bins within one count.
+        assert sum(s["counts"]) == v.size
+        assert np.abs(np.asarray(s["counts"]) - np.histogram(v, edges)[0]).max() <= 1
+
+
+def test_histogram_counts_nonfinite_values(env):
+    client, _ = env
+    d = get_json(client, "histogram", run="train", tag="nonfinite/kernel", step="all")
+    assert all(s["nonfinite"] == 3 for s in d["series"])  # NaN at [0,0] and [1,0]; Inf at [0,1]
+    assert all(sum(s["counts"]) == 12 - 3 for s in d["series"])
+
+
+def _hist_cases():
+    rng = np.random.default_rng(3)
+    return {
+        "normal": [rng.normal(size=50) for _ in range(4)],
+        "with-nonfinite": [np.array([np.nan, 1.0, np.inf, -2.0]), np.array([-np.inf, 0.5])],
+        "single-value": [np.full(5, 3.0), np.full(2, 3.0)],
+        "empty": [np.array([np.nan]), np.empty(0)],
+        "log-with-negatives": [np.array([-1.0, 0.0, 1e-3, 10.0]), np.array([5.0, -3.0])],
+    }
+
+
+@pytest.mark.parametrize("scale", ["linear", "log"])
+@pytest.mark.parametrize("name", list(_hist_cases()))
+@pytest.mark.parametrize("keep", [0, 1 << 30], ids=["recompute", "keep"])
+def test_streaming_histograms_equal_reductions(monkeypatch, name, scale, keep):
+    monkeypatch.setattr(_payloads, "_STREAM_KEEP_BYTES", keep)
+    arrays = _hist_cases()[name]
+    calls = []
+
+    def compute(i):
+        calls.append(i)
+        return arrays[i]
+
+    edges, counts, nonfinite = _payloads.histograms_streaming(compute, len(arrays), 6, scale)
+    want_edges, want_counts = reductions.histograms_over_steps(arrays, 6, scale)
+    np.testing.assert_array_equal(edges, want_edges)
+    for c, w in zip(counts, want_counts):
+        np.testing.assert_array_equal(c, w)
+    assert nonfinite == [int(np.count_nonzero(~np.isfinite(a))) for a in arrays]
+    recomputed = sum(a.nbytes > 0 for a in arrays) if keep == 0 else 0
+    assert len(calls) == len(arrays) + recomputed
+
+
+# ------------------------------------------------------------------------------- /series
+
+
+def _ref_sums(run, tags, step, n=fx.BATCH):
+    tr = m2 = gsnr = count = raw = d = 0.0
+    for tag in tags:
+        g = fx.samples(run, tag, step, VARS[tag].shape, n)
+        mean, var = g.mean(0), g.var(0, ddof=1)
+        tr += var.sum()
+        m2 += (mean**2).sum()
+        gsnr += (mean**2 / var).sum()
+        count += var.size
+        raw += (g**2).mean(0).sum()
+        d += var.size
+    return dict(tr=tr, m2=m2, gsnr=gsnr, count=count, raw=raw, d=d)
+
+
+@pytest.mark.parametrize("tag", [None, "_model", "conv/kernel", "big/kernel"])
+def test_series_matches_reference(env, tag):
+    client, _ = env
+    params = {"run": "train"} | ({} if tag is None else {"tag": tag})
+    d = get_json(client, "series", **params)
+    assert d["tag"] == (tag or "_model") and d["steps"] == list(fx.TRAIN_STEPS)
+    assert len(d["wall_times"]) == len(fx.TRAIN_STEPS)
+    tags = (
+        [t for t, v in VARS.items() if v.stats and not v.special]
+        if tag in (None, "_model")
+        else [tag]
+    )
+    n = fx.BATCH
+    for i, step in enumerate(fx.TRAIN_STEPS):
+        r = _ref_sums("train", tags, step)
+        v = {k: num(d["values"][k][i]) for k in d["values"]}
+        unbiased = r["m2"] - r["tr"] / n
+        loss = fx.loss_at(step)
+        want = {
+            "batch_size": n,
+            "total_variance": r["tr"],
+            "grad_norm_sq": r["m2"],
+            "grad_norm_sq_unbiased": unbiased,
+            "noise_scale": r["tr"] / unbiased,
+            "gsnr_mean": r["gsnr"] / r["count"],
+            "norm_test": math.sqrt(r["tr"] / (n * r["m2"])),
+            "eb_criterion": 1 - n / r["d"] * r["gsnr"],
+            # sum(M2 - M1**2) is the biased total variance.
+            "cabs_batch_size": fx.LEARNING_RATE * (r["raw"] - r["m2"]) / loss,
+            "loss": loss,
+            "learning_rate": fx.LEARNING_RATE,
+        }
+        for k, w in want.items():
+            # stats tensors are float32: ~1e-7 relative per sum, ~1e-6 after the derivations.
+            assert v[k] == pytest.approx(w, rel=2e-5), (k, step)
+
+
+def test_series_ema_and_bad_ema(env):
+    client, _ = env
+    d = get_json(client, "series", run="train", ema=0.9)
+    tv = nums(d["values"]["total_variance"])
+    gu = nums(d["values"]["grad_norm_sq_unbiased"])
+    # Bias-corrected EMAs of numerator and denominator, by hand.
+    num_ema = den_ema = w = 0.0
+    want = []
+    for a, b in zip(tv, gu):
+        num_ema, den_ema, w = 0.9 * num_ema + 0.1 * a, 0.9 * den_ema + 0.1 * b, 0.9 * w + 0.1
+        want.append((num_ema / w) / (den_ema / w))
+    np.testing.assert_allclose(nums(d["values"]["noise_scale_ema"]), want, rtol=1e-6)
+    assert "noise_scale_ema" not in get_json(client, "series", run="train")["values"]
+    r = get(client, "series", 400, run="train", ema=1)
+    assert "`ema`" in r.get_data(as_text=True)
+
+
+# ------------------------------------------------------------------------------ /summary
+
+
+def test_summary_rows(env):
+    client, _ = env
+    d = get_json(client, "summary", run="train")
+    rows = {r["tag"]: r for r in d["rows"]}
+    assert set(rows) == set(VARS)
+    r = rows["conv/kernel"]
+    ref = _ref_sums("train", ["conv/kernel"], fx.TRAIN_STEPS[-1])
+    assert r["size"] == 72 and r["step"] == fx.TRAIN_STEPS[-1] and r["batch_size"] == fx.BATCH
+    assert r["total_variance"] == pytest.approx(ref["tr"], rel=1e-5)
+    assert r["snr"] == pytest.approx(ref["gsnr"] / ref["count"], rel=1e-5)
+    assert r["noise_scale"] == pytest.approx(
+        ref["tr"] / (ref["m2"] - ref["tr"] / fx.BATCH), rel=2e-5
+    )
+    assert rows["nostats/kernel"]["total_variance"] is None
+    assert rows["nonfinite/kernel"]["total_variance"] == "NaN"
+    assert d["model"]["tag"] == "_model" and d["model"]["step"] == fx.TRAIN_STEPS[-1]
+    at10 = {r["tag"]: r for r in get_json(client, "summary", run="train", step=10)["rows"]}
+    ref10 = _ref_sums("train", ["conv/kernel"], 10)
+    assert at10["conv/kernel"]["total_variance"] == pytest.approx(ref10["tr"], rel=1e-5)
+
+
+# ------------------------------------------------------------------------------- /export
+
+
+def _csv(r):
+    return list(csv.reader(io.StringIO(r.get_data(as_text=True))))
+
+
+def test_export_moments_npy_is_the_stored_tensor(env):
+    client, _ = env
+    r = get(client, "export", run="train", tag="skew/kernel", step=30, what="moments", format="npy")
+    assert r.headers["Content-Type"] == "application/octet-stream"
+    assert (
+        'filename="gradmom_train_skew_kernel_moments_step30.npy"'
+        in r.headers["Content-Disposition"]
+    )
+    got = np.load(io.BytesIO(r.get_data()), allow_pickle=False)
+    var = VARS["skew/kernel"]
+    want = fx.stored_moments(var, fx.var_moments("train", var, 30, fx.BATCH))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+
+
+def test_export_moments_csv_and_json(env):
+    client, _ = env
+    rows = _csv(
+        get(
+            client,
+            "export",
+            run="train",
+            tag="nonfinite/kernel",
+            step=0,
+            what="moments",
+            format="csv",
+        )
+    )
+    assert rows[0] == ["index", "m1", "m2"] and len(rows) == 13
+    var = VARS["nonfinite/kernel"]
+    want = fx.stored_moments(var, fx.var_moments("train", var, 0, fx.BATCH))
+    got = np.asarray([[float(x) for x in row[1:]] for row in rows[1:]], dtype=np.float32)
+    # 9 significant digits read back to the same float32; "NaN", "Infinity" read back too.
+    np.testing.assert_array_equal(got.T, want.reshape(2, -1))
+    assert rows[1][1] == "NaN"
+    d = get_json(
+        client, "export", run="train", tag="nonfinite/kernel", step=0, what="moments", format="json"
+    )
+    assert d["orders"] == [1, 2] and d["moments"]["2"][1] == "Infinity"
+
+
+def test_export_heatmap_formats_agree(env):
+    client, _ = env
+    q = {"run": "train", "tag": "conv/kernel", "step": 10, "stat": "std", "what": "heatmap"}
+    grid = np.load(io.BytesIO(get(client, "export", format="npy", **q).get_data()))
+    assert grid.shape == (18, 4)  # full resolution by default
+    rows = _csv(get(client, "export", format="csv", **q))
+    assert rows[0] == ["row", "0", "1", "2", "3"]
+    np.testing.assert_allclose(np.asarray(rows[1:], dtype=float)[:, 1:], grid, rtol=1e-8)
+    d = get_json(client, "export", format="json", **q)
+    np.testing.assert_allclose(nums(d["values"]).reshape(18, 4), grid, rtol=1e-8)
+    ref = ref_2d(ref_stat(fx.samples("train", "conv/kernel", 10, (3, 3, 2, 4)), "std"))
+    np.testing.assert_allclose(grid, ref, rtol=2e-6)
+
+
+def test_export_histogram_and_series_csv(env):
+    client, _ = env
+    rows = _csv(
+        get(
+            client,
+            "export",
+            run="train",
+            tag="dense/kernel",
+            step="all",
+            bins=4,
+            what="histogram",
+            format="csv",
+        )
+    )
+    assert rows[0] == ["step", "wall_time", "bin_lo", "bin_hi", "count"]
+    assert len(rows) == 1 + 4 * len(fx.TRAIN_STEPS)
+    d = get_json(client, "histogram", run="train", tag="dense/kernel", step="all", bins=4)
+    assert [int(r[4]) for r in rows[1:5]] == d["series"][0]["counts"]
+    rows = _csv(get(client, "export", run="train", what="series", format="csv"))
+    assert rows[0][:3] == ["step", "wall_time", "batch_size"] and len(rows) == 7
+    series = get_json(client, "series", run="train")
+    col = rows[0].index("noise_scale")
+    np.testing.assert_allclose(
+        [float(r[col]) for r in rows[1:]], nums(series["values"]["noise_scale"]), rtol=1e-8
+    )
+
+
+def test_export_file_name_is_safe(env, logdir):
+    if not logdir[1]["xss_run"]:
+        pytest.skip("the file system refused the run name")
+    client, _ = env
+    r = get(client, "export", run=fx.XSS_RUN, tag="dense/kernel", what="moments", format="csv")
+    cd = r.headers["Content-Disposition"]
+    assert cd.startswith('attachment; filename="gradmom_img_src_x_onerror_alert_1_')
+    assert "<" not in cd and ">" not in cd and "(" not in cd
+
+
+# -------------------------------------------------------------------------------- errors
+
+ERROR_CASES = [
+    # id, route, params, status, message fragment
+    ("heatmap-no-run", "heatmap", {"tag": "dense/kernel"}, 400, "`run`"),
+    ("heatmap-no-tag", "heatmap", {"run": "train"}, 400, "`tag`"),
+    (
+        "heatmap-bad-stat",
+        "heatmap",
+        {"run": "train", "tag": "dense/kernel", "stat": "x"},
+        400,
+        "`stat`",
+    ),
+    (
+        "heatmap-bad-step",
+        "heatmap",
+        {"run": "train", "tag": "dense/kernel", "step": "abc"},
+        400,
+        "`step`",
+    ),
+    (
+        "heatmap-rows-0",
+        "heatmap",
+        {"run": "train", "tag": "dense/kernel", "max_rows": 0},
+        400,
+        "`max_rows`",
+    ),
+    (
+        "heatmap-cols-huge",
+        "heatmap",
+        {"run": "train", "tag": "dense/kernel", "max_cols": 10**9},
+        400,
+        "`max_cols`",
+    ),
+    ("heatmap-unknown-run", "heatmap", {"run": "nope", "tag": "dense/kernel"}, 404, "'nope'"),
+    ("heatmap-unknown-tag", "heatmap", {"run": "train", "tag": "nope"}, 404, "'nope'"),
+    (
+        "heatmap-stats-tag",
+        "heatmap",
+        {"run": "train", "tag": "dense/kernel/_stats"},
+        404,
+        "stats tag",
+    ),
+    (
+        "heatmap-unknown-step",
+        "heatmap",
+        {"run": "train", "tag": "dense/kernel", "step": 7},
+        404,
+        "no step 7",
+    ),
+    (
+        "heatmap-missing-orders",
+        "heatmap",
+        {"run": "train", "tag": "dense/kernel", "stat": "skewness"},
+        400,
+        "orders",
+    ),
+    (
+        "heatmap-no-batch-size",
+        "heatmap",
+        {"run": "train", "tag": "nostats/kernel"},
+        400,
+        "batch size",
+    ),
+    (
+        "heatmap-mismatched-tensor",
+        "heatmap",
+        {"run": "eval", "tag": "mismatch/kernel"},
+        404,
+        "shape [2, 4, 4]",
+    ),
+    (
+        "heatmap-newer-format",
+        "heatmap",
+        {"run": "eval", "tag": "future/kernel"},
+        404,
+        "future/kernel",
+    ),
+    ("heatmap-other-plugin-run", "heatmap", {"run": "train", "tag": "loss"}, 404, "'loss'"),
+    (
+        "histogram-bad-bins",
+        "histogram",
+        {"run": "train", "tag": "dense/kernel", "bins": 0},
+        400,
+        "`bins`",
+    ),
+    (
+        "histogram-bad-scale",
+        "histogram",
+        {"run": "train", "tag": "dense/kernel", "scale": "cubic"},
+        400,
+        "`scale`",
+    ),
+    (
+        "histogram-bad-step",
+        "histogram",
+        {"run": "train", "tag": "dense/kernel", "step": "1.5"},
+        400,
+        "`step`",
+    ),
+    ("series-no-run", "series", {}, 400, "`run`"),
+    ("series-unknown-run", "series", {"run": "nope"}, 404, "'nope'"),
+    ("series-no-stats", "series", {"run": "train", "tag": "nostats/kernel"}, 404, "stats"),
+    ("series-no-model", "series", {"run": "eval"}, 404, "_model"),
+    ("summary-unknown-step", "summary", {"run": "train", "step": 7}, 404, "step 7"),
+    ("export-no-what", "export", {"run": "train", "tag": "dense/kernel"}, 400, "`what`"),
+    (
+        "export-npy-series",
+        "export",
+        {"run": "train", "what": "series", "format": "npy"},
+        400,
+        "npy",
+    ),
+    (
+        "export-bad-format",
+        "export",
+        {"run": "train", "what": "series", "format": "xls"},
+        400,
+        "`format`",
+    ),
+    ("export-no-tag", "export", {"run": "train", "what": "heatmap"}, 400, "`tag`"),
+]
+
+
+@pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+def test_errors(env, case):
+    client, _ = env
+    _, route, params, status, fragment = case
+    r = get(client, route, status, **params)
+    assert fragment in r.get_data(as_text=True)
+
+
+ODD_VALUES = [
+    "",
+    " ",
+    "-1",
+    "0",
+    "9" * 30,
+    "1e3",
+    "nan",
+    "inf",
+    "all",
+    "latest",
+    "\u00e9\u4e2d",
+    "a\x00b",
+    "../../etc/passwd",
+    "%00",
+    "<script>",
+    "_model",
+    "dense/kernel/_stats",
+]
+
+
+@pytest.mark.parametrize("route", ["tags", "heatmap", "histogram", "series", "summary", "export"])
+def test_no_parameter_value_gives_a_server_error(env, route):
+    client, _ = env
+    base = {"run": "train", "tag": "dense/kernel", "what": "heatmap"}
+    for name in [
+        "run",
+        "tag",
+        "step",
+        "stat",
+        "max_rows",
+        "max_cols",
+        "bins",
+        "scale",
+        "what",
+        "format",
+        "ema",
+    ]:
+        for value in ODD_VALUES:
+            r = client.get(P + route, query_string=base | {name: value})
+            assert r.status_code in (200, 400, 404), (route, name, value, r.status_code)
+
+
+def test_unexpected_failure_is_logged_and_answered_404(env, monkeypatch):
+    client, plugin = env
+
+    def boom(*a, **k):
+        raise RuntimeError("simulated provider failure")
+
+    monkeypatch.setattr(plugin._reader, "index", boom)
+    r = get(client, "tags", 404)
+    assert "RuntimeError: simulated provider failure" in r.get_data(as_text=True)
+
+
+# -------------------------------------------------------------------------------- static
+
+
+def test_static_index_js_and_mime(env):
+    client, _ = env
+    r = client.get(P + "index.js")
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("text/javascript")
+    root = _static.frontend_dir()
+    with open(os.path.join(root, "index.js"), "rb") as f:
+        assert r.get_data() == f.read()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../plugin_loader.py",
+        "..%2F..%2Fsetup.py",
+        "%2e%2e/setup.py",
+        "views/../index.js",
+        "__init__.py",
+        ".hidden.js",
+        "nope.js",
+        "index.js%00.css",
+        "x\\..\\index.js",
+        "",
+    ],
+)
+def test_static_rejects_unsafe_paths(env, path):
+    client, _ = env
+    assert client.get(P + path).status_code == 404
+
+
+def test_static_resolve(tmp_path):
+    root = tmp_path / "front"
+    (root / "views").mkdir(parents=True)
+    for name in ["a.js", "b.css", "c.svg", "d.json", "a.js.map", "views/e.mjs", "f.py"]:
+        (root / name).write_text("x")
+    (tmp_path / "secret.js").write_text("s")
+    os.symlink(tmp_path / "secret.js", root / "link.js")
+    r = str(root.resolve())
+    assert _static.resolve(r, "a.js")[1] == "text/javascript"
+    assert _static.resolve(r, "views/e.mjs")[1] == "text/javascript"
+    assert _static.resolve(r, "b.css")[1] == "text/css"
+    assert _static.resolve(r, "c.svg")[1] == "image/svg+xml"
+    assert _static.resolve(r, "d.json")[1] == "application/json"
+    assert _static.resolve(r, "a.js.map")[1] == "application/json"
+    for bad in ["f.py", "link.js", "../secret.js", "views/../a.js", "/a.js", "views", "a.js/"]:
+        assert _static.resolve(r, bad) is None, bad
+
+
+# --------------------------------------------------------------------- caching & encoding
+
+
+def test_cache_budget_bounds_memory(logdir):
+    client, plugin, _ = make_app(logdir[0], "--gradmom_cache_mb=1")
+    budget = plugin._cache.budget_bytes
+    assert budget == 1 << 20
+    for step in fx.TRAIN_STEPS:
+        for stat in reductions.STATS[:6]:
+            get_json(client, "heatmap", run="train", tag="big/kernel", step=step, stat=stat)
+            assert plugin._cache.size_bytes <= budget
+
+
+def test_warm_heatmap_is_served_from_cache(env):
+    client, plugin = env
+    q = {"run": "train", "tag": "conv1d/kernel", "step": 30, "stat": "snr"}
+    first = get(client, "heatmap", **q).get_data()
+    hits = plugin._cache.hits
+    assert get(client, "heatmap", **q).get_data() == first
+    assert plugin._cache.hits > hits
+
+
+def test_byte_lru():
+    c = _cache.ByteLRU(300)
+    c.put("a", b"", size=100)
+    c.put("b", b"", size=100)
+    c.put("c", b"", size=100)
+    assert c.get("a") == b""  # a is now the most recent
+    c.put("d", b"", size=100)  # evicts b, the least recently used
+    assert c.get("b") is None and c.get("a") == b"" and c.get("d") == b""
+    assert c.size_bytes == 300
+    c.put("big", b"", size=301)  # bigger than the budget: not kept, nothing evicted
+    assert c.get("big") is None and len(c) == 3
+
+
+def test_byte_lru_loads_once_under_concurrency():
+    c = _cache.ByteLRU(1 << 20)
+    calls = []
+    start = threading.Barrier(16)
+
+    def load():
+        calls.append(1)
+        threading.Event().wait(0.05)
+        return "v"
+
+    results = []
+
+    def worker():
+        start.wait()
+        results.append(c.get_or_load("k", load))
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["v"] * 16 and len(calls) == 1
+
+
+def test_json_encoding():
+    text = _encode.to_json(
+        {
+            "a": np.array([1.5, np.nan, np.inf, -np.inf]),
+            "b": math.nan,
+            "c": [1, None, "x"],
+            "d": np.array([1, 2], dtype=np.int64),
+            "w": 1795214310.563185,
+        }
+    )
+    d = json.loads(text, parse_constant=_no_bare_constants)
+    assert d == {
+        "a": [1.5, "NaN", "Infinity", "-Infinity"],
+        "b": "NaN",
+        "c": [1, None, "x"],
+        "d": [1, 2],
+        "w": 1795214310.563185,
+    }
+    f32 = np.float32(0.1)
+    assert np.float32(json.loads(_encode.to_json(np.array([f32], dtype=np.float32)))[0]) == f32
+
+
+def test_stats_table_split_equals_stats_split_stats_tensor(env):
+    _, plugin = env
+    ctx = context.RequestContext()
+    ri = plugin._reader.run_index(ctx, "", "train")
+    entry = ri.stats["conv/kernel/_stats"]
+    s = plugin._reader.stats_for(ctx, "", entry)
+    var = VARS["conv/kernel"]
+    for i, step in enumerate(fx.TRAIN_STEPS):
+        m = fx.var_moments("train", var, step, fx.BATCH)
+        row = fx.stats_values(m[1], m[2], fx.BATCH, fx.loss_at(step), fx.LEARNING_RATE)
+        sums, counts = stats.split_stats_tensor(row.astype(np.float32))
+        for f in metadata.STATS_FIELDS:
+            assert s.sums[f][i] == pytest.approx(sums[f], rel=1e-7, nan_ok=True)
+        np.testing.assert_array_equal(s.hist_counts[i], counts)
