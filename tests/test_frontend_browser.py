@@ -1,0 +1,776 @@
+"""End-to-end tests of the Grad Moments tab in a real browser against a real TensorBoard.
+
+Chromium is Debian's (`/usr/bin/chromium`, never a downloaded browser), driven by Playwright
+for Python, headless. TensorBoard runs as a subprocess on a logdir written by the demo
+(``tb-gradmom demo --quick``) when it is available, else by `_write_fixture_logdir` below with
+real ``tf.summary.write`` events; either way a copy of one run is added under the name
+``<img src=x onerror=alert(1)>``. Every number the page shows or exports is checked against the
+backend's JSON; colours are checked against the colour map lookup tables in
+``tb_gradmom_frontend/colormaps.js`` (themselves checked against matplotlib when it is there).
+
+Screenshots go to ``artifacts/screenshots/`` (CI keeps that folder). Without Chromium these
+tests skip, unless ``CI=true``: then they fail.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+import xml.etree.ElementTree as ET
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FRONTEND = ROOT / "tb_gradmom_frontend"
+SHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+XSS_RUN = "<img src=x onerror=alert(1)>"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+pytestmark = pytest.mark.slow
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def colormap_lut(name: str) -> np.ndarray:
+    """The [256, 3] uint8 lookup table of a colour map, read from colormaps.js."""
+    text = (FRONTEND / "colormaps.js").read_text()
+    m = re.search(rf'\b{name}: "([0-9a-f]+)"', text)
+    assert m, f"colour map {name} not in colormaps.js"
+    return np.frombuffer(bytes.fromhex(m.group(1)), dtype=np.uint8).reshape(256, 3)
+
+
+def expected_colour(value: float, lo: float, hi: float, lut: np.ndarray, scale="linear"):
+    """The colour core.js gives `value` on a [lo, hi] scale: LUT[floor(t * 256)], clamped."""
+    if scale == "log":
+        value, lo, hi = math.log10(value), math.log10(lo), math.log10(hi)
+    t = (value - lo) / (hi - lo) if hi > lo else 0.5
+    return tuple(int(c) for c in lut[max(0, min(255, math.floor(t * 256)))])
+
+
+def decode_png(data: bytes) -> np.ndarray:
+    """A PNG (8-bit RGB/RGBA, not interlaced, as Chromium writes) as a [h, w, channels] array."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG file"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"bad CRC in PNG chunk {kind!r}"
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, ctype, _, _, interlace = header
+    assert depth == 8 and ctype in (2, 6) and interlace == 0, header
+    ch = 3 if ctype == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = width * ch
+    out = np.zeros((height, stride), dtype=np.int32)
+    prev = np.zeros(stride, dtype=np.int32)
+    for y in range(height):
+        f = raw[y * (stride + 1)]
+        line = np.frombuffer(raw, dtype=np.uint8, count=stride, offset=y * (stride + 1) + 1).astype(
+            np.int32
+        )
+        cur = np.zeros(stride, dtype=np.int32)
+        if f == 0:
+            cur = line
+        elif f == 2:
+            cur = (line + prev) & 255
+        else:
+            for x in range(stride):
+                a = cur[x - ch] if x >= ch else 0
+                b = prev[x]
+                c = prev[x - ch] if x >= ch else 0
+                if f == 1:
+                    p = a
+                elif f == 3:
+                    p = (a + b) >> 1
+                else:  # Paeth
+                    pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                    p = a if pa <= pb and pa <= pc else b if pb <= pc else c
+                cur[x] = (line[x] + p) & 255
+        out[y] = cur
+        prev = cur
+    return out.reshape(height, width, ch).astype(np.uint8)
+
+
+def js_value(v):
+    """A backend JSON number as a float (NaN as null, +-Inf as strings)."""
+    if v is None:
+        return math.nan
+    if isinstance(v, str):
+        return float(v.replace("Infinity", "inf"))
+    return float(v)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_run(run_dir: Path, seed: int, steps=(0, 10, 20, 30, 40), n: int = 32) -> None:
+    """One run of Grad Moments events: three variables with moments and stats, and the model."""
+    import tensorflow as tf
+
+    from tb_gradmom import metadata, stats
+
+    rng = np.random.default_rng(seed)
+    variables = {
+        "dense/kernel": ((6, 4), "MatMul"),
+        "dense/bias": ((4,), "BiasAdd"),
+        "conv2d/kernel": ((3, 3, 2, 5), "Conv2D"),
+    }
+    writer = tf.summary.create_file_writer(str(run_dir))
+    with writer.as_default():
+        for k, step in enumerate(steps):
+            model = None
+            for tag, (shape, op) in variables.items():
+                m1 = rng.normal(0.0, 0.1, shape) / (1 + k)
+                var = 10.0 ** rng.uniform(-6, -2, shape)
+                m2 = m1**2 + var * (n - 1) / n
+                moments = np.stack([m1, m2]).astype(np.float32)
+                m1, m2 = moments.astype(np.float64)
+                content = metadata.MomentsContent(
+                    orders=(1, 2), shape=shape, stored_shape=shape, op=op,
+                    layer=tag.split("/")[0], variable=tag,
+                )  # fmt: skip
+                tf.summary.write(
+                    tag, moments, step=step, metadata=metadata.create_summary_metadata(content)
+                )
+                sums = stats.sums_from_moments(m1, m2, n)
+                s2 = (m2 - m1**2) * n / (n - 1)
+                hist = stats.variance_histogram(np.maximum(s2, 0))
+                vec = np.array([sums[f] for f in metadata.STATS_FIELDS] + list(hist))
+                tf.summary.write(
+                    metadata.stats_tag(tag),
+                    vec.astype(np.float32),
+                    step=step,
+                    metadata=metadata.create_summary_metadata(metadata.StatsContent(variable=tag)),
+                )
+                model = vec if model is None else model + vec
+            fields = list(metadata.STATS_FIELDS)
+            model[fields.index("batch_size")] = n
+            model[fields.index("loss")] = math.nan
+            model[fields.index("learning_rate")] = math.nan
+            tf.summary.write(
+                metadata.stats_tag(metadata.MODEL_TAG),
+                model.astype(np.float32),
+                step=step,
+                metadata=metadata.create_summary_metadata(
+                    metadata.StatsContent(variable=metadata.MODEL_TAG)
+                ),
+            )
+    writer.close()
+
+
+def _write_fixture_logdir(logdir: Path) -> None:
+    _write_run(logdir / "alpha", seed=1)
+    _write_run(logdir / "beta", seed=2, steps=(0, 10, 20, 30, 40, 50))
+
+
+def _demo_available() -> bool:
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("tb_gradmom.demo") is not None
+    except ImportError:
+        return False
+
+
+# --------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("gradmom_logdir")
+    if _demo_available():
+        subprocess.run(
+            [sys.executable, "-m", "tb_gradmom.cli", "demo", "--quick", "--logdir", str(d)],
+            check=True,
+            cwd=ROOT,
+            timeout=900,
+        )
+    else:
+        _write_fixture_logdir(d)
+    runs = sorted({p.parent for p in d.rglob("events.out.tfevents.*")})
+    assert runs, "the logdir has no event files"
+    # The HTML-named run: a copy of the first run's event files.
+    xss = d / XSS_RUN
+    xss.mkdir()
+    for f in runs[0].glob("events.out.tfevents.*"):
+        shutil.copy(f, xss / f.name)
+    return d
+
+
+def _tensorboard_command(logdir: Path, port: int) -> list[str]:
+    args = ["--logdir", str(logdir), "--port", str(port), "--host", "127.0.0.1"]
+    from importlib.metadata import entry_points
+
+    if any(ep.name == "gradmom" for ep in entry_points(group="tensorboard_plugins")):
+        return [sys.executable, "-m", "tensorboard.main", *args]
+    # Not pip-installed (a source checkout): the same TensorBoard main, plugin added explicitly.
+    launcher = (
+        "import sys\n"
+        "from tensorboard import default, program\n"
+        "from tb_gradmom.plugin_loader import GradMomentsPluginLoader\n"
+        "tb = program.TensorBoard(plugins=default.get_plugins() + [GradMomentsPluginLoader()])\n"
+        "tb.configure(argv=[None] + sys.argv[1:])\n"
+        "sys.exit(tb.main())\n"
+    )
+    return [sys.executable, "-c", launcher, *args]
+
+
+@pytest.fixture(scope="module")
+def tensorboard(logdir, tmp_path_factory):
+    port = free_port()
+    log = (tmp_path_factory.mktemp("tb") / "tensorboard.log").open("w")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        _tensorboard_command(logdir, port), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, f"tensorboard exited: see {log.name}"
+            try:
+                with urllib.request.urlopen(base + "/data/plugins_listing", timeout=5) as r:
+                    listing = json.load(r)
+                with urllib.request.urlopen(base + "/data/plugin/gradmom/tags", timeout=30) as r:
+                    tags = json.load(r)
+                if listing.get("gradmom", {}).get("enabled") and len(tags["runs"]) >= 2:
+                    break
+            except (OSError, ValueError):
+                pass
+            assert time.time() < deadline, f"tensorboard did not serve gradmom: see {log.name}"
+            time.sleep(1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def get_json(base: str, route: str, **params):
+    url = f"{base}/data/plugin/gradmom/{route}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return json.load(r)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{CHROMIUM} is missing; .ci/run installs Debian's chromium")
+        pytest.skip(f"{CHROMIUM} is missing (install Debian's chromium package)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A browser page on the plugin frame URL, recording console errors and dialogs."""
+
+    def __init__(self, browser, base, color_scheme="light"):
+        self.context = browser.new_context(
+            viewport={"width": 1400, "height": 1000},
+            accept_downloads=True,
+            color_scheme=color_scheme,
+            device_scale_factor=1,
+        )
+        self.page = self.context.new_page()
+        self.base = base
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+        def on_dialog(d):
+            self.dialogs.append(d.message)
+            d.dismiss()
+
+        self.page.on("dialog", on_dialog)
+
+    def _console(self, message):
+        # Opening the plugin frame's URL as a top-level page makes Chromium ask for
+        # /favicon.ico, which TensorBoard does not serve; inside TensorBoard it does not.
+        if message.type == "error" and not message.location.get("url", "").endswith("/favicon.ico"):
+            self.errors.append(f"{message.text} ({message.location.get('url')})")
+
+    def open_plugin(self):
+        self.page.goto(self.base + "/data/plugin_entry.html?name=gradmom")
+        self.wait_ready()
+        return self.page
+
+    def wait_ready(self, frame=None):
+        target = frame or self.page
+        target.wait_for_function(
+            "() => window.gradmom && window.gradmom.pending !== undefined", timeout=60000
+        )
+        target.evaluate("() => window.gradmom.pending")
+        target.wait_for_selector(".heatmap-canvas", timeout=60000)
+
+    def settle(self):
+        self.page.evaluate("() => window.gradmom.pending")
+        self.page.wait_for_timeout(150)
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def page(browser, tensorboard):
+    p = Page(browser, tensorboard)
+    yield p
+    p.close()
+    assert not p.errors, f"console errors: {p.errors}"
+    assert not p.dialogs, f"a dialog fired: {p.dialogs}"
+
+
+def shot(page, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / name
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def choose(page, selector: str, value: str, p: Page):
+    page.select_option(selector, value)
+    p.settle()
+
+
+def open_variable(p: Page, run: str, tag: str, stat: str = "variance"):
+    page = p.page
+    choose(page, "select.run-select", run, p)
+    page.click(f'.tag-list button[data-tag="{tag}"]')
+    p.settle()
+    choose(page, "select.stat-select", stat, p)
+    return page
+
+
+def download(page, button):
+    with page.expect_download() as info:
+        button.click()
+    d = info.value
+    return d.suggested_filename, Path(d.path()).read_bytes()
+
+
+def heatmap_json(p: Page, run: str, tag: str, stat: str, step=None):
+    if step is None:
+        tags = get_json(p.base, "tags")
+        step = max(tags["runs"][run][tag]["steps"])
+    return get_json(
+        p.base, "heatmap", run=run, tag=tag, step=step, stat=stat, max_rows=1024, max_cols=1024
+    )
+
+
+def conv_index(row: int, col: int, shape) -> list[int]:
+    """The element of a conv kernel [kh, kw, cin, cout] at (row, col) of its 2-D view."""
+    kh, kw, cin, cout = shape
+    return [row // (kw * cin), (row // cin) % kw, row % cin, col]
+
+
+def check_cell_colours(canvas_png: bytes, data: dict, colormap: str, scale: str):
+    """Every cell's centre pixel in a canvas screenshot has the colour map colour of its value."""
+    img = decode_png(canvas_png)
+    rows, cols = data["rows"], data["cols"]
+    values = np.array([js_value(v) for v in data["values"]]).reshape(rows, cols)
+    finite = values[np.isfinite(values) & ((values > 0) if scale == "log" else True)]
+    lo, hi = float(finite.min()), float(finite.max())
+    lut = colormap_lut(colormap)
+    h, w = img.shape[:2]
+    checked = 0
+    for i in range(rows):
+        for j in range(cols):
+            v = float(values[i, j])
+            if not math.isfinite(v) or (scale == "log" and v <= 0):
+                continue
+            y, x = int((i + 0.5) * h / rows), int((j + 0.5) * w / cols)
+            got = tuple(int(c) for c in img[y, x, :3])
+            want = expected_colour(v, lo, hi, lut, scale)
+            assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 1, (
+                f"cell ({i}, {j}) value {v}: pixel {got}, expected {want}"
+            )
+            checked += 1
+    assert checked == rows * cols or scale == "log"
+    return checked
+
+
+# ------------------------------------------------------------------------------------ tests
+
+
+def test_colormap_luts_match_matplotlib():
+    mpl = pytest.importorskip("matplotlib")
+    for name in ["viridis", "magma", "inferno", "plasma", "cividis"]:
+        ref = np.round(np.asarray(mpl.colormaps[name].colors)[:, :3] * 255).astype(np.uint8)
+        np.testing.assert_array_equal(colormap_lut(name), ref, err_msg=name)
+    np.testing.assert_array_equal(colormap_lut("gray")[:, 0], np.arange(256))
+
+
+def test_tab_appears_in_tensorboard(browser, tensorboard):
+    p = Page(browser, tensorboard)
+    try:
+        page = p.page
+        page.goto(tensorboard + "/#gradmom")
+        page.get_by_text("Grad Moments").first.wait_for(timeout=60000)
+        frame_el = page.wait_for_selector(
+            'iframe[src*="plugin_entry.html?name=gradmom"]', timeout=60000
+        )
+        frame = frame_el.content_frame()
+        p.wait_ready(frame)
+        frame.wait_for_selector(".summary tbody tr", timeout=30000)
+        assert frame.evaluate("() => document.documentElement.dataset.theme") == "light"
+        shot(page, "tensorboard_tab.png")
+        assert not p.errors, p.errors
+    finally:
+        p.close()
+
+
+def test_tab_follows_tensorboard_dark_mode(browser, tensorboard):
+    p = Page(browser, tensorboard, color_scheme="dark")
+    try:
+        page = p.page
+        page.goto(tensorboard + "/#gradmom")
+        frame = page.wait_for_selector(
+            'iframe[src*="plugin_entry.html?name=gradmom"]', timeout=60000
+        ).content_frame()
+        p.wait_ready(frame)
+        assert page.evaluate("() => document.body.classList.contains('dark-mode')")
+        assert frame.evaluate("() => document.documentElement.dataset.theme") == "dark"
+        bg = frame.evaluate("() => getComputedStyle(document.body).backgroundColor")
+        assert bg == "rgb(48, 48, 48)", bg  # TensorBoard's dark background #303030
+        frame.wait_for_selector(".summary tbody tr", timeout=30000)
+        shot(page, "tensorboard_tab_dark.png")
+        # Switching TensorBoard to light mode switches the tab too.
+        page.evaluate("() => document.body.classList.remove('dark-mode')")
+        frame.wait_for_function("() => document.documentElement.dataset.theme === 'light'")
+        assert not p.errors, p.errors
+    finally:
+        p.close()
+
+
+def test_heatmap_pixels_have_the_colour_of_their_values(page):
+    pg = open_variable_page(page, "alpha", "dense/kernel", "variance")
+    data = heatmap_json(page, "alpha", "dense/kernel", "variance")
+    assert (data["rows"], data["cols"]) == (6, 4)
+    canvas = pg.locator(".heatmap-canvas")
+    assert int(canvas.get_attribute("data-rows")) == 6
+    check_cell_colours(canvas.screenshot(), data, "viridis", "linear")
+    shot(pg, "heatmap_dense_kernel.png")
+
+    # A conv kernel, another colour map, a log scale: every cell again.
+    choose(pg, "select.colormap-select", "magma", page)
+    choose(pg, "select.scale-select", "log", page)
+    pg.click('.tag-list button[data-tag="conv2d/kernel"]')
+    page.settle()
+    conv = heatmap_json(page, "alpha", "conv2d/kernel", "variance")
+    assert conv["grid_shape"] == [18, 5]
+    check_cell_colours(canvas.screenshot(), conv, "magma", "log")
+    shot(pg, "heatmap_conv_magma_log.png")
+
+
+def open_variable_page(p: Page, run, tag, stat):
+    p.open_plugin()
+    return open_variable(p, run, tag, stat)
+
+
+def test_heatmap_tooltip_shows_index_and_value(page):
+    pg = open_variable_page(page, "alpha", "conv2d/kernel", "variance")
+    data = heatmap_json(page, "alpha", "conv2d/kernel", "variance")
+    mean = heatmap_json(page, "alpha", "conv2d/kernel", "mean")
+    box = pg.locator(".heatmap-canvas").bounding_box()
+    rows, cols = data["rows"], data["cols"]
+    for row, col in [(0, 0), (13, 2), (17, 4)]:
+        pg.mouse.move(
+            box["x"] + (col + 0.5) * box["width"] / cols,
+            box["y"] + (row + 0.5) * box["height"] / rows,
+        )
+        tip = pg.locator(".heatmap-figure .tooltip")
+        tip.wait_for(state="visible")
+        pairs = tip.locator(".tip-row").evaluate_all(
+            "rows => rows.map(r => [r.querySelector('.tip-key').textContent,"
+            " r.querySelector('.tip-value').textContent])"
+        )
+        text = str(pairs)
+        numbers = dict(pairs)
+        index = conv_index(row, col, data["shape"])
+        assert numbers["index"] == f"[{', '.join(map(str, index))}]", text
+        want = js_value(data["values"][row * cols + col])
+        assert math.isclose(float(numbers["variance"]), want, rel_tol=1e-5), (text, want)
+        want_mean = js_value(mean["values"][row * cols + col])
+        assert math.isclose(float(numbers["mean"]), want_mean, rel_tol=1e-5, abs_tol=1e-12), text
+    shot(pg, "heatmap_tooltip.png")
+    pg.mouse.move(0, 0)
+
+
+def test_heatmap_exports_png_svg_csv_json(page):
+    pg = open_variable_page(page, "alpha", "conv2d/kernel", "variance")
+    data = heatmap_json(page, "alpha", "conv2d/kernel", "variance")
+    card = pg.locator("#heatmap-card")
+    width = float(pg.locator("#heatmap-card svg").first.get_attribute("width"))
+    height = float(pg.locator("#heatmap-card svg").first.get_attribute("height"))
+
+    name, png = download(pg, card.get_by_role("button", name="PNG"))
+    assert name.endswith(".png") and "conv2d_kernel" in name
+    img = decode_png(png)
+    assert img.shape[:2] == (round(2 * height), round(2 * width))
+    (SHOTS / "export_heatmap.png").parent.mkdir(parents=True, exist_ok=True)
+    (SHOTS / "export_heatmap.png").write_bytes(png)
+    # The cells in the PNG have their colours: crop the plot area from the figure's layout.
+    svg_name, svg = download(pg, card.get_by_role("button", name="SVG"))
+    assert svg_name.endswith(".svg")
+    tree = ET.fromstring(svg)
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    texts = [t.text or "" for t in tree.iter("{http://www.w3.org/2000/svg}text")]
+    assert "variance of conv2d/kernel" in texts
+    assert any(t.startswith("run alpha · step") for t in texts)
+    assert any("column" in t for t in texts) and any("row" in t for t in texts)
+    images = tree.findall(".//s:image", ns)
+    assert len(images) == 2  # the cells and the colour bar
+    cells = next(i for i in images if float(i.get("width")) > 20)
+    x0, y0 = float(cells.get("x")), float(cells.get("y"))
+    w, h = float(cells.get("width")), float(cells.get("height"))
+    plot = img[round(2 * y0) : round(2 * (y0 + h)), round(2 * x0) : round(2 * (x0 + w))]
+    buf = io.BytesIO()
+    _write_png(buf, plot)
+    check_cell_colours(buf.getvalue(), data, "viridis", "linear")
+    ticks = [t for t in texts if re.fullmatch(r"[0-9.e-]+", t or "")]
+    assert ticks, texts
+
+    csv_name, body = download(pg, card.get_by_role("button", name="CSV"))
+    assert csv_name.endswith(".csv")
+    rows = list(csv.reader(io.StringIO(body.decode())))
+    assert rows[0][:4] == ["row", "col", "element", "variance"]
+    assert len(rows) - 1 == data["rows"] * data["cols"]
+    for r in rows[1:]:
+        i, j = int(r[0]), int(r[1])
+        assert float(r[3]) == js_value(data["values"][i * data["cols"] + j])
+        assert r[2] == "[" + ", ".join(map(str, conv_index(i, j, data["shape"]))) + "]"
+
+    _, body = download(pg, card.get_by_role("button", name="JSON"))
+    exported = json.loads(body)
+    assert exported["values"] == data["values"] and exported["shape"] == data["shape"]
+
+
+def _write_png(buf, rgb: np.ndarray) -> None:
+    """A minimal PNG writer (filter 0) for crops of decoded images."""
+    h, w, ch = rgb.shape
+    raw = b"".join(b"\x00" + rgb[y].astype(np.uint8).tobytes() for y in range(h))
+
+    def chunk(kind, body):
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    ctype = 2 if ch == 3 else 6
+    buf.write(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, ctype, 0, 0, 0))
+    )
+    buf.write(chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def test_histograms_render_and_export(page):
+    pg = open_variable_page(page, "beta", "conv2d/kernel", "variance")
+    tags = get_json(page.base, "tags")
+    last = max(tags["runs"]["beta"]["conv2d/kernel"]["steps"])
+    ref = get_json(
+        page.base,
+        "histogram",
+        run="beta",
+        tag="conv2d/kernel",
+        stat="variance",
+        step=last,
+        bins=30,
+        scale="linear",
+    )
+    bars = pg.locator("#histogram-card rect.bar")
+    assert bars.count() == len(ref["edges"]) - 1 == 30
+    counts = [float(bars.nth(k).get_attribute("data-count")) for k in range(bars.count())]
+    assert counts == [js_value(c) for c in ref["series"][0]["counts"]]
+    assert sum(counts) == 90  # every element of the [3, 3, 2, 5] kernel
+    _, body = download(pg, pg.locator("#histogram-card").get_by_role("button", name="CSV"))
+    rows = list(csv.reader(io.StringIO(body.decode())))
+    assert rows[0] == ["step", "bin_left", "bin_right", "count"]
+    assert [float(r[3]) for r in rows[1:]] == counts
+    assert [float(r[1]) for r in rows[1:]] == [js_value(e) for e in ref["edges"][:-1]]
+    shot(pg, "histogram_step.png")
+
+    # Over steps, log x: one ridge per step, axis ticks at powers of ten.
+    choose(pg, "select.hist-mode", "steps", page)
+    pg.check("input.hist-log")
+    page.settle()
+    ridges = pg.locator("#histogram-card path.ridge")
+    steps = tags["runs"]["beta"]["conv2d/kernel"]["steps"]
+    assert ridges.count() == len(steps)
+    assert sorted(
+        int(ridges.nth(k).get_attribute("data-step")) for k in range(ridges.count())
+    ) == sorted(steps)
+    ticks = pg.locator("#histogram-card .tick text").all_text_contents()
+    assert any(re.fullmatch(r"1e-\d+", t) for t in ticks), ticks
+    name, svg = download(pg, pg.locator("#histogram-card").get_by_role("button", name="SVG"))
+    assert len(ET.fromstring(svg).findall(".//{http://www.w3.org/2000/svg}path")) >= len(steps)
+    shot(pg, "histogram_ridges_logx.png")
+
+
+def test_noise_curves_overlay_runs_and_export(page):
+    pg = open_variable_page(page, "alpha", "dense/kernel", "variance")
+    tags = get_json(page.base, "tags")
+    runs = sorted(r for r in tags["runs"] if "dense/kernel" in tags["runs"][r])
+    layer = pg.locator(".curves-layer path.curve")
+    assert layer.count() == len(runs)
+    assert sorted(layer.nth(k).get_attribute("data-run") for k in range(layer.count())) == runs
+    assert all(layer.nth(k).get_attribute("d").startswith("M") for k in range(layer.count()))
+    model = pg.locator(".curves-model path.curve")
+    assert model.count() == len(tags["model"])
+
+    _, body = download(pg, pg.locator(".curves-layer").get_by_role("button", name="CSV"))
+    rows = list(csv.reader(io.StringIO(body.decode())))
+    assert rows[0] == ["run", "step", "wall_time", "noise_scale"]
+    for run in runs:
+        ref = get_json(page.base, "series", run=run, tag="dense/kernel")
+        got = [(int(r[1]), float(r[3])) for r in rows[1:] if r[0] == run]
+        want = list(zip(ref["steps"], map(js_value, ref["values"]["noise_scale"]), strict=True))
+        assert len(got) == len(want)
+        for (s1, v1), (s2, v2) in zip(got, want, strict=True):
+            assert s1 == s2 and (v1 == v2 or (math.isnan(v1) and math.isnan(v2)))
+    shot(pg, "noise_curves.png")
+
+    # Hiding a run removes its line; another quantity, log y.
+    pg.locator(".run-row", has_text="beta").locator("input").uncheck()
+    page.settle()
+    pg.wait_for_function(
+        "(n) => document.querySelectorAll('.curves-layer path.curve').length === n",
+        arg=len(runs) - 1,
+    )
+    choose(pg, "select.metric-select", "total_variance", page)
+    pg.check("input.curves-log")
+    page.settle()
+    titles = pg.locator(".curves-layer text.title").all_text_contents()
+    assert titles and titles[0].startswith("total variance")
+    _, png = download(pg, pg.locator(".curves-model").get_by_role("button", name="PNG"))
+    assert decode_png(png).shape[0] > 100
+
+
+def test_summary_table_sorts_and_opens_heatmap(page):
+    pg = open_variable_page(page, "alpha", "dense/kernel", "variance")
+    tags = get_json(page.base, "tags")
+    step = max(tags["model"]["alpha"]["steps"])
+    ref = get_json(page.base, "summary", run="alpha", step=step)
+    rows = pg.locator("table.summary tbody tr")
+    assert rows.count() == len(ref["rows"]) == 3
+    # Sorted by total variance, descending, by default.
+    order = [rows.nth(k).get_attribute("data-tag") for k in range(rows.count())]
+    want = [r["tag"] for r in sorted(ref["rows"], key=lambda r: -js_value(r["total_variance"]))]
+    assert order == want
+    pg.click('table.summary th[data-key="size"]')
+    order = [rows.nth(k).get_attribute("data-tag") for k in range(rows.count())]
+    assert order == [r["tag"] for r in sorted(ref["rows"], key=lambda r: -js_value(r["size"]))]
+    pg.click('table.summary th[data-key="size"]')
+    order = [rows.nth(k).get_attribute("data-tag") for k in range(rows.count())]
+    assert order == [r["tag"] for r in sorted(ref["rows"], key=lambda r: js_value(r["size"]))]
+
+    _, body = download(pg, pg.locator("#summary-card").get_by_role("button", name="CSV"))
+    table = list(csv.DictReader(io.StringIO(body.decode())))
+    by_tag = {r["tag"]: r for r in ref["rows"]}
+    for r in table:
+        for key in ("size", "total_variance", "snr", "noise_scale", "batch_size"):
+            assert float(r[key]) == js_value(by_tag[r["tag"]][key]), (r, key)
+
+    pg.click('table.summary tbody tr[data-tag="dense/bias"]')
+    page.settle()
+    assert "variance of dense/bias" in pg.locator("#heatmap-card text.title").text_content()
+    assert pg.locator(".tag-list button.selected").get_attribute("data-tag") == "dense/bias"
+    bias = heatmap_json(page, "alpha", "dense/bias", "variance")
+    assert (bias["rows"], bias["cols"]) == (1, 4)
+    check_cell_colours(pg.locator(".heatmap-canvas").screenshot(), bias, "viridis", "linear")
+    shot(pg, "summary_and_bias_heatmap.png")
+
+
+def test_regex_filter_and_step_slider(page):
+    pg = open_variable_page(page, "alpha", "dense/kernel", "variance")
+    pg.fill("input.tag-filter", "KERNEL$")
+    page.settle()
+    shown = pg.locator(".tag-list button").evaluate_all("bs => bs.map(b => b.dataset.tag)")
+    assert shown == ["conv2d/kernel", "dense/kernel"]
+    pg.fill("input.tag-filter", "(")
+    assert "Invalid regular expression" in pg.locator(".filter-error").inner_text()
+    pg.fill("input.tag-filter", "")
+
+    steps = get_json(page.base, "tags")["runs"]["alpha"]["dense/kernel"]["steps"]
+    assert pg.locator("output.step-value").inner_text() == str(max(steps))
+    slider = pg.locator("input.step-slider")
+    slider.evaluate(
+        "(s) => { s.value = 1; s.dispatchEvent(new Event('input')); s.dispatchEvent(new Event('change')); }"
+    )
+    page.settle()
+    assert not pg.locator("input.follow").is_checked()
+    assert pg.locator("output.step-value").inner_text() == str(sorted(steps)[1])
+    data = heatmap_json(page, "alpha", "dense/kernel", "variance", step=sorted(steps)[1])
+    assert f"step {sorted(steps)[1]}" in pg.locator("#heatmap-card text.subtitle").text_content()
+    check_cell_colours(pg.locator(".heatmap-canvas").screenshot(), data, "viridis", "linear")
+
+
+def test_html_run_name_is_text(page):
+    pg = page.open_plugin()
+    choose(pg, "select.run-select", XSS_RUN, page)
+    names = pg.locator(".run-name").all_inner_texts()
+    assert XSS_RUN in names
+    assert pg.evaluate("() => document.querySelectorAll('img').length") == 0
+    assert XSS_RUN in pg.locator("#heatmap-card text.subtitle").text_content()
+    assert pg.locator("select.run-select option:checked").inner_text() == XSS_RUN
+    _, svg = download(pg, pg.locator("#heatmap-card").get_by_role("button", name="SVG"))
+    assert b"&lt;img src=x onerror=alert(1)&gt;" in svg
+    texts = [t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
+    assert any(XSS_RUN in (t or "") for t in texts)
+    _, body = download(pg, pg.locator(".curves-layer").get_by_role("button", name="CSV"))
+    assert XSS_RUN in {r[0] for r in csv.reader(io.StringIO(body.decode()))}
+    shot(pg, "html_run_name.png")
+    assert not page.dialogs
+
+
+def test_reload_picks_up_a_new_run(page, logdir):
+    pg = page.open_plugin()
+    assert "gamma" not in pg.locator(".run-name").all_inner_texts()
+    _write_run(logdir / "gamma", seed=3, steps=(0, 5))
+    deadline = time.time() + 90
+    while "gamma" not in pg.locator(".run-name").all_inner_texts():
+        assert time.time() < deadline, "the new run did not show up after Reload"
+        pg.wait_for_timeout(2000)
+        pg.click("button.reload")
+        page.settle()
+    choose(pg, "select.run-select", "gamma", page)
+    assert pg.locator("output.step-value").inner_text() == "5"
