@@ -161,7 +161,7 @@ def _power_sums_chunked(plan, deltas, n, orders, chunk) -> dict:
 
     def chunk_sums(start, size):
         g = None
-        for (site, c), delta in zip(plan.sites, deltas):
+        for (_site, c), delta in zip(plan.sites, deltas):
             part = c.per_example(delta, n, start, size)
             part = tf.reshape(part, [-1, *var_shape])
             g = part if g is None else g + part

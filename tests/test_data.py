@@ -1,6 +1,6 @@
 """data.py reads event files written by real TensorFlow; cross-checked with EventAccumulator."""
 
-from __future__ import annotations
+from __future__ import json
 
 import os
 import shutil
@@ -266,7 +266,9 @@ def test_no_gradmom_data_and_newer_version(tmp_path):
     with pytest.raises(ValueError, match="no Grad Moments data in logdir"):
         data.load(tmp_path)
     newer = metadata.create_summary_metadata(metadata.StatsContent())
-    newer.plugin_data.content = newer.plugin_data.content.replace(b'"version": 1', b'"version": 99')
+    content = json.loads(newer.plugin_data.content)
+    content["version"] = 99
+    newer.plugin_data.content = json.dumps(content).encode()
     writer = tf.summary.create_file_writer(str(tmp_path / "new"))
     with writer.as_default():
         tf.summary.write("_model/_stats", np.zeros(metadata.STATS_LENGTH), step=0, metadata=newer)
