@@ -1,7 +1,6 @@
 """data.py reads event files written by real TensorFlow; cross-checked with EventAccumulator."""
 
-from __future__ import json
-
+import json
 import os
 import shutil
 import struct
