@@ -12,7 +12,14 @@ from tb_gradmom._errors import BatchSizeError, UnsupportedOpError
 from tb_gradmom.rules import REGISTRY, RuleError, supported_ops
 from tb_gradmom.rules.base import Site
 
-__all__ = ["gradients_and_moments", "variance", "variable_name", "DEFAULT_CHUNK_ELEMENTS"]
+__all__ = [
+    "gradients_and_moments",
+    "variance",
+    "variable_name",
+    "prepare",
+    "Prepared",
+    "DEFAULT_CHUNK_ELEMENTS",
+]
 
 # Per rule, examples are processed in chunks so that the per-example tensors of one chunk hold
 # at most this many elements (32 MiB in float32), unless `chunk_size` is given.
@@ -250,13 +257,72 @@ def gradients_and_moments(
       UnsupportedOpError: a requested variable is consumed by an op without an exact rule.
       BatchSizeError: the batch size cannot be inferred or the graph disagrees about it.
     """
+    orders = _check_orders(orders)
+    prepared = prepare(
+        loss, var_list, reduction, batch_size=batch_size, name=name or "gradients_and_moments"
+    )
+    moments = prepared.moments(orders, chunk_size)
+    return list(prepared.grads), moments
+
+
+@dataclass
+class Prepared:
+    """The shared backward pass of one call: gradients, layer output gradients, the batch size.
+
+    `prepare` builds it outside any conditional; `moments` adds the moment ops and can be
+    called inside a ``tf.cond`` branch so that a step that logs nothing never runs them.
+    """
+
+    plans: list
+    names: list
+    grads: list
+    out_grads: list
+    index: dict
+    n: tf.Tensor | None
+    checks: list
+    mode: str
+    scope: str
+    loss: tf.Tensor
+
+    def moments(self, orders: Sequence[int], chunk_size: int | None = None) -> list[dict]:
+        """``moments[i][p]`` for every variable, built in the current graph context."""
+        orders = _check_orders(orders)
+        out = []
+        with tf.name_scope(self.scope + "_moments"), tf.control_dependencies(self.checks):
+            for plan, grad in zip(self.plans, self.grads):
+                out.append(
+                    _moments_of(
+                        plan,
+                        grad,
+                        self.out_grads,
+                        self.index,
+                        self.n,
+                        self.mode,
+                        orders,
+                        chunk_size,
+                    )
+                )
+        return out
+
+    def op_type(self, i: int) -> str:
+        """The type of the first op consuming variable ``i`` (empty if none)."""
+        sites = self.plans[i].sites
+        return sites[0][0].op.type if sites else ""
+
+
+def prepare(
+    loss, var_list: Sequence, reduction: str = "mean", *, batch_size=None, name: str = "gradmom"
+) -> Prepared:
+    """Validates the arguments, finds each variable's consumers and runs the one backward pass.
+
+    See `gradients_and_moments` for the arguments. Raises the same errors.
+    """
     if tf.executing_eagerly():
         raise RuntimeError(
-            "gradmom.gradients_and_moments needs a graph: call it inside a tf.function (for "
-            "example in your train_step decorated with @tf.function) or in a tf.compat.v1 graph. "
-            "Eager tensors carry no graph to read the layers' inputs from."
+            "gradmom needs a graph: call it inside a tf.function (for example in your "
+            "train_step decorated with @tf.function) or in a tf.compat.v1 graph. Eager tensors "
+            "carry no graph to read the layers' inputs from."
         )
-    orders = _check_orders(orders)
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     var_list = list(var_list)
@@ -265,7 +331,7 @@ def gradients_and_moments(
     variables = [_tf_variable(v, i) for i, v in enumerate(var_list)]
     names = [variable_name(v) for v in var_list]
 
-    with tf.name_scope(name or "gradients_and_moments"):
+    with tf.name_scope(name) as scope:
         loss = tf.convert_to_tensor(loss)
         if loss.shape.rank == 1:
             loss_vector, scalar, mode = loss, tf.reduce_mean(loss), "mean"
@@ -298,14 +364,18 @@ def gradients_and_moments(
                 "cannot infer the batch size: no requested variable is used by an op with a "
                 "batch axis; pass batch_size= or the per-example loss vector"
             )
-
-        moments = []
-        with tf.control_dependencies(checks):
-            for plan, grad in zip(plans, grads):
-                moments.append(
-                    _moments_of(plan, grad, out_grads, index, n, mode, orders, chunk_size)
-                )
-    return list(grads), moments
+    return Prepared(
+        plans=plans,
+        names=names,
+        grads=list(grads),
+        out_grads=out_grads,
+        index=index,
+        n=n,
+        checks=checks,
+        mode=mode,
+        scope=scope.rstrip("/"),
+        loss=scalar,
+    )
 
 
 def _moments_of(plan, grad, out_grads, index, n, mode, orders, chunk_size) -> dict:
