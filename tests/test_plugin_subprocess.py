@@ -1,0 +1,339 @@
+"""The plugin in a real ``tensorboard`` process (slow), and without TensorFlow (fast).
+
+The ``tensorboard`` subprocess finds the plugin through the ``tensorboard_plugins`` entry point,
+as after ``pip install``. When tb_gradmom is not installed in this environment, the entry
+point declared in setup.py is provided by a throw-away ``.dist-info`` directory on the
+subprocess's PYTHONPATH (the environment itself is not modified).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import plugin_logdir as fx  # noqa: E402
+
+ENTRY_POINT = "gradmom = tb_gradmom.plugin_loader:GradMomentsPluginLoader"
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("gradmom_logdir"))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    subprocess.run(
+        [sys.executable, os.path.join(HERE, "plugin_logdir.py"), d],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    return d
+
+
+# ---------------------------------------------------------------- no TensorFlow needed
+
+_NO_TF_SCRIPT = textwrap.dedent(
+    """
+    import importlib.abc, json, os, sys, traceback
+    attempts = []
+
+    class BlockTensorFlow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "tensorflow" or name.startswith("tensorflow."):
+                attempts.append([f.filename for f in traceback.extract_stack()])
+                raise ImportError("tensorflow is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, BlockTensorFlow())
+    import tb_gradmom.plugin_loader as loader_module
+    loaded_before_plugin = "tensorflow" in sys.modules
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import EnvironBuilder
+
+    logdir = sys.argv[1]
+    m = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradmom": 500})
+    m.AddRunsFromDirectory(logdir)
+    m.Reload()  # TensorBoard falls back to its TensorFlow stub
+    ctx = base_plugin.TBContext(
+        data_provider=data_provider.MultiplexerDataProvider(m, logdir), flags=None)
+    plugin = loader_module.GradMomentsPluginLoader().load(ctx)
+    apps = plugin.get_plugin_apps()
+    statuses = {}
+    for route, query in [
+        ("/tags", ""), ("/heatmap", "run=train&tag=conv/kernel&stat=snr"),
+        ("/histogram", "run=train&tag=big/kernel&step=all&scale=log"),
+        ("/series", "run=train"), ("/summary", "run=train"),
+        ("/export", "run=train&tag=skew/kernel&what=moments&format=npy"),
+        ("/*", ""),
+    ]:
+        path = "/data/plugin/gradmom" + (route if route != "/*" else "/index.js")
+        env = EnvironBuilder(path=path, query_string=query).get_environ()
+        context.set_in_environ(env, context.RequestContext())
+        captured = {}
+        def start_response(status, headers, exc_info=None):
+            captured["status"] = status
+        b"".join(apps[route](env, start_response))
+        statuses[route] = captured["status"]
+    ours = [a for a in attempts if any("tb_gradmom" in f for f in a)]
+    print(json.dumps({"statuses": statuses, "ours": ours, "attempts": len(attempts),
+                      "tf_loaded": "tensorflow" in sys.modules,
+                      "loaded_before_plugin": loaded_before_plugin}))
+    """
+)
+
+
+def test_plugin_works_without_tensorflow_and_never_imports_it(logdir, tmp_path):
+    script = tmp_path / "no_tf.py"
+    script.write_text(_NO_TF_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run(
+        [sys.executable, str(script), logdir], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["ours"] == []  # no import of tensorflow started from tb_gradmom code
+    assert result["tf_loaded"] is False and result["loaded_before_plugin"] is False
+    assert all(s.startswith("200") for s in result["statuses"].values()), result["statuses"]
+
+
+# ------------------------------------------------------------ a real tensorboard process
+
+
+def _entry_point_installed() -> bool:
+    eps = importlib.metadata.entry_points(group="tensorboard_plugins")
+    return any(ep.name == "gradmom" for ep in eps)
+
+
+def _data_server_problem() -> str | None:
+    """Why RustBoard cannot run here, or None."""
+    try:
+        from tensorboard.data import server_ingester
+
+        binary = server_ingester.get_server_binary()
+        subprocess.run([binary.path, "--version"], check=True, capture_output=True, timeout=30)
+    except Exception as e:  # noqa: BLE001
+        return f"tensorboard-data-server unavailable: {type(e).__name__}: {e}"
+    return None
+
+
+class Server:
+    def __init__(self, url: str, proc: subprocess.Popen, log: str):
+        self.url, self.proc, self.log = url, proc, log
+
+    def get(self, path: str, **params):
+        """(status, headers, body bytes)."""
+        q = ("?" + urllib.parse.urlencode(params)) if params else ""
+        try:
+            with urllib.request.urlopen(self.url + path + q, timeout=60) as r:
+                return r.status, dict(r.headers), r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), e.read()
+
+    def json(self, path: str, **params):
+        status, _, body = self.get(path, **params)
+        assert status == 200, (path, params, status, body[:500])
+        return json.loads(body)
+
+
+def start_tensorboard(logdir: str, tmp_path, *flags: str) -> Server:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    pythonpath = [ROOT]
+    if not _entry_point_installed():
+        dist = tmp_path / "ep" / "tb_gradmom-0.1.0.dist-info"
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tb_gradmom\nVersion: 0.1.0\n")
+        (dist / "entry_points.txt").write_text(f"[tensorboard_plugins]\n{ENTRY_POINT}\n")
+        pythonpath.insert(0, str(tmp_path / "ep"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath), TF_CPP_MIN_LOG_LEVEL="3")
+    log = str(tmp_path / f"tensorboard{len(os.listdir(tmp_path))}.log")
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                logdir,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--reload_interval",
+                "0",
+                *flags,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+        )
+    deadline = time.time() + 180
+    url = None
+    while time.time() < deadline and url is None:
+        if proc.poll() is not None:
+            raise AssertionError(f"tensorboard exited: {open(log).read()[-3000:]}")
+        m = re.search(r"(http://127\.0\.0\.1:\d+)/", open(log).read())
+        url = m.group(1) if m else None
+        time.sleep(0.2)
+    if url is None:
+        proc.kill()
+        raise AssertionError(f"tensorboard did not start: {open(log).read()[-3000:]}")
+    server = Server(url, proc, log)
+    # Loading is asynchronous: wait until the last step of every run is in.
+    last = {"train": fx.TRAIN_STEPS[-1], "long": fx.LONG_STEPS - 1, "truncated": 3, "corrupt": 1}
+    tag = {"long": "dense/bias"}
+    while time.time() < deadline:
+        status, _, body = server.get("/data/plugin/gradmom/tags")
+        if status == 200:
+            runs = json.loads(body)["runs"]
+            steps = {
+                r: runs.get(r, {}).get(tag.get(r, "dense/kernel"), {}).get("steps") or [-1]
+                for r in last
+            }
+            if all(steps[r][-1] >= last[r] for r in last):
+                return server
+        time.sleep(0.5)
+    stop(server)
+    raise AssertionError(f"data never appeared: {open(log).read()[-3000:]}")
+
+
+def stop(server: Server) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module", params=["false", "true"], ids=["python", "rustboard"])
+def server(request, logdir, tmp_path_factory):
+    if request.param == "true":
+        problem = _data_server_problem()
+        if problem:
+            pytest.skip(problem)
+    s = start_tensorboard(logdir, tmp_path_factory.mktemp("tb"), f"--load_fast={request.param}")
+    # RustBoard logs the garbage event file of run `corrupt` as a read error.
+    assert ("rustboard" in open(s.log).read()) == (request.param == "true")
+    yield s
+    stop(s)
+
+
+@pytest.mark.slow
+def test_listed_and_frontend_served(server):
+    listing = server.json("/data/plugins_listing")
+    assert listing["gradmom"]["enabled"] is True
+    assert listing["gradmom"]["tab_name"] == "Grad Moments"
+    status, headers, body = server.get("/data/plugin/gradmom/index.js")
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript")
+    assert body.startswith(b"//") or b"export" in body
+    assert server.get("/data/plugin/gradmom/../../../setup.py")[0] == 404
+
+
+@pytest.mark.slow
+def test_routes_serve_the_right_numbers(server):
+    tags = server.json("/data/plugin/gradmom/tags")
+    # The plugin's default samples_per_plugin (500) applies, not TensorBoard's 10 / 100.
+    assert tags["runs"]["long"]["dense/bias"]["steps"] == list(range(fx.LONG_STEPS))
+    d = server.json(
+        "/data/plugin/gradmom/heatmap", run="train", tag="conv/kernel", step=30, stat="variance"
+    )
+    g = fx.samples("train", "conv/kernel", 30, (3, 3, 2, 4))
+    np.testing.assert_allclose(
+        np.asarray(d["values"], dtype=float), g.var(0, ddof=1).reshape(18, 4).ravel(), rtol=2e-6
+    )
+    h = server.json("/data/plugin/gradmom/histogram", run="train", tag="big/kernel", step="all")
+    assert [s["step"] for s in h["series"]] == list(fx.TRAIN_STEPS)
+    s = server.json("/data/plugin/gradmom/series", run="train")
+    assert s["steps"] == list(fx.TRAIN_STEPS) and len(s["values"]["noise_scale"]) == 6
+    assert len(server.json("/data/plugin/gradmom/summary", run="train")["rows"]) == 9
+    status, headers, body = server.get(
+        "/data/plugin/gradmom/export", run="train", tag="dense/kernel", what="moments", format="npy"
+    )
+    assert status == 200 and "attachment" in headers["Content-Disposition"]
+    nan = server.json("/data/plugin/gradmom/heatmap", run="train", tag="nonfinite/kernel")
+    assert nan["values"][:2] == ["NaN", "Infinity"]
+    assert (
+        server.json("/data/plugin/gradmom/heatmap", run="truncated", tag="dense/kernel")["step"]
+        == 3
+    )
+
+
+@pytest.mark.slow
+def test_errors_are_400_and_404(server):
+    assert server.get("/data/plugin/gradmom/heatmap", tag="x")[0] == 400
+    assert (
+        server.get("/data/plugin/gradmom/heatmap", run="train", tag="dense/kernel", max_rows="x")[0]
+        == 400
+    )
+    assert server.get("/data/plugin/gradmom/heatmap", run="nope", tag="dense/kernel")[0] == 404
+    assert (
+        server.get("/data/plugin/gradmom/heatmap", run="train", tag="dense/kernel", step=7)[0]
+        == 404
+    )
+    assert server.get("/data/plugin/gradmom/heatmap", run="eval", tag="mismatch/kernel")[0] == 404
+
+
+@pytest.mark.slow
+def test_twenty_concurrent_clients(server):
+    requests = []
+    for c in range(20):
+        for i in range(10):
+            step = fx.TRAIN_STEPS[(c + i) % len(fx.TRAIN_STEPS)]
+            requests.append(
+                [
+                    (
+                        "/data/plugin/gradmom/heatmap",
+                        {"run": "train", "tag": "big/kernel", "step": step, "stat": "snr"},
+                    ),
+                    (
+                        "/data/plugin/gradmom/histogram",
+                        {"run": "train", "tag": "conv/kernel", "step": "all", "bins": 10 + c},
+                    ),
+                    ("/data/plugin/gradmom/tags", {}),
+                    ("/data/plugin/gradmom/series", {"run": "train", "tag": "dense/kernel"}),
+                    ("/data/plugin/gradmom/summary", {"run": "train", "step": step}),
+                ][(c + i) % 5]
+            )
+
+    def client(c):
+        return [server.get(path, **params)[0] for path, params in requests[c * 10 : (c + 1) * 10]]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
+        statuses = [s for batch in pool.map(client, range(20)) for s in batch]
+    assert statuses == [200] * 200
+
+
+@pytest.mark.slow
+def test_user_samples_per_plugin_with_each_loader(logdir, tmp_path):
+    for load_fast in ("false", "true"):
+        if load_fast == "true" and _data_server_problem():
+            continue
+        s = start_tensorboard(
+            logdir,
+            tmp_path / load_fast,
+            f"--load_fast={load_fast}",
+            "--samples_per_plugin=gradmom=5",
+        )
+        try:
+            steps = s.json("/data/plugin/gradmom/tags")["runs"]["long"]["dense/bias"]["steps"]
+        finally:
+            stop(s)
+        assert len(steps) == 5 and steps[-1] == fx.LONG_STEPS - 1, (load_fast, steps)
