@@ -1,0 +1,308 @@
+"""Writing gradient moments to TensorBoard: one call in a training step.
+
+    with writer.as_default(step=step):
+        grads = gradmom.summary.moments(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+The gradients come from the same backward pass as the moments. When nothing is recorded
+(``tf.summary.record_if(False)``, no default writer, a step off the schedule) the moment ops sit
+in the untaken branch of a ``tf.cond`` and do not run. The event format is in ``docs/format.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+from tb_gradmom import _core, metadata
+
+__all__ = ["moments", "DEFAULT_MAX_ELEMENTS", "SCALARS"]
+
+# Largest number of cells stored per moment array; bigger variables are block-pooled to at most
+# this many cells (256 x 256), with exact sums and a variance histogram beside them.
+DEFAULT_MAX_ELEMENTS = 1 << 16
+
+# Derived statistics also written as ordinary scalars, under "gradmom/<tag>/<name>".
+SCALARS = (
+    "total_variance",
+    "grad_norm_sq",
+    "noise_scale",
+    "gsnr_mean",
+    "norm_test",
+    "eb_criterion",
+    "cabs_batch_size",
+)
+
+
+@tf.autograph.experimental.do_not_convert
+def moments(
+    loss,
+    var_list: Sequence,
+    orders: Sequence[int] = (1, 2),
+    name: str | None = None,
+    reduction: str = "mean",
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    per_variable_scalars: bool = True,
+    *,
+    step=None,
+    learning_rate=None,
+    batch_size=None,
+    chunk_size: int | None = None,
+):
+    """Computes gradients and logs the moments of the per-example gradients.
+
+    Inside a ``tf.function`` it writes to the default summary writer (``tf.summary``) and
+    returns the gradients. In a ``tf.compat.v1`` graph it returns a serialized ``Summary`` op to
+    run and pass to ``FileWriter.add_summary`` (as ``tf.compat.v1.summary.*`` do).
+
+    For each variable it writes (see ``docs/format.md``):
+
+    * tag ``<variable path>``: the raw moments ``M_p = (1/n) sum_j g_j**p`` of the orders
+      logged, block-pooled above ``max_elements`` cells;
+    * tag ``<variable path>/_stats``: exact sums (``|m|^2``, total variance, GSNR, ...) and a
+      histogram of the per-element unbiased variance;
+    * tag ``_model/_stats``: the same sums over all variables of the call;
+    * scalars ``gradmom/<tag>/<statistic>`` for the statistics in `SCALARS` (per variable when
+      ``per_variable_scalars``, always for ``_model``).
+
+    Args:
+      loss: as in `gradients_and_moments`: a mean (or sum) scalar loss, or per-example losses.
+      var_list: the variables (``model.trainable_variables``).
+      orders: moment orders to log, 1 to 4. Orders 1 and 2 are always logged: every statistic
+        needs them.
+      name: a name scope for the added ops.
+      reduction: ``"mean"`` or ``"sum"``, how a scalar loss combines the examples.
+      max_elements: variables with more elements are stored block-pooled to at most this many
+        cells per order (statistics stay exact).
+      per_variable_scalars: also write per-variable scalars (not only the model's).
+      step: the step; default ``tf.summary.experimental.get_step()``.
+      learning_rate: optional; with it the CABS batch size is logged.
+      batch_size: the number of examples, if it cannot be inferred (checked against the graph).
+      chunk_size: examples per chunk for materialised per-example gradients.
+
+    Returns:
+      In a ``tf.function``: the gradients, aligned with ``var_list`` (``None`` where the loss
+      does not depend on a variable). In a TF1 graph: a scalar string tensor, the merged
+      ``Summary``.
+    """
+    orders = tuple(sorted(set(_core._check_orders(orders)) | {1, 2}))
+    if int(max_elements) < 1:
+        raise ValueError(f"max_elements must be a positive integer, got {max_elements}")
+    prepared = _core.prepare(
+        loss, var_list, reduction, batch_size=batch_size, name=name or "gradmom_summary"
+    )
+    tags = _unique_tags(prepared.names)
+    contents = [
+        _moments_content(v, tag, orders, prepared.op_type(i), max_elements)
+        for i, (v, tag) in enumerate(zip(prepared.plans, tags))
+    ]
+    lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
+
+    if not tf.inside_function():
+        return _v1_summary(prepared, tags, contents, orders, lr, chunk_size, per_variable_scalars)
+
+    should = tf.summary.should_record_summaries()
+    if tf.get_static_value(should) is False:
+        return prepared.grads  # no writer or recording off at trace time: nothing is built
+    if step is None:
+        step = tf.summary.experimental.get_step()
+        if step is None:
+            raise ValueError(
+                "gradmom.summary.moments needs a step: pass step= or use "
+                "writer.as_default(step=...) / tf.summary.experimental.set_step(...)"
+            )
+
+    def write():
+        tensors, scalar_values = _records(prepared, tags, contents, orders, lr, chunk_size)
+        ok = []
+        for tag, tensor, md in tensors:
+            ok.append(tf.summary.write(tag, tensor, step=step, metadata=md))
+        for stag, value in _selected_scalars(scalar_values, per_variable_scalars):
+            # tf.summary.write keeps the tag as given (tf.summary.scalar would prefix scopes).
+            ok.append(tf.summary.write(stag, tf.cast(value, tf.float32), step, _SCALAR_MD))
+        with tf.control_dependencies(ok):
+            return tf.constant(True)
+
+    tf.cond(should, write, lambda: tf.constant(False), name="gradmom_record")
+    return prepared.grads
+
+
+def _unique_tags(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for nm in names:
+        tag = nm
+        if nm in seen:
+            seen[nm] += 1
+            tag = f"{nm}_{seen[nm]}"
+        seen.setdefault(tag, 0)
+        out.append(tag)
+    return out
+
+
+def _moments_content(plan, tag, orders, op_type, max_elements) -> metadata.MomentsContent:
+    shape = tuple(int(s) for s in plan.variable.shape)
+    block = metadata.pool_block(shape, int(max_elements))
+    pooled = block != (1, 1)
+    if pooled:
+        rows, cols = metadata.to_2d_shape(shape)
+        stored = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
+    else:
+        stored = shape
+    layer = tag.rsplit("/", 1)[0] if "/" in tag else ""
+    return metadata.MomentsContent(
+        orders=orders,
+        shape=shape,
+        stored_shape=stored,
+        pooled=pooled,
+        block=block,
+        dtype=plan.variable.dtype.base_dtype.name,
+        op=op_type,
+        layer=layer,
+        variable=plan.name,
+    )
+
+
+def _pool(x: tf.Tensor, shape, block) -> tf.Tensor:
+    """Block means over the 2-D view; edge blocks average the cells they cover."""
+    rows, cols = metadata.to_2d_shape(shape)
+    br, bc = block
+    pr, pc = (-rows) % br, (-cols) % bc
+    grid = tf.reshape(x, [rows, cols])
+    ones = tf.ones_like(grid)
+    pads = [[0, pr], [0, pc]]
+    total = tf.pad(grid, pads)
+    count = tf.pad(ones, pads)
+    r2, c2 = (rows + pr) // br, (cols + pc) // bc
+
+    def blocks(t):
+        return tf.reduce_sum(tf.reshape(t, [r2, br, c2, bc]), axis=[1, 3])
+
+    return blocks(total) / blocks(count)
+
+
+_SCALAR_MD = scalar_metadata.create_summary_metadata(display_name="", description="")
+_EDGES = np.asarray(metadata.HIST_EDGES, np.float64)
+
+
+def _stats_vector(m1, m2, n, loss, lr):
+    """The STATS_FIELDS sums and the variance histogram of one variable, in float64."""
+    m1 = tf.reshape(tf.cast(m1, tf.float64), [-1])
+    m2 = tf.reshape(tf.cast(m2, tf.float64), [-1])
+    nf = tf.cast(n, tf.float64)
+    biased = tf.maximum(m2 - m1 * m1, 0.0)
+    nan = tf.constant(np.nan, tf.float64)
+    s2 = tf.where(nf > 1.0, biased * nf / tf.maximum(nf - 1.0, 1.0), nan)
+    positive = s2 > 0.0
+    m1sq = m1 * m1
+    gsnr = tf.where(positive, m1sq / tf.where(positive, s2, 1.0), 0.0)
+    finite = tf.math.is_finite(s2)
+    idx = tf.raw_ops.Bucketize(input=tf.boolean_mask(s2, finite), boundaries=list(_EDGES))
+    hist = tf.math.bincount(
+        idx, minlength=metadata.NUM_HIST_BUCKETS, maxlength=metadata.NUM_HIST_BUCKETS
+    )
+    fields = {
+        "batch_size": nf,
+        "num_elements": tf.cast(tf.size(m1), tf.float64),
+        "sum_m2": tf.reduce_sum(m1sq),
+        "sum_var": tf.reduce_sum(s2),
+        "sum_gsnr": tf.reduce_sum(gsnr),
+        "gsnr_count": tf.reduce_sum(tf.cast(positive, tf.float64)),
+        "sum_m2_raw": tf.reduce_sum(m2),
+        "loss": nan if loss is None else loss,
+        "learning_rate": nan if lr is None else lr,
+    }
+    return fields, tf.cast(hist, tf.float64)
+
+
+def _derived(f):
+    """The in-graph twin of `tb_gradmom.stats.derived` (same formulas)."""
+    n, d = f["batch_size"], f["num_elements"]
+    unbiased = f["sum_m2"] - f["sum_var"] / n
+    return {
+        "total_variance": f["sum_var"],
+        "grad_norm_sq": f["sum_m2"],
+        "noise_scale": f["sum_var"] / unbiased,
+        "gsnr_mean": tf.where(
+            f["gsnr_count"] > 0,
+            tf.math.divide_no_nan(f["sum_gsnr"], f["gsnr_count"]),
+            tf.constant(np.nan, tf.float64),
+        ),
+        "norm_test": tf.sqrt(f["sum_var"] / (n * f["sum_m2"])),
+        "eb_criterion": 1.0 - (n / d) * f["sum_gsnr"],
+        "cabs_batch_size": f["learning_rate"] * (f["sum_m2_raw"] - f["sum_m2"]) / f["loss"],
+    }
+
+
+def _pack(fields, hist):
+    head = tf.stack([tf.cast(fields[k], tf.float64) for k in metadata.STATS_FIELDS])
+    return tf.cast(tf.concat([head, hist], 0), tf.float32)
+
+
+def _records(prepared, tags, contents, orders, lr, chunk_size):
+    """The tensors and scalars one logged step writes."""
+    moms = prepared.moments(orders, chunk_size)
+    loss = tf.cast(prepared.loss, tf.float64)
+    n = prepared.n
+    tensors, scalars = [], []  # scalars: (tag, fields)
+    model_fields, model_hist = None, None
+    for tag, content, m in zip(tags, contents, moms):
+        arrays = []
+        for p in orders:
+            a = tf.cast(m[p], tf.float32)
+            if content.pooled:
+                a = _pool(a, content.shape, content.block)
+            arrays.append(a)
+        md = metadata.create_summary_metadata(content)
+        tensors.append((tag, tf.stack(arrays), md))
+        fields, hist = _stats_vector(m[1], m[2], n, loss, lr)
+        stats_md = metadata.create_summary_metadata(metadata.StatsContent(variable=tag))
+        tensors.append((metadata.stats_tag(tag), _pack(fields, hist), stats_md))
+        scalars.append((tag, fields))
+        if model_fields is None:
+            model_fields, model_hist = dict(fields), hist
+        else:
+            for k in ("num_elements", "sum_m2", "sum_var", "sum_gsnr", "gsnr_count", "sum_m2_raw"):
+                model_fields[k] = model_fields[k] + fields[k]
+            model_hist = model_hist + hist
+    model_md = metadata.create_summary_metadata(metadata.StatsContent(variable=metadata.MODEL_TAG))
+    tensors.append(
+        (metadata.stats_tag(metadata.MODEL_TAG), _pack(model_fields, model_hist), model_md)
+    )
+    scalar_values = []
+    for tag, fields in scalars + [(metadata.MODEL_TAG, model_fields)]:
+        derived = _derived(fields)
+        for key in SCALARS:
+            if key == "cabs_batch_size" and lr is None:
+                continue
+            scalar_values.append((tag, f"gradmom/{tag}/{key}", derived[key]))
+    return tensors, scalar_values
+
+
+def _selected_scalars(scalar_values, per_variable_scalars):
+    return [
+        (stag, value)
+        for tag, stag, value in scalar_values
+        if per_variable_scalars or tag == metadata.MODEL_TAG
+    ]
+
+
+def _v1_summary(prepared, tags, contents, orders, lr, chunk_size, per_variable_scalars):
+    """A merged TF1 ``Summary`` with the same tags and tensors as the TF2 path."""
+    tensors, scalar_values = _records(prepared, tags, contents, orders, lr, chunk_size)
+    parts = [
+        tf.raw_ops.TensorSummaryV2(
+            tag=tag, tensor=tensor, serialized_summary_metadata=md.SerializeToString()
+        )
+        for tag, tensor, md in tensors
+    ]
+    parts += [
+        tf.raw_ops.ScalarSummary(tags=stag, values=tf.cast(value, tf.float32))
+        for stag, value in _selected_scalars(scalar_values, per_variable_scalars)
+    ]
+    return tf.raw_ops.MergeSummary(inputs=parts)
