@@ -369,9 +369,27 @@ def write_bench(
         writer.close()
 
 
-if __name__ == "__main__":
-    out = sys.argv[1]
-    if "--bench" in sys.argv[2:]:
-        write_bench(out)
+def _main(argv) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("--bench", action="store_true", help="write the benchmark logdir")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--variables", type=int, default=20)
+    p.add_argument(
+        "--big-max-elements",
+        type=int,
+        default=None,
+        help="pool the 1M-element kernel to at most this many cells (default: full)",
+    )
+    a = p.parse_args(argv)
+    if a.bench:
+        write_bench(a.out, a.runs, a.steps, a.variables, a.big_max_elements)
     else:
-        print(json.dumps(write_fixture(out)))
+        print(json.dumps(write_fixture(a.out)))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
