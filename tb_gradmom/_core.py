@@ -284,12 +284,16 @@ class Prepared:
     scope: str
     loss: tf.Tensor
 
-    def moments(self, orders: Sequence[int], chunk_size: int | None = None) -> list[dict]:
-        """``moments[i][p]`` for every variable, built in the current graph context."""
+    def moments(
+        self, orders: Sequence[int], chunk_size: int | None = None, indices=None
+    ) -> list[dict]:
+        """``moments[i][p]`` for the variables at ``indices`` (default all), in order."""
         orders = _check_orders(orders)
+        indices = range(len(self.plans)) if indices is None else indices
         out = []
         with tf.name_scope(self.scope + "_moments"), tf.control_dependencies(self.checks):
-            for plan, grad in zip(self.plans, self.grads):
+            for i in indices:
+                plan, grad = self.plans[i], self.grads[i]
                 out.append(
                     _moments_of(
                         plan,

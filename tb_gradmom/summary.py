@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
-
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from tb_gradmom import _core, metadata
@@ -53,6 +52,7 @@ def moments(
     learning_rate=None,
     batch_size=None,
     chunk_size: int | None = None,
+    log_only=None,
 ):
     """Computes gradients and logs the moments of the per-example gradients.
 
@@ -84,6 +84,8 @@ def moments(
       learning_rate: optional; with it the CABS batch size is logged.
       batch_size: the number of examples, if it cannot be inferred (checked against the graph).
       chunk_size: examples per chunk for materialised per-example gradients.
+      log_only: optional subset of ``var_list`` to log; gradients are still returned for every
+        variable of ``var_list`` from the same backward pass.
 
     Returns:
       In a ``tf.function``: the gradients, aligned with ``var_list`` (``None`` where the loss
@@ -96,15 +98,18 @@ def moments(
     prepared = _core.prepare(
         loss, var_list, reduction, batch_size=batch_size, name=name or "gradmom_summary"
     )
-    tags = _unique_tags(prepared.names)
+    indices = _log_indices(var_list, log_only)
+    tags = _unique_tags([prepared.names[i] for i in indices])
     contents = [
-        _moments_content(v, tag, orders, prepared.op_type(i), max_elements)
-        for i, (v, tag) in enumerate(zip(prepared.plans, tags))
+        _moments_content(prepared.plans[i], tag, orders, prepared.op_type(i), max_elements)
+        for i, tag in zip(indices, tags)
     ]
     lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
 
     if not tf.inside_function():
-        return _v1_summary(prepared, tags, contents, orders, lr, chunk_size, per_variable_scalars)
+        return _v1_summary(
+            prepared, indices, tags, contents, orders, lr, chunk_size, per_variable_scalars
+        )
 
     should = tf.summary.should_record_summaries()
     if tf.get_static_value(should) is False:
@@ -118,7 +123,7 @@ def moments(
             )
 
     def write():
-        tensors, scalar_values = _records(prepared, tags, contents, orders, lr, chunk_size)
+        tensors, scalar_values = _records(prepared, indices, tags, contents, orders, lr, chunk_size)
         ok = []
         for tag, tensor, md in tensors:
             ok.append(tf.summary.write(tag, tensor, step=step, metadata=md))
@@ -130,6 +135,24 @@ def moments(
 
     tf.cond(should, write, lambda: tf.constant(False), name="gradmom_record")
     return prepared.grads
+
+
+def _log_indices(var_list, log_only) -> list[int]:
+    var_list = list(var_list)
+    if log_only is None:
+        return list(range(len(var_list)))
+    ids = {id(v): i for i, v in enumerate(var_list)}
+    out = []
+    for v in log_only:
+        if id(v) not in ids:
+            raise ValueError(
+                f"log_only holds '{_core.variable_name(v)}', which is not in var_list; "
+                "log_only must be a subset of var_list"
+            )
+        out.append(ids[id(v)])
+    if not out:
+        raise ValueError("log_only is empty: pass None to log every variable of var_list")
+    return out
 
 
 def _unique_tags(names: list[str]) -> list[str]:
@@ -244,9 +267,9 @@ def _pack(fields, hist):
     return tf.cast(tf.concat([head, hist], 0), tf.float32)
 
 
-def _records(prepared, tags, contents, orders, lr, chunk_size):
+def _records(prepared, indices, tags, contents, orders, lr, chunk_size):
     """The tensors and scalars one logged step writes."""
-    moms = prepared.moments(orders, chunk_size)
+    moms = prepared.moments(orders, chunk_size, indices)
     loss = tf.cast(prepared.loss, tf.float64)
     n = prepared.n
     tensors, scalars = [], []  # scalars: (tag, fields)
@@ -292,9 +315,9 @@ def _selected_scalars(scalar_values, per_variable_scalars):
     ]
 
 
-def _v1_summary(prepared, tags, contents, orders, lr, chunk_size, per_variable_scalars):
+def _v1_summary(prepared, indices, tags, contents, orders, lr, chunk_size, per_variable_scalars):
     """A merged TF1 ``Summary`` with the same tags and tensors as the TF2 path."""
-    tensors, scalar_values = _records(prepared, tags, contents, orders, lr, chunk_size)
+    tensors, scalar_values = _records(prepared, indices, tags, contents, orders, lr, chunk_size)
     parts = [
         tf.raw_ops.TensorSummaryV2(
             tag=tag, tensor=tensor, serialized_summary_metadata=md.SerializeToString()
