@@ -1,0 +1,155 @@
+"""A Keras callback that logs per-example gradient moments during ``model.fit``.
+
+    model.fit(x, y, callbacks=[gradmom.keras.GradMoments("runs/exp1", every_n_steps=100)])
+
+Keras callbacks never see gradients, so the callback swaps the model's ``train_step`` for one
+that computes the loss exactly as Keras does, gets the gradients and the moments from one
+backward pass (`tb_gradmom.summary.moments`), and applies the gradients with the model's
+optimizer. Training is unchanged: same losses, same weights. The original ``train_step`` is
+put back when training ends.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import warnings
+from collections.abc import Sequence
+
+import keras
+import tensorflow as tf
+
+from tb_gradmom import summary as _summary
+
+__all__ = ["GradMoments"]
+
+
+class GradMoments(keras.callbacks.Callback):
+    """Logs gradient moments to ``log_dir`` every ``every_n_steps`` training steps.
+
+    A step is logged when the optimizer's iteration count *before* the update is a multiple of
+    ``every_n_steps``: steps 0, N, 2N, ... (the step written is that count). The other steps run
+    no moment ops and cost the same as plain training.
+
+    Args:
+      log_dir: the run directory to write event files to (``tensorboard --logdir`` its parent,
+        or the directory itself).
+      every_n_steps: how often to log.
+      orders: moment orders (1 and 2 are always logged).
+      variables: the variables to log (default: all of ``model.trainable_weights``). Gradients
+        of every trainable weight still come from the same backward pass.
+      max_elements: see `tb_gradmom.summary.moments`.
+      per_variable_scalars: also write per-variable scalars for the Scalars dashboard.
+      log_learning_rate: pass the optimizer's learning rate so the CABS batch size is logged.
+    """
+
+    def __init__(
+        self,
+        log_dir: str,
+        every_n_steps: int = 100,
+        orders: Sequence[int] = (1, 2),
+        variables: Sequence | None = None,
+        max_elements: int = _summary.DEFAULT_MAX_ELEMENTS,
+        per_variable_scalars: bool = True,
+        log_learning_rate: bool = True,
+    ):
+        super().__init__()
+        if int(every_n_steps) < 1:
+            raise ValueError(f"every_n_steps must be a positive integer, got {every_n_steps}")
+        self.log_dir = os.fspath(log_dir)
+        self.every_n_steps = int(every_n_steps)
+        self.orders = tuple(orders)
+        self.variables = None if variables is None else list(variables)
+        self.max_elements = int(max_elements)
+        self.per_variable_scalars = bool(per_variable_scalars)
+        self.log_learning_rate = bool(log_learning_rate)
+        self._writer = None
+        self._had_instance_step = False
+        self._instance_step = None
+        self._jit = None
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        if keras.backend.backend() != "tensorflow":
+            raise RuntimeError(
+                "gradmom.keras.GradMoments needs the TensorFlow backend of Keras "
+                f"(KERAS_BACKEND=tensorflow); this Keras runs on {keras.backend.backend()!r}"
+            )
+        if model.optimizer is None:
+            raise RuntimeError("GradMoments: compile the model with an optimizer before fit")
+        self._writer = tf.summary.create_file_writer(self.log_dir)
+        self._had_instance_step = "train_step" in model.__dict__
+        self._instance_step = model.__dict__.get("train_step")
+        if getattr(model, "jit_compile", False):
+            warnings.warn(
+                "GradMoments turns off jit_compile while it is attached: summary writes cannot "
+                "run inside XLA.",
+                stacklevel=2,
+            )
+            self._jit = model.jit_compile
+            model.jit_compile = False
+        model.train_step = types.MethodType(_make_train_step(self), model)
+        model.make_train_function(force=True)
+
+    def on_train_end(self, logs=None):
+        model = self.model
+        if self._had_instance_step:
+            model.train_step = self._instance_step
+        else:
+            model.__dict__.pop("train_step", None)
+        if self._jit is not None:
+            model.jit_compile = self._jit
+            self._jit = None
+        model.train_function = None  # the next fit builds a plain train function again
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+
+
+def _make_train_step(cb: GradMoments):
+    # Mirrors keras/src/backend/tensorflow/trainer.py `train_step` (Keras 3), with the gradients
+    # taken by gradmom.summary.moments instead of a GradientTape.
+    from keras.src import tree
+    from keras.src.losses import loss as loss_module
+    from keras.src.trainers import data_adapters
+
+    def train_step(self, data):
+        x, y, sample_weight = data_adapters.data_adapter_utils.unpack_x_y_sample_weight(data)
+        if self._call_has_training_arg:
+            y_pred = self(x, training=True)
+        else:
+            y_pred = self(x)
+        loss = self._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
+        self._loss_tracker.update_state(
+            loss_module.unscale_loss_for_distribution(loss),
+            sample_weight=tf.shape(next(i for i in tree.flatten(x) if i is not None))[0],
+        )
+        scaled = self.optimizer.scale_loss(loss)
+        if self.trainable_weights:
+            weights = self.trainable_weights
+            step = tf.cast(self.optimizer.iterations, tf.int64)
+            lr = None
+            if cb.log_learning_rate:
+                lr = tf.cast(self.optimizer.learning_rate, tf.float64)
+            with (
+                cb._writer.as_default(step=step),
+                tf.summary.record_if(tf.equal(step % cb.every_n_steps, 0)),
+            ):
+                grads = _summary.moments(
+                    scaled,
+                    weights,
+                    orders=cb.orders,
+                    max_elements=cb.max_elements,
+                    per_variable_scalars=cb.per_variable_scalars,
+                    learning_rate=lr,
+                    log_only=cb.variables,
+                )
+            self.optimizer.apply_gradients(zip(grads, weights))
+        else:
+            warnings.warn("The model does not have any trainable weights.", stacklevel=2)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    return train_step
