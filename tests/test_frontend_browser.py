@@ -143,27 +143,45 @@ def _write_run(run_dir: Path, seed: int, steps=(0, 10, 20, 30, 40), n: int = 32)
     from tb_gradmom import metadata, stats
 
     rng = np.random.default_rng(seed)
+    # tag: (shape, op, max_elements): "wide/kernel" is stored block-pooled, as the writer does
+    # for a variable bigger than max_elements.
     variables = {
-        "dense/kernel": ((6, 4), "MatMul"),
-        "dense/bias": ((4,), "BiasAdd"),
-        "conv2d/kernel": ((3, 3, 2, 5), "Conv2D"),
+        "dense/kernel": ((6, 4), "MatMul", None),
+        "dense/bias": ((4,), "BiasAdd", None),
+        "conv2d/kernel": ((3, 3, 2, 5), "Conv2D", None),
+        "big/kernel": ((96, 64), "MatMul", None),
+        "wide/kernel": ((40, 600), "MatMul", 2048),
     }
     writer = tf.summary.create_file_writer(str(run_dir))
     with writer.as_default():
         for k, step in enumerate(steps):
             model = None
-            for tag, (shape, op) in variables.items():
+            for tag, (shape, op, max_elements) in variables.items():
                 m1 = rng.normal(0.0, 0.1, shape) / (1 + k)
                 var = 10.0 ** rng.uniform(-6, -2, shape)
                 m2 = m1**2 + var * (n - 1) / n
-                moments = np.stack([m1, m2]).astype(np.float32)
-                m1, m2 = moments.astype(np.float64)
+                m1, m2 = np.stack([m1, m2]).astype(np.float32).astype(np.float64)
+                block = (1, 1)
+                stored = np.stack([m1, m2])
+                if max_elements is not None:
+                    block = metadata.pool_block(shape, max_elements)
+                    r, c = metadata.to_2d_shape(shape)
+                    br, bc = block
+                    grid = stored.reshape(2, r, c)
+                    pr, pc = -(-r // br), -(-c // bc)
+                    pad = np.full((2, pr * br, pc * bc), np.nan)
+                    pad[:, :r, :c] = grid
+                    stored = np.nanmean(pad.reshape(2, pr, br, pc, bc), axis=(2, 4))
                 content = metadata.MomentsContent(
-                    orders=(1, 2), shape=shape, stored_shape=shape, op=op,
+                    orders=(1, 2), shape=shape, stored_shape=stored.shape[1:],
+                    pooled=block != (1, 1), block=block, op=op,
                     layer=tag.split("/")[0], variable=tag,
                 )  # fmt: skip
                 tf.summary.write(
-                    tag, moments, step=step, metadata=metadata.create_summary_metadata(content)
+                    tag,
+                    stored.astype(np.float32),
+                    step=step,
+                    metadata=metadata.create_summary_metadata(content),
                 )
                 sums = stats.sums_from_moments(m1, m2, n)
                 s2 = (m2 - m1**2) * n / (n - 1)
@@ -362,8 +380,10 @@ def page(browser, tensorboard):
 
 
 def shot(page, name: str) -> Path:
+    """A full-page screenshot, scrolled to the top (sticky bars where they belong)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / name
+    page.evaluate("() => window.scrollTo(0, 0)")
     page.screenshot(path=str(path), full_page=True)
     return path
 
@@ -691,7 +711,7 @@ def test_summary_table_sorts_and_opens_heatmap(page):
     step = max(tags["model"]["alpha"]["steps"])
     ref = get_json(page.base, "summary", run="alpha", step=step)
     rows = pg.locator("table.summary tbody tr")
-    assert rows.count() == len(ref["rows"]) == 3
+    assert rows.count() == len(ref["rows"]) == len(tags["runs"]["alpha"])
     # Sorted by total variance, descending, by default.
     order = [rows.nth(k).get_attribute("data-tag") for k in range(rows.count())]
     want = [r["tag"] for r in sorted(ref["rows"], key=lambda r: -js_value(r["total_variance"]))]
@@ -725,7 +745,9 @@ def test_regex_filter_and_step_slider(page):
     pg.fill("input.tag-filter", "KERNEL$")
     page.settle()
     shown = pg.locator(".tag-list button").evaluate_all("bs => bs.map(b => b.dataset.tag)")
-    assert shown == ["conv2d/kernel", "dense/kernel"]
+    assert shown == sorted(
+        t for t in get_json(page.base, "tags")["runs"]["alpha"] if t.endswith("kernel")
+    )
     pg.fill("input.tag-filter", "(")
     assert "Invalid regular expression" in pg.locator(".filter-error").inner_text()
     pg.fill("input.tag-filter", "")
@@ -774,3 +796,65 @@ def test_reload_picks_up_a_new_run(page, logdir):
         page.settle()
     choose(pg, "select.run-select", "gamma", page)
     assert pg.locator("output.step-value").inner_text() == "5"
+
+
+def test_heatmap_zoom_keeps_cells_and_colours(page):
+    pg = open_variable_page(page, "alpha", "big/kernel", "variance")
+    data = heatmap_json(page, "alpha", "big/kernel", "variance")
+    rows, cols = data["rows"], data["cols"]
+    assert (rows, cols) == (96, 64)
+    values = [js_value(v) for v in data["values"]]
+    lo, hi = min(values), max(values)
+    lut = colormap_lut("viridis")
+    canvas = pg.locator(".heatmap-canvas")
+    box = canvas.bounding_box()
+    row, col = 30, 17
+    x = box["x"] + (col + 0.5) * box["width"] / cols
+    y = box["y"] + (row + 0.5) * box["height"] / rows
+    pg.mouse.move(x, y)
+    for _ in range(4):
+        pg.mouse.wheel(0, -400)
+        pg.wait_for_timeout(100)
+    k = pg.evaluate("() => window.gradmom.views.heatmap.transform.k")
+    assert k > 3, k
+    # Zooming about the pointer keeps the same cell under it, now drawn much bigger.
+    pairs = dict(
+        pg.locator(".heatmap-figure .tooltip .tip-row").evaluate_all(
+            "rows => rows.map(r => [r.querySelector('.tip-key').textContent,"
+            " r.querySelector('.tip-value').textContent])"
+        )
+    )
+    assert pairs["index"] == f"[{row}, {col}]", pairs
+    pg.mouse.move(0, 0)
+    img = decode_png(canvas.screenshot())
+    got = tuple(int(c) for c in img[int(y - box["y"]), int(x - box["x"]), :3])
+    assert got == expected_colour(values[row * cols + col], lo, hi, lut)
+    shot(pg, "heatmap_zoomed.png")
+    pg.dblclick(".heatmap-canvas")
+    pg.wait_for_function("() => window.gradmom.views.heatmap.transform.k === 1")
+
+
+def test_pooled_variable_shows_block_ranges(page):
+    pg = open_variable_page(page, "alpha", "wide/kernel", "variance")
+    data = heatmap_json(page, "alpha", "wide/kernel", "variance")
+    assert data["pooled"] and data["block"] != [1, 1]
+    br, bc = data["block"]
+    r_total, c_total = data["grid_shape"]
+    check_cell_colours(pg.locator(".heatmap-canvas").screenshot(), data, "viridis", "linear")
+    box = pg.locator(".heatmap-canvas").bounding_box()
+    row, col = data["rows"] - 1, data["cols"] - 1  # the last block may be cut by the edge
+    pg.mouse.move(
+        box["x"] + (col + 0.5) * box["width"] / data["cols"],
+        box["y"] + (row + 0.5) * box["height"] / data["rows"],
+    )
+    text = pg.locator(".heatmap-figure .tooltip .tip-value").first.text_content()
+
+    def span(a, b):
+        return str(a) if a == b else f"{a}–{b}"
+
+    r0, r1 = row * br, min((row + 1) * br, r_total) - 1
+    c0, c1 = col * bc, min((col + 1) * bc, c_total) - 1
+    assert text == f"rows {span(r0, r1)}, cols {span(c0, c1)}"
+    subtitle = pg.locator("#heatmap-card text.subtitle").text_content()
+    assert f"block means of {br}×{bc}" in subtitle
+    pg.mouse.move(0, 0)

@@ -38,7 +38,7 @@ export class CurvesView {
   update(model) {
     this.model = model;
     const width = Math.max(360, Math.min(this.container.clientWidth || 720, 1100));
-    this.size = { width, height: 300 };
+    this.size = { width, height: 300 + Math.max(0, 14 * model.series.length - 24) };
     const svg = this.figure(model.theme, true);
     this.tooltip = h("div", { class: "tooltip", role: "tooltip", hidden: true });
     const fig = h("div", { class: "figure", style: `width:${width}px` }, [svg.node(), this.tooltip]);
@@ -61,8 +61,10 @@ export class CurvesView {
     const svg = newFigure(width, height, theme);
     drawTitle(svg, `${METRICS[metric] ?? metric}: ${label}`,
       `${series.length} run${series.length === 1 ? "" : "s"}${logy ? " · log y" : ""}`, theme);
+    // The legend (one line per run, top right) pushes the plot down when there are many runs.
+    const top = Math.max(MARGIN.top, 24 + 14 * series.length);
     const plotW = width - MARGIN.left - MARGIN.right;
-    const plotH = height - MARGIN.top - MARGIN.bottom;
+    const plotH = height - top - MARGIN.bottom;
     const allSteps = series.flatMap((s) => s.steps);
     const allValues = series.flatMap((s) => s.values);
     const yext = finiteExtent(allValues, logy ? "log" : "linear");
@@ -79,7 +81,7 @@ export class CurvesView {
     const y = logy
       ? d3.scaleLog().domain([y0, y1]).range([plotH, 0])
       : d3.scaleLinear().domain(niceDomain(y0, y1, 5)).range([plotH, 0]);
-    const g = svg.append("g").attr("transform", `translate(${MARGIN.left},${MARGIN.top})`);
+    const g = svg.append("g").attr("transform", `translate(${MARGIN.left},${top})`);
     drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, {
       orient: "bottom", theme, label: "step", count: Math.floor(plotW / 90),
       tickValues: x.ticks(Math.floor(plotW / 90)).filter(Number.isInteger), tickFormat: (v) => String(v),
@@ -109,7 +111,7 @@ export class CurvesView {
       const rule = g.append("line").attr("class", "rule").attr("y1", 0).attr("y2", plotH)
         .attr("stroke", theme.axis).attr("stroke-dasharray", "3,3").attr("visibility", "hidden");
       g.append("rect").attr("class", "hover-target").attr("width", plotW).attr("height", plotH).attr("fill", "transparent")
-        .on("pointermove", (event) => this.hover(event, x, rule, plotW))
+        .on("pointermove", (event) => this.hover(event, x, rule, plotW, top))
         .on("pointerleave", () => {
           rule.attr("visibility", "hidden");
           this.tooltip.hidden = true;
@@ -118,7 +120,7 @@ export class CurvesView {
     return svg;
   }
 
-  hover(event, x, rule, plotW) {
+  hover(event, x, rule, plotW, top) {
     const [px, py] = d3.pointer(event);
     const wanted = x.invert(px);
     const rows = [];
@@ -143,7 +145,7 @@ export class CurvesView {
     tip.hidden = false;
     const left = MARGIN.left + px + 14;
     tip.style.left = `${left + 240 > MARGIN.left + plotW ? MARGIN.left + px - 14 - tip.offsetWidth : left}px`;
-    tip.style.top = `${MARGIN.top + py + 10}px`;
+    tip.style.top = `${top + py + 10}px`;
   }
 
   csv() {

@@ -155,14 +155,17 @@ export class HeatmapView {
       const hist = histogram(data.values, 48, scale);
       const maxCount = Math.max(1, ...hist.counts);
       const dist = bar.append("g").attr("class", "distribution");
+      dist.append("line").attr("x1", -3).attr("x2", -3).attr("y1", 0).attr("y2", L.barH)
+        .attr("stroke", theme.grid).attr("stroke-width", 1);
       hist.counts.forEach((c, k) => {
         if (!c) return;
         const y0 = s(hist.edges[k + 1]);
         const y1 = s(hist.edges[k]);
-        const wdt = 8 * (c / maxCount);
-        dist.append("rect").attr("x", -2 - wdt).attr("y", Math.min(y0, y1)).attr("width", wdt)
-          .attr("height", Math.max(0.5, Math.abs(y1 - y0))).attr("fill", theme.muted).attr("fill-opacity", 0.7);
+        const wdt = Math.max(1.5, 12 * (c / maxCount));
+        dist.append("rect").attr("x", -3 - wdt).attr("y", Math.min(y0, y1)).attr("width", wdt)
+          .attr("height", Math.max(1, Math.abs(y1 - y0))).attr("fill", theme.muted);
       });
+      dist.append("title").text("distribution of the values over the colour scale");
     }
     const missing = data.values.some((v) => Number.isNaN(normalizer(domain, scale)(v)));
     if (missing) {
@@ -270,7 +273,7 @@ export class HeatmapView {
     for (const [name, d] of Object.entries(extras ?? {})) {
       if (name !== stat && d && d.values.length === data.values.length) lines.push([name, formatValue(d.values[k], 6)]);
     }
-    tip.replaceChildren(...lines.map(([a, b], i) => h("div", { class: i === 1 ? "tip-row main" : "tip-row" }, [
+    tip.replaceChildren(...lines.map(([a, b], i) => h("div", { class: i === 1 ? "tip-row tip-main" : "tip-row" }, [
       h("span", { class: "tip-key", text: a }), h("span", { class: "tip-value", text: b }),
     ])));
     tip.dataset.row = cell.row;

@@ -88,7 +88,10 @@ export class HistogramView {
     // Offset view: oldest step at the top, newest in front at the bottom.
     const shown = thinSeries(series);
     const maxCount = Math.max(1, ...shown.flatMap((s) => s.counts));
-    const ridgeH = Math.min(plotH * 0.5, Math.max(24, (plotH / Math.max(1, shown.length)) * 4));
+    // Each ridge is OVERLAP times as tall as the spacing between baselines (the oldest at the
+    // top, its ridge fully inside the plot): ridgeH = OVERLAP * (plotH - ridgeH) / (n - 1).
+    const OVERLAP = 2.5;
+    const ridgeH = (OVERLAP * plotH) / (shown.length - 1 + OVERLAP);
     const yStep = d3.scaleLinear().domain([shown[0].step, shown[shown.length - 1].step]).range([ridgeH, plotH]);
     if (shown.length === 1) yStep.domain([shown[0].step - 1, shown[0].step]);
     drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, { orient: "bottom", log, theme, label: xlabel, count: Math.floor(plotW / 80) });

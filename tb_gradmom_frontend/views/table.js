@@ -64,7 +64,7 @@ export class TableView {
     }));
     const body = h("tbody", {}, this.sorted().map((row) => {
       const tr = h("tr", { class: row.tag === selected ? "selected" : "", tabindex: 0, "data-tag": row.tag, title: "Open the heatmap of this variable" },
-        COLUMNS.map((col) => h("td", { class: col.numeric ? "num" : "tag", text: cellText(col, row[col.key]) })));
+        COLUMNS.map((col) => h("td", { class: col.numeric ? "num" : "tag-cell", text: cellText(col, row[col.key]) })));
       tr.addEventListener("click", () => this.onSelect(row.tag));
       tr.addEventListener("keydown", (e) => { if (e.key === "Enter") this.onSelect(row.tag); });
       return tr;
