@@ -49,7 +49,6 @@ class _Progress:
 
 
 def _mixture(rng, n, dim=32, classes=10):
-    import numpy as np
 
     centers = rng.normal(size=(classes, dim)).astype("float32") * 1.5
     y = rng.integers(0, classes, size=n)
