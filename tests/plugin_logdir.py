@@ -13,6 +13,8 @@ Usage (TensorFlow is imported only by the writing functions)::
 
 The test fixture has these runs:
 
+* ``keras``: a tiny Keras model (Conv2D, Dense) trained with the real writer,
+  `tb_gradmom.summary.moments`, with its brute-force per-example gradients saved beside it.
 * ``train``: Dense, bias, Conv2D, Conv1D and scalar variables, a pooled variable, one with
   orders 1-4, one with NaN and Inf moments, one without a stats tag, ``_model/_stats``, loss
   and learning rate, and a scalar ``loss`` tag from TensorBoard's scalar plugin.
@@ -267,6 +269,7 @@ def write_fixture(logdir: str) -> dict:
     """Writes the test fixture under ``logdir``; returns a description (also saved as JSON)."""
     tf = _tf()
     os.makedirs(logdir, exist_ok=True)
+    write_keras_run(logdir)
     write_run(logdir, "train", TRAIN_VARS, TRAIN_STEPS, scalar=True)
 
     # eval: a tag of a newer format and a tag whose tensor does not match its metadata.
@@ -318,6 +321,72 @@ def write_fixture(logdir: str) -> dict:
     with open(os.path.join(logdir, "fixture.json"), "w") as f:
         json.dump(desc, f)
     return desc
+
+
+# ------------------------------------------------------------------ the real writer
+
+KERAS_RUN = "keras"
+KERAS_STEPS = 4
+KERAS_BATCH = 6
+KERAS_MAX_ELEMENTS = 64  # pools the Dense kernel [27, 4] (108 elements)
+KERAS_LR = 0.05
+
+
+def write_keras_run(logdir: str, run: str = KERAS_RUN) -> None:
+    """A tiny Keras model trained with `tb_gradmom.summary.moments` (the real writer).
+
+    Before each step the per-example gradients ``d l_j / d theta`` are computed one example at
+    a time with a `tf.GradientTape` (at the weights the step logs) and saved to
+    ``<logdir>/<run>_reference.npz``: ``names`` (the variables' paths), ``steps``, and
+    ``g<i>_<step>`` = ``[n, *shape]`` for variable ``i``.
+    """
+    tf = _tf()
+    import keras
+
+    import tb_gradmom as gradmom
+
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential(
+        [
+            keras.Input((5, 5, 2)),
+            keras.layers.Conv2D(3, 3, activation="tanh", name="conv"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(4, activation="tanh", name="hidden"),
+            keras.layers.Dense(1, name="out"),
+        ]
+    )
+    variables = model.trainable_variables
+    opt = keras.optimizers.SGD(KERAS_LR)
+    writer = tf.summary.create_file_writer(os.path.join(logdir, run))
+    rng = np.random.default_rng(11)
+
+    def per_example_loss(x, y):
+        return tf.reduce_mean(tf.square(model(x) - y), axis=1)
+
+    @tf.function
+    def train_step(x, y, step):
+        with writer.as_default(step=step):
+            loss = tf.reduce_mean(per_example_loss(x, y))
+            grads = gradmom.summary.moments(
+                loss, variables, max_elements=KERAS_MAX_ELEMENTS, learning_rate=KERAS_LR
+            )
+        opt.apply_gradients(zip(grads, variables))
+        return loss
+
+    ref = {"names": np.asarray([v.path for v in variables]), "steps": np.arange(KERAS_STEPS)}
+    for step in range(KERAS_STEPS):
+        x = rng.normal(size=(KERAS_BATCH, 5, 5, 2)).astype(np.float32)
+        y = rng.normal(size=(KERAS_BATCH, 1)).astype(np.float32)
+        rows = []
+        for j in range(KERAS_BATCH):
+            with tf.GradientTape() as tape:
+                lj = per_example_loss(x[j : j + 1], y[j : j + 1])[0]
+            rows.append([np.asarray(g, dtype=np.float64) for g in tape.gradient(lj, variables)])
+        for i in range(len(variables)):
+            ref[f"g{i}_{step}"] = np.stack([r[i] for r in rows])
+        train_step(tf.constant(x), tf.constant(y), tf.constant(step, tf.int64))
+    writer.close()
+    np.savez(os.path.join(logdir, f"{run}_reference.npz"), **ref)
 
 
 # --------------------------------------------------------------------------- benchmark
