@@ -112,15 +112,15 @@ class Reader:
 
     # ----------------------------------------------------------------------- listing
 
-    def index(self, ctx, experiment_id: str, run: str | None = None, tag: str | None = None):
-        """``{run: RunIndex}`` of every readable Grad Moments tag (optionally one run/tag).
+    def index(self, ctx, experiment_id: str, run: str | None = None, tags=None):
+        """``{run: RunIndex}`` of every readable Grad Moments tag (optionally of one run/tags).
 
         Tags whose content message cannot be parsed (a newer format, a corrupt header) are
         left out and logged once each.
         """
         rtf = None
         if run is not None:
-            rtf = provider.RunTagFilter(runs=[run], tags=None if tag is None else [tag])
+            rtf = provider.RunTagFilter(runs=[run], tags=None if tags is None else list(tags))
         listing = self._provider.list_tensors(
             ctx, experiment_id=experiment_id, plugin_name=PLUGIN, run_tag_filter=rtf
         )
@@ -155,15 +155,22 @@ class Reader:
     def moments_entry(
         self, ctx, experiment_id: str, run: str, tag: str
     ) -> tuple[TagEntry, RunIndex]:
-        """The entry of moments tag ``tag`` in ``run``, or `errors.NotFoundError`."""
-        ri = self.run_index(ctx, experiment_id, run)
-        entry = ri.moments.get(tag)
+        """The entry of moments tag ``tag`` in ``run`` (and a `RunIndex` with its stats tag).
+
+        Lists only the two tags: the data provider then scans only their events.
+
+        Raises:
+          errors.NotFoundError: unknown run, unknown tag, or a stats tag.
+        """
+        ri = self.index(ctx, experiment_id, run=run, tags=[tag, metadata.stats_tag(tag)]).get(run)
+        entry = ri.moments.get(tag) if ri is not None else None
         if entry is None:
-            if tag in ri.stats:
+            if ri is not None and tag in ri.stats:
                 raise errors.NotFoundError(
                     f"tag {tag!r} in run {run!r} is a stats tag, not a moments tag; "
                     f"ask for {tag[: -len(metadata.STATS_SUFFIX)]!r} instead"
                 )
+            self.run_index(ctx, experiment_id, run)  # raises for an unknown run
             raise errors.NotFoundError(f"run {run!r} has no moments tag {tag!r}")
         return entry, ri
 

@@ -1,0 +1,301 @@
+"""Benchmark of the TensorBoard plugin's routes on a big logdir (not a test).
+
+    python benchmarks/bench_plugin.py                 # Python loader, in process
+    python benchmarks/bench_plugin.py --rustboard     # also a `tensorboard --load_fast=true`
+
+The logdir (3 runs x 500 steps x 20 variables, one a 1000 x 1000 kernel) is written once by
+`tests/plugin_logdir.py --bench` and cached in ``--cache`` (default /tmp/gradmom_bench). By
+default the big kernel is stored pooled to 65,536 cells, as `tb_gradmom.summary.moments` does
+by default (``DEFAULT_MAX_ELEMENTS``); ``--full`` also measures a run storing it at full
+resolution (1M cells, fewer steps, to keep the logdir on disk and in TensorBoard's memory).
+
+Cold = the plugin's cache emptied before the request; warm = the same request again. Figures
+are medians over ``--repeat`` requests; peak RSS is the process's high-water mark (for
+RustBoard, the TensorBoard process plus its data server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+GEN = os.path.join(ROOT, "tests", "plugin_logdir.py")
+P = "/data/plugin/gradmom/"
+BIG = "big/kernel"
+SMALL = "dense_0/kernel"
+
+
+def ensure_logdir(path: str, *gen_args: str) -> str:
+    """Writes the logdir with the fixture generator unless a complete one is cached."""
+    if os.path.isdir(path):
+        return path
+    tmp = path + ".tmp"
+    subprocess.run(["rm", "-rf", tmp], check=True)
+    print(f"writing {path} (once; several minutes) ...", flush=True)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    subprocess.run([sys.executable, GEN, tmp, "--bench", *gen_args], check=True, env=env)
+    os.rename(tmp, path)
+    return path
+
+
+def median_ms(fn, repeat: int, before=None) -> float:
+    times = []
+    for _ in range(repeat):
+        if before is not None:
+            before()
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------------ Python loader
+
+
+def python_app(logdir: str):
+    from tensorboard import program
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_ingester
+    from tensorboard.plugins.core import core_plugin
+    from werkzeug.test import Client
+
+    from tb_gradmom.plugin_loader import GradMomentsPluginLoader
+
+    class Loader(GradMomentsPluginLoader):
+        plugin = None
+
+        def load(self, context):
+            self.plugin = super().load(context)
+            return self.plugin
+
+    loader = Loader()
+    loaders = [core_plugin.CorePluginLoader(), loader]
+    tb = program.TensorBoard(plugins=loaders, assets_zip_provider=lambda: None)
+    tb.configure(["", "--logdir", logdir, "--reload_interval", "0", "--reload_task", "blocking"])
+    t = time.perf_counter()
+    ingester = data_ingester.LocalDataIngester(tb.flags)
+    ingester.start()
+    load_s = time.perf_counter() - t
+    app = application.TensorBoardWSGIApp(
+        tb.flags, loaders, ingester.data_provider, None, ingester.deprecated_multiplexer
+    )
+    return Client(app), loader.plugin, load_s
+
+
+def bench_python(
+    logdir: str, repeat: int, label: str, steps: int, runs=("run0", "run1", "run2")
+) -> dict:
+    client, plugin, load_s = python_app(logdir)
+    clear = plugin._cache.clear
+
+    def get(route, **q):
+        r = client.get(P + route, query_string=q)
+        assert r.status_code == 200, (route, q, r.status_code, r.get_data()[:300])
+        return r.get_data()
+
+    mid = steps // 2
+    out = {"logdir": label, "loader": "python", "ingest_s": round(load_s, 1)}
+    out["tags_cold_ms"] = median_ms(lambda: get("tags"), repeat, before=clear)
+    out["tags_warm_ms"] = median_ms(lambda: get("tags"), repeat)
+    r0, r1, r2 = (list(runs) * 3)[:3]
+    hm = {"run": r0, "tag": BIG, "stat": "variance"}
+    out["heatmap_latest_cold_ms"] = median_ms(lambda: get("heatmap", **hm), repeat, before=clear)
+    out["heatmap_latest_warm_ms"] = median_ms(lambda: get("heatmap", **hm), repeat)
+    out["heatmap_step_cold_ms"] = median_ms(
+        lambda: get("heatmap", step=mid, **hm), repeat, before=clear
+    )
+    out["heatmap_step_warm_ms"] = median_ms(lambda: get("heatmap", step=mid, **hm), repeat)
+    # Scrubbing: after one full read, neighbouring steps are cached (moments, not responses).
+    near = iter(range(mid + 1, mid + 1 + repeat))
+    out["heatmap_next_step_ms"] = median_ms(lambda: get("heatmap", step=next(near), **hm), repeat)
+    stats_cycle = iter(["snr", "std", "mean", "biased_variance", "second_moment"] * repeat)
+    out["heatmap_new_stat_ms"] = median_ms(
+        lambda: get("heatmap", run=r0, tag=BIG, stat=next(stats_cycle)), repeat
+    )
+    big1024 = {"run": r0, "tag": BIG, "max_rows": 1024, "max_cols": 1024}
+    out["heatmap_1024_cold_ms"] = median_ms(lambda: get("heatmap", **big1024), repeat, clear)
+    hist = {"run": r0, "tag": BIG, "step": "all", "bins": 30}
+    out["histogram_all_cold_ms"] = median_ms(lambda: get("histogram", **hist), repeat, clear)
+    out["histogram_all_warm_ms"] = median_ms(lambda: get("histogram", **hist), repeat)
+    small = {"run": r1, "tag": SMALL, "step": "all", "scale": "log"}
+    out["histogram_all_small_cold_ms"] = median_ms(lambda: get("histogram", **small), repeat, clear)
+    out["series_cold_ms"] = median_ms(lambda: get("series", run=r2), repeat, clear)
+    out["summary_cold_ms"] = median_ms(lambda: get("summary", run=r2), repeat, clear)
+    out["heatmap_bytes"] = len(get("heatmap", **hm))
+    out["cache_mb"] = round(plugin._cache.size_bytes / 2**20, 1)
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return out
+
+
+# ---------------------------------------------------------------------- RustBoard
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _hwm_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def bench_rustboard(logdir: str, repeat: int, label: str, steps: int) -> dict:
+    import tempfile
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import pathlib
+
+    import test_plugin_subprocess as tps
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="gradmom_bench_tb_"))
+    t = time.perf_counter()
+    server = _launch(tps, logdir, tmp)
+    try:
+        while True:  # ready when every run's whole-model stats are in
+            d = json.loads(urllib.request.urlopen(server.url + P + "tags", timeout=600).read())
+            if len(d.get("model", {})) == 3 and all(
+                len(m["steps"]) == steps for m in d["model"].values()
+            ):
+                break
+            time.sleep(1)
+        load_s = time.perf_counter() - t
+
+        def get(route, **q):
+            url = server.url + P + route + ("?" + urllib.parse.urlencode(q) if q else "")
+            with urllib.request.urlopen(url, timeout=120) as r:
+                assert r.status == 200
+                return r.read()
+
+        mid = steps // 2
+        runs = iter(["run0", "run1", "run2"] * repeat)
+        out = {"logdir": label, "loader": "rustboard", "ready_s": round(load_s, 1)}
+        out["tags_first_ms"] = median_ms(lambda: get("tags"), 1)
+        out["tags_warm_ms"] = median_ms(lambda: get("tags"), repeat)
+        # Cold: each run once (nothing of it cached yet).
+        out["heatmap_latest_cold_ms"] = median_ms(
+            lambda: get("heatmap", run=next(runs), tag=BIG), 3
+        )
+        out["heatmap_latest_warm_ms"] = median_ms(
+            lambda: get("heatmap", run="run0", tag=BIG), repeat
+        )
+        out["heatmap_step_cold_ms"] = median_ms(
+            lambda: get("heatmap", run=next(runs), tag=BIG, step=mid), 3
+        )
+        near = iter(range(mid + 1, mid + 1 + repeat))
+        out["heatmap_next_step_ms"] = median_ms(
+            lambda: get("heatmap", run="run0", tag=BIG, step=next(near)), repeat
+        )
+        out["histogram_all_cold_ms"] = median_ms(
+            lambda: get("histogram", run=next(runs), tag=BIG, step="all", bins=31), 3
+        )
+        out["histogram_all_warm_ms"] = median_ms(
+            lambda: get("histogram", run="run0", tag=BIG, step="all", bins=31), repeat
+        )
+        pids = [server.proc.pid, *_children(server.proc.pid)]
+        out["peak_rss_mb"] = round(sum(_hwm_mb(p) for p in pids))
+    finally:
+        tps.stop(server)
+    return out
+
+
+def _launch(tps, logdir, tmp):
+    import re
+
+    pythonpath = [ROOT]
+    if not tps._entry_point_installed():
+        dist = tmp / "ep" / "tb_gradmom-0.1.0.dist-info"
+        dist.mkdir(parents=True, exist_ok=True)
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tb_gradmom\nVersion: 0.1.0\n")
+        (dist / "entry_points.txt").write_text(f"[tensorboard_plugins]\n{tps.ENTRY_POINT}\n")
+        pythonpath.insert(0, str(tmp / "ep"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath), TF_CPP_MIN_LOG_LEVEL="3")
+    log = str(tmp / "tensorboard.log")
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                logdir,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--reload_interval",
+                "0",
+                "--load_fast=true",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+        )
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        m = re.search(r"(http://127\.0\.0\.1:\d+)/", open(log).read())
+        if m:
+            return tps.Server(m.group(1), proc, log)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(open(log).read()[-2000:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache", default="/tmp/gradmom_bench")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--rustboard", action="store_true", help="also time --load_fast=true")
+    ap.add_argument(
+        "--full",
+        action="store_true",
+        help="also a run storing the 1M kernel unpooled (1 run x 100 steps)",
+    )
+    a = ap.parse_args()
+    pooled = ensure_logdir(os.path.join(a.cache, "pooled"), "--big-max-elements", "65536")
+    results = [bench_python(pooled, a.repeat, "3x500x20, 1M kernel pooled to 64K", 500)]
+    if a.rustboard:
+        results.append(bench_rustboard(pooled, a.repeat, "3x500x20, 1M kernel pooled", 500))
+    if a.full:
+        full = ensure_logdir(os.path.join(a.cache, "full"), "--runs", "1", "--steps", "100")
+        results.append(
+            bench_python(full, a.repeat, "1x100x20, 1M kernel unpooled", 100, runs=("run0",))
+        )
+    for r in results:
+        print(json.dumps(r))
+    for r in results:
+        print(f"\n== {r['loader']}: {r['logdir']}")
+        for k, v in r.items():
+            if k not in ("loader", "logdir"):
+                print(f"  {k:32s} {v:10.1f}" if isinstance(v, float) else f"  {k:32s} {v:>10}")
+
+
+if __name__ == "__main__":
+    main()
