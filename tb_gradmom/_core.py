@@ -114,7 +114,8 @@ def _plan(variable, name: str, graph, on_path) -> _Plan:
 
 
 def _batch_size(batch_size, loss_vector, plans) -> tuple[tf.Tensor | None, list]:
-    """The batch size and the checks that every other piece of evidence agrees with it."""
+    """The batch size, and ``(tensor, message)`` pairs of evidence to check against it at run
+    time (the asserts are built with the moments, so a step that logs nothing runs none)."""
     evidence = []  # (scalar int tensor, description)
     if loss_vector is not None:
         evidence.append((tf.size(loss_vector), "the per-example loss vector"))
@@ -142,13 +143,7 @@ def _batch_size(batch_size, loss_vector, plans) -> tuple[tf.Tensor | None, list]
                     "batch_size=, and make sure every requested variable's op sees the batch."
                 )
             continue
-        checks.append(
-            tf.debugging.assert_equal(
-                t,
-                n,
-                message=f"tb_gradmom: batch size mismatch between {n_desc} and {desc}",
-            )
-        )
+        checks.append((t, f"tb_gradmom: batch size mismatch between {n_desc} and {desc}"))
     return n, checks
 
 
@@ -291,7 +286,9 @@ class Prepared:
         orders = _check_orders(orders)
         indices = range(len(self.plans)) if indices is None else indices
         out = []
-        with tf.name_scope(self.scope + "_moments"), tf.control_dependencies(self.checks):
+        with tf.name_scope(self.scope + "_moments"):
+            asserts = [tf.debugging.assert_equal(t, self.n, message=msg) for t, msg in self.checks]
+        with tf.name_scope(self.scope + "_moments"), tf.control_dependencies(asserts):
             for i in indices:
                 plan, grad = self.plans[i], self.grads[i]
                 out.append(

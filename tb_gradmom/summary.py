@@ -112,7 +112,8 @@ def moments(
         )
 
     should = tf.summary.should_record_summaries()
-    if tf.get_static_value(should) is False:
+    static = tf.get_static_value(should)
+    if static is not None and not bool(static):
         return prepared.grads  # no writer or recording off at trace time: nothing is built
     if step is None:
         step = tf.summary.experimental.get_step()

@@ -1,0 +1,244 @@
+"""gradmom.summary.moments: event files read back by TensorBoard's own readers equal brute force."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
+
+import tb_gradmom as gradmom
+from tb_gradmom import metadata
+from tests import reference
+from tests.cases import sparse_ce
+
+
+def _model():
+    keras.utils.set_random_seed(7)
+    return keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(40, activation="tanh", name="wide"),
+            keras.layers.Dense(3, name="out"),
+        ],
+        name="net",
+    )
+
+
+def _data(n=8):
+    rng = np.random.default_rng(1)
+    return rng.normal(size=(n, 5)).astype("float32"), rng.integers(0, 3, size=n)
+
+
+def _accumulator(logdir):
+    acc = event_accumulator.EventAccumulator(str(logdir), size_guidance={"tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def _tensor(acc, tag, step):
+    events = [e for e in acc.Tensors(tag) if e.step == step]
+    assert len(events) == 1, f"{tag} at step {step}: {len(events)} events"
+    return tensor_util.make_ndarray(events[0].tensor_proto)
+
+
+def _write_steps(logdir, steps, record, **kwargs):
+    model = _model()
+    x, y = _data()
+    writer = tf.summary.create_file_writer(str(logdir))
+
+    @tf.function
+    def step_fn(x, y, step):
+        loss = tf.reduce_mean(sparse_ce(model(x), y))
+        with writer.as_default(step=step), tf.summary.record_if(record(step)):
+            grads = gradmom.summary.moments(loss, model.trainable_variables, **kwargs)
+        return grads, loss
+
+    outs = [step_fn(x, y, tf.constant(s, tf.int64)) for s in steps]
+    writer.close()
+    return model, x, y, outs
+
+
+def test_round_trip_equals_brute_force_through_event_accumulator(tmp_path):
+    model, x, y, outs = _write_steps(
+        tmp_path, [0], lambda s: True, orders=(1, 2, 3), max_elements=60, learning_rate=0.1
+    )
+    per_ex = reference.per_example_gradients(model, model.trainable_variables, sparse_ce, x, y)
+    acc = _accumulator(tmp_path)
+    loss = float(outs[0][1])
+    for v, g in zip(model.trainable_variables, per_ex):
+        tag = v.path
+        want = reference.moments(g, (1, 2, 3))
+        md = acc.SummaryMetadata(tag)
+        assert md.plugin_data.plugin_name == "gradmom"
+        assert md.data_class == metadata.summary_pb2.DATA_CLASS_TENSOR
+        content = metadata.parse_plugin_content(md.plugin_data.content)
+        assert content.orders == (1, 2, 3)
+        assert content.shape == tuple(v.shape)
+        logged = _tensor(acc, tag, 0)
+        if content.pooled:  # the 5x40 kernel: 200 elements > 60
+            rows, cols = metadata.to_2d_shape(v.shape)
+            br, bc = content.block
+            for k, p in enumerate((1, 2, 3)):
+                grid = want[p].reshape(rows, cols)
+                expect = np.array(
+                    [
+                        [grid[i : i + br, j : j + bc].mean() for j in range(0, cols, bc)]
+                        for i in range(0, rows, br)
+                    ]
+                )
+                np.testing.assert_allclose(logged[k], expect, rtol=2e-4, atol=1e-9)
+        else:
+            for k, p in enumerate((1, 2, 3)):
+                np.testing.assert_allclose(logged[k], want[p], rtol=2e-4, atol=1e-9)
+        # The exact sums, from brute force in float64.
+        stats = _tensor(acc, tag + "/_stats", 0)
+        fields = dict(zip(metadata.STATS_FIELDS, stats[: len(metadata.STATS_FIELDS)]))
+        n = g.shape[0]
+        s2 = np.var(g.astype(np.float64), axis=0, ddof=1)
+        m1 = g.astype(np.float64).mean(0)
+        assert fields["batch_size"] == n
+        assert fields["num_elements"] == v.shape.num_elements()
+        np.testing.assert_allclose(fields["sum_m2"], np.sum(m1**2), rtol=1e-4)
+        np.testing.assert_allclose(fields["sum_var"], np.sum(s2), rtol=1e-4)
+        pos = s2 > 1e-30
+        np.testing.assert_allclose(fields["sum_gsnr"], np.sum(m1[pos] ** 2 / s2[pos]), rtol=1e-3)
+        np.testing.assert_allclose(fields["loss"], loss, rtol=1e-6)
+        np.testing.assert_allclose(fields["learning_rate"], 0.1, rtol=1e-6)
+        hist = stats[len(metadata.STATS_FIELDS) :]
+        assert hist.sum() == v.shape.num_elements()
+        want_hist = np.bincount(
+            np.searchsorted(np.asarray(metadata.HIST_EDGES), s2.ravel(), side="right"),
+            minlength=metadata.NUM_HIST_BUCKETS,
+        )
+        # Bucket boundaries can differ by one for values within float32 rounding of an edge.
+        assert np.abs(hist - want_hist).sum() <= 2
+        # The derived statistics also land as scalars (Scalars dashboard).
+        ns = _tensor(acc, f"gradmom/{tag}/noise_scale", 0)
+        gnorm = np.sum(m1**2) - np.sum(s2) / n
+        np.testing.assert_allclose(ns, np.sum(s2) / gnorm, rtol=2e-3)
+    model_stats = _tensor(acc, "_model/_stats", 0)
+    total = sum(v.shape.num_elements() for v in model.trainable_variables)
+    assert model_stats[1] == total
+    scalar_md = acc.SummaryMetadata("gradmom/_model/noise_scale")
+    assert scalar_md.plugin_data.plugin_name == "scalars"
+
+
+def test_gradients_returned_equal_plain_gradients(tmp_path):
+    model, x, y, outs = _write_steps(tmp_path, [0], lambda s: True)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(sparse_ce(model(x), y))
+    plain = tape.gradient(loss, model.trainable_variables)
+    for a, b in zip(outs[0][0], plain):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-8)
+
+
+def test_record_if_skips_steps(tmp_path):
+    _write_steps(tmp_path, range(5), lambda s: s % 2 == 0)
+    acc = _accumulator(tmp_path)
+    for tag in ("net/wide/kernel", "net/out/bias/_stats", "_model/_stats"):
+        assert [e.step for e in acc.Tensors(tag)] == [0, 2, 4]
+
+
+def test_skipped_steps_run_no_moment_ops(tmp_path):
+    """The moment ops sit behind the record condition: a failing check inside them never fires."""
+    w = tf.Variable(tf.ones([3, 2]), name="k")
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3]), tf.TensorSpec([], tf.bool)])
+    def step(x, record):
+        per_example = tf.reduce_sum(tf.matmul(x, w), axis=1)
+        with writer.as_default(step=0), tf.summary.record_if(record):
+            # batch_size=5 disagrees with the 4 rows: the check only runs with the moments.
+            grads = gradmom.summary.moments(per_example, [w], batch_size=5)
+        return grads[0]
+
+    g = step(tf.ones([4, 3]), tf.constant(False))
+    np.testing.assert_allclose(g.numpy(), np.ones([3, 2]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="batch size mismatch"):
+        step(tf.ones([4, 3]), tf.constant(True))
+
+
+def test_no_writer_builds_no_moment_ops():
+    w = tf.Variable(tf.ones([3, 2]))
+
+    @tf.function
+    def step(x):
+        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, w), axis=1))
+        return gradmom.summary.moments(loss, [w])
+
+    graph = step.get_concrete_function(tf.ones([4, 3])).graph
+    types = {op.type for op in graph.get_operations()}
+    assert "If" not in types and "StatelessIf" not in types and "WriteSummary" not in types
+
+
+def test_log_only_subset_and_errors(tmp_path):
+    model = _model()
+    x, y = _data()
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    wide_kernel = model.trainable_variables[0]
+
+    @tf.function
+    def step_fn(x, y):
+        loss = tf.reduce_mean(sparse_ce(model(x), y))
+        with writer.as_default(step=0):
+            return gradmom.summary.moments(loss, model.trainable_variables, log_only=[wide_kernel])
+
+    grads = step_fn(x, y)
+    writer.close()
+    assert all(g is not None for g in grads)
+    tags = set(_accumulator(tmp_path).Tags()["tensors"])
+    assert "net/wide/kernel" in tags and "net/out/kernel" not in tags
+
+    @tf.function
+    def bad(x, y):
+        loss = tf.reduce_mean(sparse_ce(model(x), y))
+        with writer.as_default(step=0):
+            return gradmom.summary.moments(
+                loss, model.trainable_variables[1:], log_only=[wide_kernel]
+            )
+
+    with pytest.raises(ValueError, match=r"log_only holds 'net/wide/kernel'.*not in var_list"):
+        bad(x, y)
+
+
+def test_missing_step_is_a_clear_error(tmp_path):
+    w = tf.Variable(tf.ones([3, 2]))
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function
+    def step(x):
+        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, w), axis=1))
+        with writer.as_default():
+            return gradmom.summary.moments(loss, [w])
+
+    tf.summary.experimental.set_step(None)
+    with pytest.raises(ValueError, match=r"needs a step: pass step="):
+        step(tf.ones([4, 3]))
+
+
+def test_tf1_graph_returns_merged_summary(tmp_path):
+    graph = tf.Graph()
+    rng = np.random.default_rng(0)
+    x_np = rng.normal(size=(6, 4))
+    with graph.as_default():
+        w = tf.compat.v1.get_variable("w", initializer=rng.normal(size=(4, 2)), use_resource=True)
+        x = tf.compat.v1.placeholder(tf.float64, [None, 4])
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(tf.matmul(x, w)), axis=1))
+        summary_op = gradmom.summary.moments(loss, [w])
+        assert summary_op.dtype == tf.string
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            serialized = sess.run(summary_op, {x: x_np})
+            w_np = sess.run(w)
+        fw = tf.compat.v1.summary.FileWriter(str(tmp_path))
+        fw.add_summary(serialized, global_step=3)
+        fw.close()
+    acc = _accumulator(tmp_path)
+    logged = _tensor(acc, "w", 3)
+    # per-example gradient of sum((x w)^2) wrt w: 2 x_j (x_j w)^T
+    g = np.einsum("ni,no->nio", x_np, 2 * (x_np @ w_np))
+    np.testing.assert_allclose(logged[0], g.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(logged[1], (g**2).mean(0), rtol=1e-5)
