@@ -1,0 +1,41 @@
+"""The demo, end to end: `tb-gradmom demo --quick` writes real moments for both runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tb_gradmom import data, metadata
+
+
+@pytest.mark.slow
+def test_demo_quick_end_to_end(tmp_path):
+    logdir = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tb_gradmom.cli", "demo", "--quick", "--logdir", str(logdir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"tensorboard --logdir {logdir}" in proc.stdout
+    assert "mlp" in proc.stderr and "cnn" in proc.stderr  # the progress bars
+    runs = data.load(logdir)
+    assert set(runs) == {"mlp", "cnn"}
+    # Quick mode: 12 MLP steps logged every 2 -> 0..10; 6 CNN steps -> 0, 2, 4.
+    assert [r.step for r in runs["mlp"]["mlp/hidden1/kernel"]] == [0, 2, 4, 6, 8, 10]
+    assert [r.step for r in runs["cnn"]["cnn/conv1/kernel"]] == [0, 2, 4]
+    for run in runs.values():
+        for tag, records in run.items():
+            for rec in records:
+                assert rec.stats is not None, tag
+                assert rec.stats["batch_size"] == rec.batch_size > 1
+                if tag == metadata.MODEL_TAG:
+                    continue
+                m1, m2 = rec.moments[1], rec.moments[2]
+                assert np.all(np.isfinite(m1)) and np.all(np.isfinite(m2))
+                # Second raw moment >= squared mean, element-wise (Jensen), up to rounding.
+                assert np.all(m2 >= m1**2 - 1e-6 * (np.abs(m2) + 1e-12)), tag
