@@ -62,7 +62,9 @@ class App {
     this.buildSkeleton();
     this.watchTheme();
     await this.reload();
-    this.timer = setInterval(() => { if (this.state.follow) this.reload(); }, RELOAD_MS);
+    this.timer = setInterval(() => {
+      if (this.state.follow && !document.hidden) this.reload({ keepZoom: true });
+    }, RELOAD_MS);
   }
 
   // -------------------------------------------------------------------------------------------
@@ -164,7 +166,7 @@ class App {
   }
 
   /** Fetches the tag list again (new runs, new steps) and redraws everything. */
-  async reload() {
+  async reload({ keepZoom = false } = {}) {
     let data;
     try {
       data = await api.fetchTags();
@@ -201,7 +203,7 @@ class App {
     this.renderRuns();
     this.renderTags();
     this.renderToolbar();
-    this.loadViews();
+    this.loadViews({ keepZoom });
   }
 
   setStatus(text, kind = "info") {

@@ -226,24 +226,35 @@ def _demo_available() -> bool:
 # --------------------------------------------------------------------------------- fixtures
 
 
+FIXTURE_RUNS = ("alpha", "beta", XSS_RUN, "gamma")
+
+
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory) -> Path:
+    """The demo's runs under demo/ (when the demo exists), two runs with known variables
+    (alpha, beta) for the detailed checks, and a copy of one run named XSS_RUN."""
     d = tmp_path_factory.mktemp("gradmom_logdir")
     if _demo_available():
         subprocess.run(
-            [sys.executable, "-m", "tb_gradmom.cli", "demo", "--quick", "--logdir", str(d)],
+            [
+                sys.executable,
+                "-m",
+                "tb_gradmom.cli",
+                "demo",
+                "--quick",
+                "--logdir",
+                str(d / "demo"),
+            ],
             check=True,
             cwd=ROOT,
             timeout=900,
         )
-    else:
-        _write_fixture_logdir(d)
+    _write_fixture_logdir(d)
     runs = sorted({p.parent for p in d.rglob("events.out.tfevents.*")})
-    assert runs, "the logdir has no event files"
-    # The HTML-named run: a copy of the first run's event files.
+    source = next((r for r in runs if r.parent.name == "demo"), d / "alpha")
     xss = d / XSS_RUN
     xss.mkdir()
-    for f in runs[0].glob("events.out.tfevents.*"):
+    for f in source.glob("events.out.tfevents.*"):
         shutil.copy(f, xss / f.name)
     return d
 
@@ -858,3 +869,35 @@ def test_pooled_variable_shows_block_ranges(page):
     subtitle = pg.locator("#heatmap-card text.subtitle").text_content()
     assert f"block means of {br}×{bc}" in subtitle
     pg.mouse.move(0, 0)
+
+
+def test_demo_runs_render_with_right_colours(page):
+    """Every run of the demo: each variable whose cells get >= 2 pixels has each cell's colour."""
+    tags = get_json(page.base, "tags")
+    demo_runs = sorted(r for r in tags["runs"] if r not in FIXTURE_RUNS)
+    if not _demo_available():
+        pytest.skip("tb_gradmom.demo is not there yet")
+    assert demo_runs, "the demo wrote no runs"
+    pg = page.open_plugin()
+    for run in demo_runs:
+        checked = 0
+        for tag in sorted(tags["runs"][run]):
+            open_variable(page, run, tag, "variance")
+            data = heatmap_json(page, run, tag, "variance")
+            canvas = pg.locator(".heatmap-canvas")
+            box = canvas.bounding_box()
+            if box["height"] / data["rows"] >= 2 and box["width"] / data["cols"] >= 2:
+                check_cell_colours(canvas.screenshot(), data, "viridis", "linear")
+                checked += 1
+            if len(data["shape"]) == 4:  # a conv kernel: the tooltip names [i, j, c_in, c_out]
+                row, col = data["rows"] - 1, data["cols"] - 1
+                pg.mouse.move(
+                    box["x"] + box["width"] * (col + 0.5) / data["cols"],
+                    box["y"] + box["height"] * (row + 0.5) / data["rows"],
+                )
+                index = pg.locator(".heatmap-figure .tooltip .tip-value").first.text_content()
+                assert index == str(conv_index(row, col, data["shape"])), (tag, index)
+                pg.mouse.move(0, 0)
+        assert checked, f"no variable of {run} was checked"
+        safe = re.sub(r"[^A-Za-z0-9]+", "_", run)
+        shot(pg, f"demo_{safe}.png")

@@ -82,8 +82,8 @@ export class HeatmapView {
     // Pool on the client when one screen pixel would cover several cells (no aliasing).
     const pxPerCol = (L.plotW * k * pixelScale) / data.cols;
     const pxPerRow = (L.plotH * k * pixelScale) / data.rows;
-    const bc = pxPerCol < 0.5 ? Math.ceil(1 / pxPerCol) : 1;
-    const br = pxPerRow < 0.5 ? Math.ceil(1 / pxPerRow) : 1;
+    const bc = pxPerCol < 1 ? Math.ceil(1 / pxPerCol) : 1;
+    const br = pxPerRow < 1 ? Math.ceil(1 / pxPerRow) : 1;
     const img = this.image(br, bc);
     ctx.save();
     ctx.imageSmoothingEnabled = false;
