@@ -272,6 +272,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", default="/tmp/gradmom_bench")
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=500, help="steps per run of the main logdir")
     ap.add_argument("--rustboard", action="store_true", help="also time --load_fast=true")
     ap.add_argument(
         "--full",
@@ -279,10 +280,13 @@ def main() -> None:
         help="also a run storing the 1M kernel unpooled (1 run x 100 steps)",
     )
     a = ap.parse_args()
-    pooled = ensure_logdir(os.path.join(a.cache, "pooled"), "--big-max-elements", "65536")
-    results = [bench_python(pooled, a.repeat, "3x500x20, 1M kernel pooled to 64K", 500)]
+    pooled = ensure_logdir(
+        os.path.join(a.cache, "pooled"), "--big-max-elements", "65536", "--steps", str(a.steps)
+    )
+    label = f"3x{a.steps}x20, 1M kernel pooled to 64K"
+    results = [bench_python(pooled, a.repeat, label, a.steps)]
     if a.rustboard:
-        results.append(bench_rustboard(pooled, a.repeat, "3x500x20, 1M kernel pooled", 500))
+        results.append(bench_rustboard(pooled, a.repeat, label, a.steps))
     if a.full:
         full = ensure_logdir(os.path.join(a.cache, "full"), "--runs", "1", "--steps", "100")
         results.append(
