@@ -68,17 +68,19 @@ export async function fetchSeries({ run, tag }, signal) {
   return { ...d, steps: d.steps ?? [], wall_times: Array.from(numbers(d.wall_times)), values };
 }
 
-/** GET summary: one row per variable at a step. */
+const SUMMARY_NUMBERS = ["size", "total_variance", "snr", "noise_scale", "batch_size", "grad_norm_sq", "norm_test"];
+
+function summaryRow(r) {
+  const out = { ...r };
+  // null is "not available" (shown as a dash), "NaN"/"Infinity" are numbers.
+  for (const k of SUMMARY_NUMBERS) if (k in out && out[k] !== null) out[k] = decodeNumber(out[k]);
+  return out;
+}
+
+/** GET summary: one row per variable at a step, and the whole model's row (or null). */
 export async function fetchSummary({ run, step }, signal) {
   const d = await getJSON("summary", { run, step }, signal);
-  const rows = (d.rows ?? []).map((r) => {
-    const out = { ...r };
-    for (const k of ["size", "total_variance", "snr", "noise_scale", "batch_size"]) {
-      if (k in out) out[k] = decodeNumber(out[k]);
-    }
-    return out;
-  });
-  return { ...d, rows };
+  return { ...d, rows: (d.rows ?? []).map(summaryRow), model: d.model ? summaryRow(d.model) : null };
 }
 
 /** The URL of the backend's export route (the server-side raw data: npy and friends). */

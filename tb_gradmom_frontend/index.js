@@ -457,7 +457,7 @@ class App {
       const { tags } = filterTags(d.rows.map((r) => r.tag), s.filter);
       const keep = new Set(tags);
       this.views.table.update({
-        rows: d.rows.filter((r) => keep.has(r.tag)), run, step, selected: s.tag, theme: this.theme, exportTheme: THEMES.light,
+        rows: d.rows.filter((r) => keep.has(r.tag)), model: d.model, run, step, selected: s.tag, theme: this.theme, exportTheme: THEMES.light,
       });
     } catch (e) {
       if (gen === this.generation.table) this.views.table.showMessage(`Could not load the summary of run ${run}: ${e.message}`, "error");

@@ -18,6 +18,8 @@ export const METRICS = {
   eb_criterion: "EB criterion",
   cabs_batch_size: "CABS batch size",
   batch_size: "batch size",
+  loss: "loss (as logged)",
+  learning_rate: "learning rate (as logged)",
 };
 
 export class CurvesView {

@@ -13,7 +13,7 @@ export const COLUMNS = [
   { key: "batch_size", label: "batch", numeric: true },
 ];
 
-const cellText = (col, v) => (col.numeric ? (col.key === "size" || col.key === "batch_size" ? formatValue(v, 12) : formatValue(v, 4)) : String(v));
+const cellText = (col, v) => (v === null || v === undefined ? "–" : col.numeric ? (col.key === "size" || col.key === "batch_size" ? formatValue(v, 12) : formatValue(v, 4)) : String(v));
 
 export class TableView {
   /** `onSelect(tag)` is called when a row is clicked. */
@@ -30,7 +30,7 @@ export class TableView {
     message(this.container, text, kind);
   }
 
-  /** model: {rows, run, step, selected (tag), theme, exportTheme}. */
+  /** model: {rows, model (the whole model's row or null), run, step, selected, theme, exportTheme}. */
   update(model) {
     this.model = model;
     this.render();
@@ -69,6 +69,9 @@ export class TableView {
       tr.addEventListener("keydown", (e) => { if (e.key === "Enter") this.onSelect(row.tag); });
       return tr;
     }));
+    const whole = this.model.model;
+    const foot = whole && h("tfoot", {}, [h("tr", { class: "model-row" },
+      COLUMNS.map((col) => h("td", { class: col.numeric ? "num" : "tag-cell", text: col.key === "tag" ? "whole model" : cellText(col, whole[col.key]) })))]);
     this.container.replaceChildren(
       h("div", { class: "card-tools" }, [
         h("span", { class: "hint", text: `run ${run} · step ${step} · ${this.model.rows.length} variables` }),
@@ -79,7 +82,7 @@ export class TableView {
           name: () => [run, "summary", `step${step}`],
         }),
       ]),
-      h("div", { class: "table-wrap" }, [h("table", { class: "summary" }, [h("thead", {}, [head]), body])]),
+      h("div", { class: "table-wrap" }, [h("table", { class: "summary" }, [h("thead", {}, [head]), body, foot])]),
     );
   }
 
@@ -90,7 +93,8 @@ export class TableView {
     const widths = [260, 80, 110, 90, 100, 60];
     const width = 24 + widths.reduce((a, b) => a + b, 0);
     const rowH = 18;
-    const height = 60 + rowH * (rows.length + 1) + 12;
+    const whole = this.model.model;
+    const height = 60 + rowH * (rows.length + (whole ? 2 : 1)) + 12;
     const svg = newFigure(width, height, theme);
     drawTitle(svg, "Model summary", `run ${run} · step ${step} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`, theme);
     const g = svg.append("g").attr("transform", "translate(12,52)");
@@ -107,10 +111,21 @@ export class TableView {
           .attr("text-anchor", col.numeric ? "end" : "start").attr("fill", theme.text).text(cellText(col, row[col.key]));
       });
     });
+    if (whole) {
+      const y = 12 + rowH * (rows.length + 1);
+      g.append("line").attr("x1", 0).attr("x2", width - 24).attr("y1", y - 13).attr("y2", y - 13).attr("stroke", theme.axis);
+      COLUMNS.forEach((col, k) => {
+        g.append("text").attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k]).attr("y", y)
+          .attr("text-anchor", col.numeric ? "end" : "start").attr("font-weight", 600).attr("fill", theme.text)
+          .text(col.key === "tag" ? "whole model" : cellText(col, whole[col.key]));
+      });
+    }
     return svg;
   }
 
   csv() {
-    return toCSV(COLUMNS.map((c) => c.key), this.sorted().map((row) => COLUMNS.map((c) => row[c.key])));
+    const rows = this.sorted().map((row) => COLUMNS.map((c) => row[c.key]));
+    if (this.model.model) rows.push(COLUMNS.map((c) => (c.key === "tag" ? "_model" : this.model.model[c.key])));
+    return toCSV(COLUMNS.map((c) => c.key), rows);
   }
 }
