@@ -48,13 +48,17 @@ def ensure_logdir(path: str, *gen_args: str) -> str:
     return path
 
 
-def median_ms(fn, repeat: int, before=None) -> float:
+def median_ms(fn, repeat: int, before=None):
+    """Median milliseconds of ``fn()``, or the error text if any call failed."""
     times = []
     for _ in range(repeat):
         if before is not None:
             before()
         t = time.perf_counter()
-        fn()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            return f"error: {e}"[:120]
         times.append((time.perf_counter() - t) * 1000)
     return statistics.median(times)
 

@@ -33,8 +33,9 @@ from tb_gradmom.plugin._cache import ByteLRU
 logger = logging.getLogger(__name__)
 
 PLUGIN = metadata.PLUGIN_NAME
-# The most bytes of tensor values one read asks a gRPC data provider (RustBoard) for.
-GRPC_READ_BUDGET = 192 * 1024 * 1024
+# The most bytes of tensor values one read asks a gRPC data provider (RustBoard) for:
+# TensorBoard's gRPC channel accepts replies up to 256 MiB; the rest is headroom for framing.
+GRPC_READ_BUDGET = 240 * 1024 * 1024
 # `downsample` meaning "every stored step": above any --samples_per_plugin anyone would use.
 ALL_STEPS = 1_000_000
 
