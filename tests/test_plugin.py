@@ -485,6 +485,7 @@ def test_histogram_over_all_steps_shares_edges(env):
     edges = np.linspace(allv.min(), allv.max(), 6)
     np.testing.assert_allclose(nums(d["edges"]), edges, rtol=1e-5)
     assert [s["step"] for s in d["series"]] == list(fx.TRAIN_STEPS)
+    assert d["downsampled"] is False
     for s, v in zip(d["series"], per_step):
         # Values on an edge may fall either side within float32 rounding: compare totals
         # exactly and bins within one count.

@@ -302,6 +302,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             return {
                 **head,
                 "edges": edges,
+                "downsampled": False,
                 "series": [
                     {
                         "step": m.step,
@@ -326,7 +327,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         )
 
         def build():
-            series, _ = self._reader.read_series(
+            series, downsampled = self._reader.read_series(
                 ctx, experiment, entry, s.steps.size if s is not None else None
             )
             self._reader.cache_series(experiment, entry, series)
@@ -351,6 +352,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             return {
                 **head,
                 "edges": edges,
+                "downsampled": downsampled,
                 "series": [
                     {"step": m.step, "wall_time": m.wall_time, "counts": c, "nonfinite": nf}
                     for m, c, nf in zip(series, counts, nonfinite)
