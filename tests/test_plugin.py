@@ -390,6 +390,7 @@ def test_heatmap_matches_numpy_reference(env, logdir, case):
     assert d["grid_shape"] == list(ref_2d(np.zeros(var.shape)).shape)
     assert [d["rows"], d["cols"]] == list(expected.shape) and d["block"] == block
     assert d["batch_size"] == (None if tag == "nostats/kernel" else n)
+    assert d["unbiased"] is (stat != "biased_variance")
     values = nums(d["values"]).reshape(expected.shape)
     np.testing.assert_allclose(values, expected, rtol=RTOL.get(stat, 2e-6), atol=1e-12)
     finite = expected[np.isfinite(expected)]
@@ -446,6 +447,30 @@ def test_latest_step_of_a_truncated_run_is_the_last_complete_one(env):
     g = fx.samples("truncated", "dense/kernel", d["step"], (6, 4))
     assert d["step"] == 3
     np.testing.assert_allclose(nums(d["values"]), g.var(0, ddof=1).ravel(), rtol=2e-6)
+
+
+def test_reads_over_grpc_are_capped_and_say_so(logdir, monkeypatch):
+    """A gRPC provider (RustBoard) gets at most GRPC_READ_BUDGET bytes per read."""
+    from tb_gradmom.plugin import _reader
+
+    class GrpcLike:  # any provider that is not the Python MultiplexerDataProvider
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+    client, _, _ = make_app(logdir[0], wrap_provider=GrpcLike)
+    per_step = 4 * 2 * 10 * 10  # big/kernel: 2 orders of a stored [10, 10] grid
+    monkeypatch.setattr(_reader, "GRPC_READ_BUDGET", 3 * per_step)
+    h = get_json(client, "histogram", run="train", tag="big/kernel", step="all")
+    assert h["downsampled"] is True and len(h["series"]) == 3
+    assert h["series"][-1]["step"] == fx.TRAIN_STEPS[-1]  # the sample keeps the last step
+    sampled = {s["step"] for s in h["series"]}
+    missing = next(s for s in fx.TRAIN_STEPS if s not in sampled)
+    r = get(client, "heatmap", 404, run="train", tag="big/kernel", step=missing)
+    assert "lower --samples_per_plugin" in r.get_data(as_text=True)
+    get_json(client, "heatmap", run="train", tag="big/kernel")  # the latest: one step, fine
 
 
 # ---------------------------------------------------------------------------- /histogram
