@@ -286,8 +286,14 @@ def _edges(lo: float, hi: float, bins: int, scale: str) -> np.ndarray:
     return np.linspace(lo, hi, bins + 1)
 
 
-def _counts(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    counts, _ = np.histogram(values, bins=edges)
+def _counts(values: np.ndarray, edges: np.ndarray, uniform: bool = False) -> np.ndarray:
+    if uniform:
+        # Equal-width edges from np.linspace: numpy's uniform-bin path computes the same
+        # linspace edges and corrects rounding against them, so the counts are identical to
+        # passing the edges, at about half the cost.
+        counts, _ = np.histogram(values, bins=len(edges) - 1, range=(edges[0], edges[-1]))
+    else:
+        counts, _ = np.histogram(values, bins=edges)
     return counts.astype(np.int64)
 
 
@@ -326,7 +332,7 @@ def histogram(
     v = _finite_for_scale(values, scale)
     lo, hi = _range(v, scale) if value_range is None else map(float, value_range)
     edges = _edges(lo, hi, bins, scale)
-    return edges, _counts(v, edges)
+    return edges, _counts(v, edges, uniform=scale == "linear")
 
 
 def histograms_over_steps(
@@ -353,4 +359,4 @@ def histograms_over_steps(
     else:
         lo, hi = _range(np.empty(0), scale)
     edges = _edges(lo, hi, bins, scale)
-    return edges, [_counts(k, edges) for k in kept]
+    return edges, [_counts(k, edges, uniform=scale == "linear") for k in kept]
