@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tensorflow as tf
 
@@ -147,11 +147,14 @@ def _batch_size(batch_size, loss_vector, plans) -> tuple[tf.Tensor | None, list]
     return n, checks
 
 
-def _chunk(plan: _Plan, n: tf.Tensor, chunk_size: int | None) -> int:
+def _chunk(plan: _Plan, n: tf.Tensor, chunk_size: int | None, fast: bool = False) -> int:
     if chunk_size is not None:
         if int(chunk_size) < 1:
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
         return int(chunk_size)
+    if fast:  # the single site's power_sums path
+        per_example = plan.sites[0][1].power_sums_elements or 1
+        return max(1, DEFAULT_CHUNK_ELEMENTS // per_example)
     per_example = sum(c.per_example_elements for _, c in plan.sites)
     per_example = max(per_example, int(plan.variable.shape.num_elements() or 1))
     return max(1, DEFAULT_CHUNK_ELEMENTS // max(per_example, 1))
@@ -243,7 +246,9 @@ def gradients_and_moments(
 
     Returns:
       ``(grads, moments)``: ``grads[i]`` is what ``tf.gradients(loss, var_list)[i]`` gives (for a
-      vector loss, of its mean; ``None`` for a variable the loss does not depend on).
+      vector loss, of its mean; ``None`` for a variable the loss does not depend on). A
+      convolution kernel's gradient is the order-1 sum of the same per-example work, so it equals
+      TensorFlow's up to float rounding, and TensorFlow's own filter gradient is not computed.
       ``moments[i]`` is a dict from each order ``p`` to a tensor shaped like ``var_list[i]``,
       float32 (float64 for float64 variables).
 
@@ -254,7 +259,13 @@ def gradients_and_moments(
     """
     orders = _check_orders(orders)
     prepared = prepare(
-        loss, var_list, reduction, batch_size=batch_size, name=name or "gradients_and_moments"
+        loss,
+        var_list,
+        reduction,
+        batch_size=batch_size,
+        name=name or "gradients_and_moments",
+        fused_orders=orders,
+        chunk_size=chunk_size,
     )
     moments = prepared.moments(orders, chunk_size)
     return list(prepared.grads), moments
@@ -278,6 +289,8 @@ class Prepared:
     mode: str
     scope: str
     loss: tf.Tensor
+    # variable index -> {p: M_p} already computed by `prepare` (see `fused_orders`)
+    fused: dict = field(default_factory=dict)
 
     def moments(
         self, orders: Sequence[int], chunk_size: int | None = None, indices=None
@@ -291,6 +304,9 @@ class Prepared:
         with tf.name_scope(self.scope + "_moments"), tf.control_dependencies(asserts):
             for i in indices:
                 plan, grad = self.plans[i], self.grads[i]
+                if all(p in self.fused.get(i, {}) for p in orders):
+                    out.append({p: self.fused[i][p] for p in orders})
+                    continue
                 out.append(
                     _moments_of(
                         plan,
@@ -312,11 +328,23 @@ class Prepared:
 
 
 def prepare(
-    loss, var_list: Sequence, reduction: str = "mean", *, batch_size=None, name: str = "gradmom"
+    loss,
+    var_list: Sequence,
+    reduction: str = "mean",
+    *,
+    batch_size=None,
+    name: str = "gradmom",
+    fused_orders: Sequence[int] | None = None,
+    chunk_size: int | None = None,
 ) -> Prepared:
     """Validates the arguments, finds each variable's consumers and runs the one backward pass.
 
     See `gradients_and_moments` for the arguments. Raises the same errors.
+
+    `fused_orders`: moments that will be computed on every step. Then a variable whose only
+    site can give ``sum_j g_j`` with its per-example work (``gradient_from_sums``: convolutions)
+    takes its gradient from there, and TF's own filter gradient is never built; its moments are
+    computed here too. Leave it None when the moments are gated (``tf.cond``).
     """
     if tf.executing_eagerly():
         raise RuntimeError(
@@ -354,9 +382,18 @@ def prepare(
                 if key not in index:
                     index[key] = len(outputs)
                     outputs.append(site.output)
-        all_grads = tf.gradients(scalar, variables + outputs)
-        grads = all_grads[: len(variables)]
-        out_grads = all_grads[len(variables) :]
+        fused_ids = set()
+        if fused_orders and any(p > 1 for p in fused_orders):
+            fused_ids = {
+                i
+                for i, plan in enumerate(plans)
+                if len(plan.sites) == 1 and plan.sites[0][1].gradient_from_sums
+            }
+        asked = [v for i, v in enumerate(variables) if i not in fused_ids]
+        all_grads = tf.gradients(scalar, asked + outputs)
+        rest = iter(all_grads[: len(asked)])
+        grads = [None if i in fused_ids else next(rest) for i in range(len(variables))]
+        out_grads = all_grads[len(asked) :]
 
         n, checks = _batch_size(batch_size, loss_vector, plans)
         needs_n = mode == "sum" or any(plan.sites for plan in plans)
@@ -365,7 +402,19 @@ def prepare(
                 "cannot infer the batch size: no requested variable is used by an op with a "
                 "batch axis; pass batch_size= or the per-example loss vector"
             )
+        fused = {}
+        if fused_ids:
+            with tf.name_scope("fused"):
+                for i in sorted(fused_ids):
+                    plan = plans[i]
+                    orders = tuple(sorted({1, *fused_orders}))
+                    fused[i] = _moments_of(
+                        plan, None, out_grads, index, n, mode, orders, chunk_size, sums_only=True
+                    )
+                    grad = fused[i][1] * tf.cast(n, plan.dtype) if mode == "sum" else fused[i][1]
+                    grads[i] = tf.cast(grad, plan.variable.dtype)
     return Prepared(
+        fused=fused,
         plans=plans,
         names=names,
         grads=list(grads),
@@ -379,33 +428,39 @@ def prepare(
     )
 
 
-def _moments_of(plan, grad, out_grads, index, n, mode, orders, chunk_size) -> dict:
+def _moments_of(plan, grad, out_grads, index, n, mode, orders, chunk_size, sums_only=False) -> dict:
+    """{p: M_p}. `sums_only`: every order (1 included) from the rule's power sums, not `grad`."""
     shape = plan.variable.shape
-    higher = tuple(p for p in orders if p > 1)
+    higher = tuple(orders) if sums_only else tuple(p for p in orders if p > 1)
     result = {}
-    if grad is None or not plan.sites:
+    if (grad is None and not sums_only) or not plan.sites:
         return {p: tf.zeros(shape, plan.dtype) for p in orders}
     nf = tf.cast(n, plan.dtype)
-    if 1 in orders:
+    if 1 in orders and not sums_only:
         g = tf.cast(tf.convert_to_tensor(grad), plan.dtype)
         result[1] = g / nf if mode == "sum" else tf.identity(g)
     if not higher:
         return result
+    # For a mean loss delta = n * G. Up to order 2, scale the (small) sums by n**p instead of
+    # the (large) output gradients: one full-size multiply and its buffer less per layer. For
+    # orders 3-4 in float32, (G)**p could underflow where (n G)**p does not: scale delta then.
+    scale_sums = mode == "mean" and max(higher) <= 2
     deltas = []
     for site, _ in plan.sites:
         g_out = out_grads[index[site.output.ref()]]
         if g_out is None:
             g_out = tf.zeros_like(site.output)
         g_out = tf.cast(tf.convert_to_tensor(g_out), plan.dtype)
-        deltas.append(g_out * nf if mode == "mean" else g_out)
+        deltas.append(g_out * nf if mode == "mean" and not scale_sums else g_out)
     if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
-        sums = plan.sites[0][1].power_sums(deltas[0], n, higher)
+        chunk = _chunk(plan, n, chunk_size, fast=True)
+        sums = plan.sites[0][1].power_sums(deltas[0], n, higher, chunk)
         sums = {p: tf.reshape(s, shape) for p, s in sums.items()}
     else:
         chunk = _chunk(plan, n, chunk_size)
         sums = _power_sums_chunked(plan, deltas, n, higher, chunk)
     for p in higher:
-        result[p] = sums[p] / nf
+        result[p] = sums[p] * nf ** (p - 1) if scale_sums else sums[p] / nf
     return result
 
 

@@ -46,7 +46,8 @@ class Site:
 
 # per_example(delta, n, start, size) -> [size, *view.shape] per-example gradients of `view`
 PerExampleFn = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
-# power_sums(delta, n, orders) -> {p: sum_j g_j ** p}, shaped like `view`
+# power_sums(delta, n, orders, chunk) -> {p: sum_j g_j ** p}, shaped like `view`; `chunk`: the
+# most examples to process at once (None: all), for rules whose fast path materialises per example
 PowerSumsFn = Callable[[tf.Tensor, tf.Tensor, tuple], dict]
 
 
@@ -71,3 +72,8 @@ class Contribution:
     per_example: PerExampleFn
     per_example_elements: int
     power_sums: PowerSumsFn | None = None
+    # Per-example elements the power_sums path holds at once (chunk sizing); None: not chunked.
+    power_sums_elements: int | None = None
+    # power_sums also gives order 1 (sum_j g_j) at no extra cost, so the core may take the
+    # variable's gradient from it instead of building TF's own (e.g. Conv2DBackpropFilter).
+    gradient_from_sums: bool = False

@@ -69,7 +69,7 @@ def bias_rule(site: Site) -> Contribution:
     def per_example(delta, n, start, size):
         return reduce(contributions(delta, n)[start : start + size])
 
-    def power_sums(delta, n, orders):
+    def power_sums(delta, n, orders, chunk=None):
         g = reduce(contributions(delta, n))
         out_sums, g_pow = {}, {1: g}
         for p in sorted(orders):

@@ -71,7 +71,7 @@ def matmul_rule(site: Site) -> Contribution:
             d = delta_rows(delta)[start : start + size]
             return finish(tf.einsum("ni,no->nio", a, d))
 
-        def power_sums(delta, n, orders):
+        def power_sums(delta, n, orders, chunk=None):
             a = rows()
             d = delta_rows(delta)
             out = {}
