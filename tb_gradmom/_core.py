@@ -10,7 +10,7 @@ import tensorflow as tf
 from tb_gradmom import _graph
 from tb_gradmom._errors import BatchSizeError, UnsupportedOpError
 from tb_gradmom.rules import REGISTRY, RuleError, supported_ops
-from tb_gradmom.rules.base import Site
+from tb_gradmom.rules.base import Site, power_sum, sum_over_chunks
 
 __all__ = [
     "gradients_and_moments",
@@ -167,38 +167,12 @@ def _power_sums_chunked(plan, deltas, n, orders, chunk) -> dict:
     def chunk_sums(start, size):
         g = None
         for (_site, c), delta in zip(plan.sites, deltas):
-            part = c.per_example(delta, n, start, size)
-            part = tf.reshape(part, [-1, *var_shape])
+            part = tf.reshape(c.per_example(delta, n, start, size), [-1, *var_shape])
             g = part if g is None else g + part
-        out, g_pow = {}, {1: g}
-        for p in orders:
-            for q in range(2, p + 1):
-                if q not in g_pow:
-                    g_pow[q] = g_pow[q // 2] * g_pow[q - q // 2]
-            out[p] = tf.reduce_sum(g_pow[p], axis=0)
-        return out
+        g_pow = {1: g}
+        return {p: power_sum(g_pow, p) for p in orders}
 
-    n_static = tf.get_static_value(n)
-    if n_static is not None and int(n_static) <= chunk:
-        return chunk_sums(0, n)
-
-    num_chunks = (n + chunk - 1) // chunk
-    zeros = tuple(tf.zeros(var_shape, plan.dtype) for _ in orders)
-
-    def body(i, accs):
-        start = i * chunk
-        size = tf.minimum(chunk, n - start)
-        sums = chunk_sums(start, size)
-        return i + 1, tuple(a + sums[p] for a, p in zip(accs, orders))
-
-    _, accs = tf.while_loop(
-        lambda i, _: i < num_chunks,
-        body,
-        (tf.constant(0), zeros),
-        parallel_iterations=1,
-        name="chunks",
-    )
-    return dict(zip(orders, accs))
+    return sum_over_chunks(n, chunk, orders, var_shape, plan.dtype, chunk_sums)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-__all__ = ["Site", "Contribution", "RuleError"]
+__all__ = ["Site", "Contribution", "RuleError", "sum_over_chunks", "power_sum"]
 
 
 class RuleError(Exception):
@@ -77,3 +77,39 @@ class Contribution:
     # power_sums also gives order 1 (sum_j g_j) at no extra cost, so the core may take the
     # variable's gradient from it instead of building TF's own (e.g. Conv2DBackpropFilter).
     gradient_from_sums: bool = False
+
+
+def power_sum(g_pow: dict, p: int) -> tf.Tensor:
+    """``sum over axis 0 of g ** p``, reusing and filling ``g_pow`` (``{1: g}`` at first)."""
+    for q in range(2, p + 1):
+        if q not in g_pow:
+            g_pow[q] = g_pow[q // 2] * g_pow[q - q // 2]
+    return tf.reduce_sum(g_pow[p], axis=0)
+
+
+def sum_over_chunks(n, chunk, orders, shape, dtype, chunk_sums, name="chunks") -> dict:
+    """``{p: sum over chunks of chunk_sums(start, size)[p]}`` for examples ``[0, n)``.
+
+    One call when the batch is statically no bigger than ``chunk`` (or ``chunk`` is None);
+    otherwise a ``tf.while_loop`` over chunks of ``chunk`` examples, one at a time, so only one
+    chunk's per-example tensors are alive.
+    """
+    n_static = tf.get_static_value(n)
+    if chunk is None or (n_static is not None and int(n_static) <= chunk):
+        return chunk_sums(0, n)
+    num_chunks = (n + chunk - 1) // chunk
+    zeros = tuple(tf.zeros(shape, dtype) for _ in orders)
+
+    def body(i, accs):
+        start = i * chunk
+        sums = chunk_sums(start, tf.minimum(chunk, n - start))
+        return i + 1, tuple(a + sums[p] for a, p in zip(accs, orders))
+
+    _, accs = tf.while_loop(
+        lambda i, _: i < num_chunks,
+        body,
+        (tf.constant(0), zeros),
+        parallel_iterations=1,
+        name=name,
+    )
+    return dict(zip(orders, accs))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom._graph import grouped_source
-from tb_gradmom.rules.base import Contribution, RuleError, Site
+from tb_gradmom.rules.base import Contribution, RuleError, Site, power_sum
 
 __all__ = ["bias_rule"]
 
@@ -70,13 +70,8 @@ def bias_rule(site: Site) -> Contribution:
         return reduce(contributions(delta, n)[start : start + size])
 
     def power_sums(delta, n, orders, chunk=None):
-        g = reduce(contributions(delta, n))
-        out_sums, g_pow = {}, {1: g}
-        for p in sorted(orders):
-            if p not in g_pow:
-                g_pow[p] = g_pow[p - 1] * g
-            out_sums[p] = tf.reduce_sum(g_pow[p], axis=0)
-        return out_sums
+        g_pow = {1: reduce(contributions(delta, n))}
+        return {p: power_sum(g_pow, p) for p in sorted(orders)}
 
     if group_src is not None:
         examples = tf.shape(group_src)[0]

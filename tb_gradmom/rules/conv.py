@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-from tb_gradmom.rules.base import Contribution, RuleError, Site
+from tb_gradmom.rules.base import Contribution, RuleError, Site, power_sum, sum_over_chunks
 
 __all__ = ["conv_rule"]
 
@@ -144,37 +144,23 @@ def conv_rule(site: Site) -> Contribution:
             g = tf.linalg.matmul(x_off, d3, transpose_a=True)  # [rows, c_in, c_out]
             g_pow = {1: g}
             for p in orders:
-                for q in range(2, p + 1):
-                    if q not in g_pow:
-                        g_pow[q] = g_pow[q // 2] * g_pow[q - q // 2]
-                sums[p].append(tf.reduce_sum(g_pow[p], axis=0))
+                sums[p].append(power_sum(g_pow, p))
             done.append([sums[p][-1] for p in orders])
         return {p: tf.stack(v) for p, v in sums.items()}
 
     def power_sums(delta, n, orders, chunk=None):
         """{p: sum_j g_j**p} for orders that may include 1, in chunks of examples."""
         orders = tuple(sorted(orders))
-        kshape = [*kernel_sizes, c_in, c_out]
-        n_static = tf.get_static_value(n)
-        if chunk is None or (n_static is not None and int(n_static) <= chunk):
-            sums = offset_sums(delta, 0, n, orders)
-            return {p: tf.reshape(v, kshape) for p, v in sums.items()}
-        num_chunks = (n + chunk - 1) // chunk
-        zeros = tuple(tf.zeros([len(offsets), c_in, c_out], site.dtype) for _ in orders)
-
-        def body(i, accs):
-            start = i * chunk
-            sums = offset_sums(delta, start, tf.minimum(chunk, n - start), orders)
-            return i + 1, tuple(a + sums[p] for a, p in zip(accs, orders))
-
-        _, accs = tf.while_loop(
-            lambda i, _: i < num_chunks,
-            body,
-            (tf.constant(0), zeros),
-            parallel_iterations=1,
+        sums = sum_over_chunks(
+            n,
+            chunk,
+            orders,
+            [len(offsets), c_in, c_out],
+            site.dtype,
+            lambda start, size: offset_sums(delta, start, size, orders),
             name="conv_chunks",
         )
-        return {p: tf.reshape(a, kshape) for p, a in zip(orders, accs)}
+        return {p: tf.reshape(v, [*kernel_sizes, c_in, c_out]) for p, v in sums.items()}
 
     positions = 1
     for s in out.shape[1:-1]:
