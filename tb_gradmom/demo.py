@@ -18,7 +18,7 @@ import time
 
 __all__ = ["main", "run"]
 
-DEFAULT_STEPS = {"mlp": 600, "cnn": 300}
+DEFAULT_STEPS = {"mlp": 20000, "cnn": 10000}
 QUICK_STEPS = {"mlp": 12, "cnn": 6}
 
 
@@ -123,7 +123,9 @@ def run_cnn(logdir: str, steps: int, every: int = 10, batch: int = 32, seed: int
 
     rng = np.random.default_rng(seed)
     keras.utils.set_random_seed(seed)
-    x, y = _stripes(rng, steps * batch)
+    x, y = _stripes(rng, min(steps * batch, 8192))
+    per_epoch = len(x) // batch
+    epochs = -(-steps // per_epoch)
     model = keras.Sequential(
         [
             keras.Input(x.shape[1:]),
@@ -145,14 +147,17 @@ def run_cnn(logdir: str, steps: int, every: int = 10, batch: int = 32, seed: int
 
     class _Bar(keras.callbacks.Callback):
         def on_train_batch_end(self, batch_index, logs=None):
-            if batch_index % 5 == 0 or batch_index == steps - 1:
-                bar.update(batch_index + 1, f"loss {float((logs or {}).get('loss', 0.0)):.3f}")
+            done = int(self.model.optimizer.iterations.numpy())
+            if done % 10 == 0 or done == steps:
+                bar.update(done, f"loss {float((logs or {}).get('loss', 0.0)):.3f}")
+            if done >= steps:
+                self.model.stop_training = True
 
     model.fit(
         x,
         y,
         batch_size=batch,
-        epochs=1,
+        epochs=epochs,
         verbose=0,
         callbacks=[GradMoments(os.path.join(logdir, "cnn"), every_n_steps=every), _Bar()],
     )
@@ -164,7 +169,7 @@ def run(logdir: str = "runs/demo", steps: int | None = None, quick: bool = False
 
     Args:
       logdir: the parent directory of the runs ``mlp`` and ``cnn``.
-      steps: training steps per run (default about a minute in all: 600 MLP, 300 CNN steps).
+      steps: training steps per run (default about a minute in all: 20000 MLP, 10000 CNN steps).
       quick: a few steps per run only (a smoke test).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -173,7 +178,7 @@ def run(logdir: str = "runs/demo", steps: int | None = None, quick: bool = False
     plan = QUICK_STEPS if quick else DEFAULT_STEPS
     mlp_steps = steps or plan["mlp"]
     cnn_steps = steps or plan["cnn"]
-    every = 2 if quick else 10
+    every = 2 if quick else 50
     os.makedirs(logdir, exist_ok=True)
     print(f"Grad Moments demo: writing runs 'mlp' and 'cnn' to {logdir}", file=sys.stderr)
     run_mlp(logdir, mlp_steps, every=every)
