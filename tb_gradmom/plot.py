@@ -521,6 +521,11 @@ def heatmap(
             label += f", n = {d['batch_size']}"
         bar = fig.colorbar(image, ax=ax, extend="neither")
         bar.set_label(label)
+        if scale != "log":
+            # Tick labels carry their own exponent (e.g. 5e-10): matplotlib's offset text
+            # would sit on top of the title.
+            bar.formatter = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}")
+            bar.update_ticks()
         notes = []
         if d["pooled"]:
             notes.append(f"logged as {d['block'][0]}×{d['block'][1]} block means")
@@ -632,9 +637,12 @@ def curves(
             ax.set_yscale(yscale)
             ax.grid(True, color="#e0e0e0", lw=0.5)
         axes[-1].set_xlabel("step")
+        # At most 6 integer step ticks: long runs' 5-digit steps would overlap otherwise.
+        axes[-1].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=6, integer=True))
         if len(run_names) > 1:
             axes[0].legend(frameon=False, ncols=min(3, len(run_names)))
-        axes[0].set_title(_title(tag, "derived quantities"))
+        name = "whole model" if tag == metadata.MODEL_TAG else tag
+        axes[0].set_title(_title(name, "derived quantities"))
     return fig
 
 
