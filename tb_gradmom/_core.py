@@ -104,7 +104,12 @@ def _plan(variable, name: str, graph, on_path) -> _Plan:
             if rule is None:
                 raise UnsupportedOpError(_unsupported_message(name, raw.op, None))
             site = Site(
-                op=raw.op, index=raw.index, view=raw.view, output=raw.op.outputs[0], dtype=dtype
+                op=raw.op,
+                index=raw.index,
+                view=raw.view,
+                output=raw.op.outputs[0],
+                dtype=dtype,
+                var_shape=variable.shape,
             )
             try:
                 sites.append((site, rule(site)))

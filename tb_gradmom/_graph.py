@@ -19,6 +19,9 @@ __all__ = [
 # row-major order of its elements. A moment of the viewed tensor reshapes to the variable.
 VIEW_OPS = frozenset({"Identity", "Cast", "ExpandDims", "Reshape", "Squeeze", "IdentityN"})
 
+# Ops that read a variable's value but pass no gradient to it (its shape, not its numbers).
+NO_GRADIENT_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape"})
+
 
 def static_dim(t: tf.Tensor, axis: int = 0):
     """The static size of ``t`` along ``axis``, or None."""
@@ -95,6 +98,8 @@ def find_sites(handle: tf.Tensor, on_path: set[tf.Operation]) -> list[RawSite]:
     for read in handle.consumers():
         if read not in on_path:
             continue
+        if read.type in NO_GRADIENT_OPS:
+            continue
         if read.type != "ReadVariableOp":
             sites.append(RawSite(read, list(read.inputs).index(handle), handle, read))
             continue
@@ -102,7 +107,7 @@ def find_sites(handle: tf.Tensor, on_path: set[tf.Operation]) -> list[RawSite]:
         while stack:
             t = stack.pop()
             for op in t.consumers():
-                if op not in on_path:
+                if op not in on_path or op.type in NO_GRADIENT_OPS:
                     continue
                 if op.type in VIEW_OPS and op.inputs[0] is t:
                     stack.extend(op.outputs[:1])

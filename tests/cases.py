@@ -149,6 +149,69 @@ def _twice(dtype):
     return model, model.trainable_variables
 
 
+def _ids(shape, vocab, y_shape):
+    """Integer ids with repeats inside every example, and float targets."""
+
+    def make(rng, dtype):
+        ids = rng.integers(0, vocab, size=shape).astype("int32")
+        ids[:, 1] = ids[:, 0]  # a repeated id in every example
+        return ids, rng.normal(size=y_shape).astype(dtype)
+
+    return make
+
+
+def _embedding(dtype):
+    keras.utils.set_random_seed(6)
+    model = keras.Sequential(
+        [
+            keras.Input((5,), dtype="int32"),
+            keras.layers.Embedding(7, 3, dtype=dtype),
+            keras.layers.GlobalAveragePooling1D(dtype=dtype),
+            keras.layers.Dense(2, dtype=dtype),
+        ]
+    )
+    return model, model.trainable_variables
+
+
+class TiedEmbedding(keras.Model):
+    """Token embedding reused as the output projection (a gather and a matmul of one table)."""
+
+    def __init__(self, dtype):
+        super().__init__(dtype=dtype)
+        self.emb = keras.layers.Embedding(6, 4, dtype=dtype)
+        self.mix = keras.layers.Dense(4, activation="tanh", dtype=dtype)
+
+    def call(self, ids):
+        h = self.mix(tf.reduce_mean(self.emb(ids), axis=1))
+        return tf.matmul(h, self.emb.embeddings, transpose_b=True)
+
+
+def _tied(dtype):
+    keras.utils.set_random_seed(8)
+    model = TiedEmbedding(dtype)
+    model(np.zeros((1, 4), "int32"))
+    return model, model.trainable_variables
+
+
+class SparseReadModule(tf.Module):
+    """Raw TF: ``tf.nn.embedding_lookup`` on a resource variable is a ``ResourceGather``."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(9)
+        self.table = tf.Variable(rng.normal(size=(8, 2)).astype(dtype), name="table")
+        self.w = tf.Variable(rng.normal(size=(2, 3)).astype(dtype), name="w")
+
+    def __call__(self, ids):
+        rows = tf.nn.embedding_lookup(self.table, ids)  # [n, T, 2]
+        return tf.matmul(tf.reduce_sum(tf.tanh(rows), axis=1), self.w)
+
+
+def _sparse_read(dtype):
+    m = SparseReadModule(dtype)
+    return m, [m.table, m.w]
+
+
 def sparse_ce(out, y):
     return keras.losses.sparse_categorical_crossentropy(tf.cast(y, tf.int32), out, from_logits=True)
 
@@ -248,6 +311,9 @@ CASES: list[Case] = [
     Case("subclassed-conv", _subclassed, _xy((3, 5, 5, 2), (3, 2)), "sum"),
     Case("raw-module", _raw, _xy((5, 4), (5, 3))),
     Case("layer-used-twice", _twice, _xy((4, 8), (4, 2))),
+    Case("embedding-repeated-ids", _embedding, _ids((4, 5), 7, (4, 2))),
+    Case("embedding-tied-output", _tied, _ids((4, 4), 6, (4, 6))),
+    Case("embedding-resource-gather", _sparse_read, _ids((3, 6), 8, (3, 3))),
 ]
 
 CASES_BY_ID = {c.id: c for c in CASES}

@@ -22,7 +22,9 @@ def per_example_gradients(forward, variables, per_example_loss, x, y) -> list[np
         grads = tape.gradient(lj, variables)
         rows.append(
             [
-                np.zeros(v.shape, v.dtype.as_numpy_dtype) if g is None else np.asarray(g)
+                np.zeros(v.shape, v.dtype.as_numpy_dtype)
+                if g is None
+                else np.asarray(tf.convert_to_tensor(g))
                 for g, v in zip(grads, variables)
             ]
         )

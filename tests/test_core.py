@@ -77,6 +77,8 @@ def test_moments_match_brute_force(case, dtype):
             _assert_close(m[p], expected[p], TOLERANCE[dtype], f"{case.id} {name} M{p}")
         # grads are those of the loss as given (of the mean for a vector loss)
         scale = per_ex.shape[0] if case.loss == "sum" else 1
+        # IndexedSlices for gathers, as tf.gradients gives them
+        g = tf.convert_to_tensor(g)
         _assert_close(g, expected[1] * scale, TOLERANCE[dtype], f"{case.id} {name} grad")
 
 
@@ -244,3 +246,37 @@ def test_import_is_lazy():
     code = "import sys, tb_gradmom; assert 'tensorflow' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_embedding_memory_is_per_token_not_per_vocabulary():
+    """No tensor of the moments step holds n * vocab * dim values (nor more than the table)."""
+    vocab, dim, n = 50_000, 8, 16
+    table = tf.Variable(tf.random.normal([vocab, dim], seed=1), name="table")
+
+    @tf.function
+    def step(ids):
+        h = tf.reduce_mean(tf.gather(table, ids), axis=1)
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(h), axis=1))
+        return gradmom.gradients_and_moments(loss, [table], orders=(1, 2, 3, 4))[1]
+
+    ids = tf.constant(np.random.default_rng(0).integers(0, vocab, size=(n, 6)), tf.int32)
+    graph = step.get_concrete_function(ids).graph
+    biggest = max(
+        (t.shape.num_elements() or 0)
+        for op in graph.get_operations()
+        for t in op.outputs
+        if t.shape.is_fully_defined()
+    )
+    assert biggest <= vocab * dim
+    moments = step(ids)[0]
+    # Brute force on the rows the batch touches: per example, rows sum their repeated ids.
+    ids_np = ids.numpy()
+    h = table.numpy()[ids_np].mean(axis=1)  # [n, dim]
+    g = np.zeros((n, vocab, dim))
+    for j in range(n):
+        for t in range(ids_np.shape[1]):
+            g[j, ids_np[j, t]] += 2 * h[j] / ids_np.shape[1]
+    touched = np.unique(ids_np)
+    for p in (1, 2, 3, 4):
+        want = (g[:, touched] ** p).mean(axis=0)
+        np.testing.assert_allclose(moments[p].numpy()[touched], want, rtol=2e-4, atol=1e-12)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from tb_gradmom.rules.base import Contribution, RuleError, Site
 from tb_gradmom.rules.bias import bias_rule
 from tb_gradmom.rules.conv import conv_rule
+from tb_gradmom.rules.embedding import gather_rule
 from tb_gradmom.rules.matmul import matmul_rule
 
 __all__ = ["REGISTRY", "Contribution", "RuleError", "Site", "supported_ops"]
@@ -22,6 +23,8 @@ REGISTRY = {
     "Add": bias_rule,
     "Sub": bias_rule,
     "Mul": bias_rule,
+    "GatherV2": gather_rule,
+    "ResourceGather": gather_rule,
 }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-__all__ = ["Site", "Contribution", "RuleError", "sum_over_chunks", "power_sum"]
+__all__ = ["Site", "Contribution", "RuleError", "sum_over_chunks", "power", "power_sum"]
 
 
 class RuleError(Exception):
@@ -31,6 +31,7 @@ class Site:
       view: that input tensor (the variable after pass-through views).
       output: the op's output whose gradient the rule needs.
       dtype: the dtype in which moments are computed (float32, or float64 for float64 models).
+      var_shape: the variable's shape (``view`` is the resource handle for ``ResourceGather``).
     """
 
     op: tf.Operation
@@ -38,6 +39,7 @@ class Site:
     view: tf.Tensor
     output: tf.Tensor
     dtype: tf.DType
+    var_shape: tf.TensorShape | None = None
 
     def input(self, i: int) -> tf.Tensor:
         """The op's i-th input, cast to the moment dtype."""
@@ -79,12 +81,17 @@ class Contribution:
     gradient_from_sums: bool = False
 
 
-def power_sum(g_pow: dict, p: int) -> tf.Tensor:
-    """``sum over axis 0 of g ** p``, reusing and filling ``g_pow`` (``{1: g}`` at first)."""
+def power(g_pow: dict, p: int) -> tf.Tensor:
+    """``g ** p`` by products, reusing and filling ``g_pow`` (``{1: g}`` at first)."""
     for q in range(2, p + 1):
         if q not in g_pow:
             g_pow[q] = g_pow[q // 2] * g_pow[q - q // 2]
-    return tf.reduce_sum(g_pow[p], axis=0)
+    return g_pow[p]
+
+
+def power_sum(g_pow: dict, p: int) -> tf.Tensor:
+    """``sum over axis 0 of g ** p`` (see `power`)."""
+    return tf.reduce_sum(power(g_pow, p), axis=0)
 
 
 def sum_over_chunks(n, chunk, orders, shape, dtype, chunk_sums, name="chunks") -> dict:

@@ -1,0 +1,74 @@
+"""Embeddings: ``GatherV2`` on the variable's value (Keras ``Embedding``) and ``ResourceGather``.
+
+Row ``v`` of example ``j``'s gradient sums the output gradients of every position where the
+example looks ``v`` up: ``g_j[v] = sum_{t: ids[j,t] = v} delta_{j,t}``. Repeated ids within an
+example are summed *before* the power. The rule segment-sums ``delta`` over the unique
+``(example, id)`` pairs, raises those sums to the power, and segment-sums them by id: memory
+``O(tokens * dim)``, never ``O(n * vocab * dim)``.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tb_gradmom.rules.base import Contribution, RuleError, Site, power
+
+__all__ = ["gather_rule"]
+
+
+def gather_rule(site: Site) -> Contribution:
+    """The rule for a variable whose rows are looked up by ``GatherV2`` or ``ResourceGather``."""
+    op = site.op
+    if op.type == "GatherV2":
+        if site.index != 0:
+            raise RuleError("the variable is the indices of the gather, not its params")
+        axis = tf.get_static_value(op.inputs[2])
+        if axis is None or int(axis) != 0:
+            raise RuleError(f"only a gather along axis 0 is supported, got axis {axis}")
+        shape = site.view.shape
+    else:  # ResourceGather reads the rows straight from the resource handle.
+        shape = site.var_shape
+    if op.get_attr("batch_dims") != 0:
+        raise RuleError("a gather with batch_dims is not supported")
+    if shape is None or not shape.is_fully_defined() or shape.rank < 1:
+        raise RuleError("the embedding table's shape is not static")
+    vocab = int(shape[0])
+    row = [int(s) for s in shape[1:]]
+    row_size = 1
+    for s in row:
+        row_size *= s
+    indices = op.inputs[1]
+    if indices.shape.rank == 0:
+        raise RuleError("a single looked-up id has no batch axis")
+
+    def pairs(delta, n, start, size):
+        """Per (example, id) pair of examples [start, start + size): ids, local example, sums."""
+        ids = tf.reshape(tf.cast(indices, tf.int64), [n, -1])[start : start + size]
+        d = tf.reshape(delta, [n, -1, row_size])[start : start + size]
+        per = tf.shape(ids, out_type=tf.int64)[1]
+        example = tf.repeat(tf.range(tf.cast(size, tf.int64)), per)
+        key = example * vocab + tf.reshape(ids, [-1])
+        unique, slot = tf.unique(key)
+        sums = tf.math.unsorted_segment_sum(tf.reshape(d, [-1, row_size]), slot, tf.size(unique))
+        return unique // vocab, unique % vocab, sums
+
+    def power_sums(delta, n, orders, chunk=None):
+        _, ids, g = pairs(delta, n, 0, n)
+        g_pow = {1: g}
+        return {
+            p: tf.reshape(tf.math.unsorted_segment_sum(power(g_pow, p), ids, vocab), [vocab, *row])
+            for p in orders
+        }
+
+    def per_example(delta, n, start, size):
+        example, ids, g = pairs(delta, n, start, size)
+        dense = tf.math.unsorted_segment_sum(g, example * vocab + ids, size * vocab)
+        return tf.reshape(dense, [-1, vocab, *row])
+
+    return Contribution(
+        examples=tf.shape(indices)[0],
+        evidence=f"the first axis of the ids of {op.type} op '{op.name}'",
+        per_example=per_example,
+        per_example_elements=vocab * row_size,
+        power_sums=power_sums,
+    )
