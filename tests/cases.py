@@ -76,6 +76,13 @@ def conv(kind, filters, kernel, **kw):
     return lambda dtype: cls(filters, kernel, dtype=dtype, **kw)
 
 
+def layer_norm():
+    # Non-trivial scale and offset so that their gradients are not the identity's.
+    return lambda dtype: keras.layers.LayerNormalization(
+        dtype=dtype, gamma_initializer="random_normal", beta_initializer="random_normal"
+    )
+
+
 def flatten():
     return lambda dtype: keras.layers.Flatten(dtype=dtype)
 
@@ -311,6 +318,16 @@ CASES: list[Case] = [
     Case("subclassed-conv", _subclassed, _xy((3, 5, 5, 2), (3, 2)), "sum"),
     Case("raw-module", _raw, _xy((5, 4), (5, 3))),
     Case("layer-used-twice", _twice, _xy((4, 8), (4, 2))),
+    Case(
+        "layernorm-sequence",
+        _keras(dense(6), layer_norm(), input_shape=(4, 5)),
+        _xy((3, 4, 5), (3, 4, 6)),
+    ),
+    Case(
+        "layernorm-then-dense",
+        _keras(layer_norm(), dense(2), input_shape=(5,)),
+        _xy((4, 5), (4, 2)),
+    ),
     Case("embedding-repeated-ids", _embedding, _ids((4, 5), 7, (4, 2))),
     Case("embedding-tied-output", _tied, _ids((4, 4), 6, (4, 6))),
     Case("embedding-resource-gather", _sparse_read, _ids((3, 6), 8, (3, 3))),
