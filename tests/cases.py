@@ -219,6 +219,35 @@ def _sparse_read(dtype):
     return m, [m.table, m.w]
 
 
+def _encoder_block(dtype):
+    """A transformer encoder block: self-attention + layer norm + MLP, both residual."""
+    keras.utils.set_random_seed(10)
+    inp = keras.Input((5, 8), dtype=dtype)
+    att = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, dtype=dtype)(inp, inp)
+    h = keras.layers.LayerNormalization(dtype=dtype)(keras.layers.Add(dtype=dtype)([inp, att]))
+    mlp = keras.layers.Dense(8, dtype=dtype)(keras.layers.Dense(16, "relu", dtype=dtype)(h))
+    out = keras.layers.LayerNormalization(dtype=dtype)(keras.layers.Add(dtype=dtype)([h, mlp]))
+    model = keras.Model(inp, out)
+    return model, model.trainable_variables
+
+
+class RawEinsum(tf.Module):
+    """A plain ``tf.einsum`` projection with the batch letter first in the output."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(12)
+        self.w = tf.Variable(rng.normal(size=(4, 2, 3)).astype(dtype), name="w")
+
+    def __call__(self, x):
+        return tf.einsum("btd,dhk->bthk", x, self.w)
+
+
+def _raw_einsum(dtype):
+    m = RawEinsum(dtype)
+    return m, [m.w]
+
+
 def sparse_ce(out, y):
     return keras.losses.sparse_categorical_crossentropy(tf.cast(y, tf.int32), out, from_logits=True)
 
@@ -328,6 +357,8 @@ CASES: list[Case] = [
         _keras(layer_norm(), dense(2), input_shape=(5,)),
         _xy((4, 5), (4, 2)),
     ),
+    Case("transformer-encoder-block", _encoder_block, _xy((3, 5, 8), (3, 5, 8))),
+    Case("raw-einsum", _raw_einsum, _xy((3, 5, 4), (3, 5, 2, 3))),
     Case("embedding-repeated-ids", _embedding, _ids((4, 5), 7, (4, 2))),
     Case("embedding-tied-output", _tied, _ids((4, 4), 6, (4, 6))),
     Case("embedding-resource-gather", _sparse_read, _ids((3, 6), 8, (3, 3))),

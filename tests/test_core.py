@@ -54,9 +54,16 @@ def _run(case, dtype, *, dynamic_batch=False, **kwargs):
     return variables, grads, moments, ref
 
 
-def _assert_close(ours, ref, tol, what):
+def _assert_close(ours, ref, tol, what, floor=0.0):
+    """Max error <= tol * the reference's largest magnitude (at least ``floor``).
+
+    ``floor``: for a variable whose true moments vanish (a key bias in attention: softmax does
+    not see it), rounding noise of the size of the model's other gradients is all there is
+    (measured 1.7e-7 in float32 against a largest moment of 1.4e-7); the callers pass 1e-3 of
+    the largest moment of the same order over the whole model.
+    """
     ours = np.asarray(ours, np.float64)
-    scale = max(float(np.max(np.abs(ref))), 1e-30)
+    scale = max(float(np.max(np.abs(ref))), floor, 1e-30)
     err = float(np.max(np.abs(ours - ref))) if ref.size else 0.0
     assert ours.shape == ref.shape, f"{what}: shape {ours.shape} != {ref.shape}"
     assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} * {scale:.3g}"
@@ -67,19 +74,22 @@ def _assert_close(ours, ref, tol, what):
 def test_moments_match_brute_force(case, dtype):
     variables, grads, moments, ref = _run(case, dtype)
     assert len(moments) == len(variables)
-    for v, g, m, per_ex in zip(variables, grads, moments, ref):
+    expected_all = [reference.moments(per_ex, ORDERS) for per_ex in ref]
+    floor = {p: 1e-3 * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in ORDERS}
+    for v, g, m, per_ex, expected in zip(variables, grads, moments, ref, expected_all):
         name = gradmom._core.variable_name(v)
         assert set(m) == set(ORDERS)
-        expected = reference.moments(per_ex, ORDERS)
         for p in ORDERS:
             want_dtype = tf.float64 if dtype == "float64" else tf.float32
             assert m[p].dtype == want_dtype
-            _assert_close(m[p], expected[p], TOLERANCE[dtype], f"{case.id} {name} M{p}")
+            _assert_close(m[p], expected[p], TOLERANCE[dtype], f"{case.id} {name} M{p}", floor[p])
         # grads are those of the loss as given (of the mean for a vector loss)
         scale = per_ex.shape[0] if case.loss == "sum" else 1
         # IndexedSlices for gathers, as tf.gradients gives them
         g = tf.convert_to_tensor(g)
-        _assert_close(g, expected[1] * scale, TOLERANCE[dtype], f"{case.id} {name} grad")
+        _assert_close(
+            g, expected[1] * scale, TOLERANCE[dtype], f"{case.id} {name} grad", floor[1] * scale
+        )
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from tb_gradmom.rules.base import Contribution, RuleError, Site
 from tb_gradmom.rules.bias import bias_rule
 from tb_gradmom.rules.conv import conv_rule
+from tb_gradmom.rules.einsum import batch_matmul_rule, einsum_rule
 from tb_gradmom.rules.embedding import gather_rule
 from tb_gradmom.rules.matmul import matmul_rule
 
@@ -25,6 +26,9 @@ REGISTRY = {
     "Mul": bias_rule,
     "GatherV2": gather_rule,
     "ResourceGather": gather_rule,
+    "BatchMatMulV2": batch_matmul_rule,
+    "BatchMatMulV3": batch_matmul_rule,
+    "Einsum": einsum_rule,
 }
 
 

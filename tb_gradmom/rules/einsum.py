@@ -1,0 +1,95 @@
+"""Projections with extra axes: ``BatchMatMulV2`` with a broadcast weight, and ``Einsum``.
+
+Keras 3 ``EinsumDense`` (the query/key/value/output projections of ``MultiHeadAttention``)
+appears as ``Reshape -> BatchMatMulV2`` of ``x: [n, ..., d_in]`` with ``W: [d_in, d_out]``; its
+per-example gradient sums over every non-batch position: ``g_j = sum_t x_{j,t}^T delta_{j,t}``.
+A plain ``Einsum`` ``"X,W->Z"`` whose output starts with the batch letter ``b`` (absent from
+``W``) has per-example gradient ``einsum("X,Z->bW", x, delta)``: the positions are summed inside
+the einsum, per example, before the power. Both are materialised for a chunk of examples.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tb_gradmom.rules.base import Contribution, RuleError, Site
+
+__all__ = ["batch_matmul_rule", "einsum_rule"]
+
+
+def batch_matmul_rule(site: Site) -> Contribution:
+    """``BatchMatMulV2(x, W)`` with a rank-2 (broadcast) variable ``W`` as the second operand."""
+    op = site.op
+    if site.index != 1:
+        raise RuleError(
+            "the variable is the left operand; only a broadcast right operand is supported"
+        )
+    wshape = site.view.shape
+    if wshape.rank != 2 or not wshape.is_fully_defined():
+        raise RuleError("the variable must be a static matrix broadcast over the batch")
+    x_t = op.inputs[0]
+    if x_t.shape.rank is None or x_t.shape.rank < 3:
+        raise RuleError("the other operand has no batch axis beyond the matrix axes")
+    adj_x, adj_y = op.get_attr("adj_x"), op.get_attr("adj_y")
+    d_in, d_out = (wshape[1], wshape[0]) if adj_y else (wshape[0], wshape[1])
+
+    def per_example(delta, n, start, size):
+        x = site.input(0)[start : start + size]
+        if adj_x:
+            x = tf.linalg.matrix_transpose(x)
+        x3 = tf.reshape(x, [tf.shape(x)[0], -1, d_in])
+        d3 = tf.reshape(delta[start : start + size], [tf.shape(x)[0], -1, d_out])
+        g = tf.einsum("nti,nto->nio", x3, d3)
+        return tf.linalg.matrix_transpose(g) if adj_y else g
+
+    return Contribution(
+        examples=tf.shape(x_t)[0],
+        evidence=f"the first axis of the input of {op.type} op '{op.name}'",
+        per_example=per_example,
+        per_example_elements=int(d_in * d_out),
+    )
+
+
+def _parse(equation: str) -> tuple[str, str, str]:
+    eq = equation.replace(" ", "")
+    if "..." in eq or "->" not in eq:
+        raise RuleError(f"equation {equation!r} has an ellipsis or no output")
+    inputs, out = eq.split("->")
+    parts = inputs.split(",")
+    if len(parts) != 2:
+        raise RuleError(f"equation {equation!r} does not have two operands")
+    return parts[0], parts[1], out
+
+
+def einsum_rule(site: Site) -> Contribution:
+    """A two-operand ``Einsum`` whose output's first axis is the batch of the other operand."""
+    op = site.op
+    equation = op.get_attr("equation")
+    equation = equation.decode() if isinstance(equation, bytes) else equation
+    subs = _parse(equation)
+    var_subs, other_subs, out_subs = subs[site.index], subs[1 - site.index], subs[2]
+    batch = out_subs[:1]
+    if not batch or batch in var_subs or batch not in other_subs:
+        raise RuleError(
+            f"equation {equation!r}: the output's first axis must come from the other operand "
+            "only (the batch)"
+        )
+    missing = [c for c in var_subs if c not in other_subs and c not in out_subs]
+    if missing:
+        raise RuleError(f"equation {equation!r}: the variable's axes {missing} are summed away")
+    if not site.view.shape.is_fully_defined():
+        raise RuleError("the variable's consumed shape is not static")
+    grad_eq = f"{other_subs},{out_subs}->{batch}{var_subs}"
+    axis = other_subs.index(batch)
+    other_t = op.inputs[1 - site.index]
+
+    def per_example(delta, n, start, size):
+        other = tf.gather(site.input(1 - site.index), tf.range(start, start + size), axis=axis)
+        return tf.einsum(grad_eq, other, delta[start : start + size])
+
+    return Contribution(
+        examples=tf.shape(other_t)[axis],
+        evidence=f"axis {axis} of the other operand of {op.type} op '{op.name}'",
+        per_example=per_example,
+        per_example_elements=int(site.view.shape.num_elements()),
+    )
