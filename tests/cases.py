@@ -343,6 +343,34 @@ CASES: list[Case] = [
         _keras(conv(3, 2, 2, dilation_rate=2), input_shape=(5, 5, 4, 1)),
         _xy((2, 5, 5, 4, 1), (2, 3, 3, 2, 2)),
     ),
+    Case(
+        "depthwise-conv2d-stride2-same",
+        _keras(
+            lambda dtype: keras.layers.DepthwiseConv2D(
+                3, strides=2, padding="same", depth_multiplier=2, dtype=dtype
+            ),
+            input_shape=(6, 5, 3),
+        ),
+        _xy((3, 6, 5, 3), (3, 3, 3, 6)),
+    ),
+    Case(
+        "separable-conv2d-valid",
+        _keras(
+            lambda dtype: keras.layers.SeparableConv2D(4, (2, 3), depth_multiplier=2, dtype=dtype),
+            flatten(),
+            dense(2),
+            input_shape=(5, 6, 2),
+        ),
+        _xy((3, 5, 6, 2), (3, 2)),
+    ),
+    Case(
+        "depthwise-conv2d-dilation2",
+        _keras(
+            lambda dtype: keras.layers.DepthwiseConv2D(2, dilation_rate=2, dtype=dtype),
+            input_shape=(6, 6, 2),
+        ),
+        _xy((2, 6, 6, 2), (2, 4, 4, 2)),
+    ),
     Case("functional-residual", _functional, _xy((5, 6), (5, 2))),
     Case("subclassed-conv", _subclassed, _xy((3, 5, 5, 2), (3, 2)), "sum"),
     Case("raw-module", _raw, _xy((5, 4), (5, 3))),

@@ -93,16 +93,26 @@ def test_moments_match_brute_force(case, dtype):
 
 
 @pytest.mark.parametrize(
-    "case_id", ["conv2d-stride2-same", "dense-sequence", "layer-used-twice", "mlp"]
+    "case_id",
+    [
+        "conv2d-stride2-same",
+        "depthwise-conv2d-stride2-same",
+        "dense-sequence",
+        "layer-used-twice",
+        "mlp",
+        "embedding-tied-output",
+        "transformer-encoder-block",
+    ],
 )
 def test_dynamic_batch_and_small_chunks(case_id):
     """Unknown batch size at trace time, and chunks smaller than the batch (a while loop)."""
     case = CASES_BY_ID[case_id]
     variables, _, moments, ref = _run(case, "float64", dynamic_batch=True, chunk_size=2)
-    for v, m, per_ex in zip(variables, moments, ref):
-        expected = reference.moments(per_ex, ORDERS)
+    expected_all = [reference.moments(per_ex, ORDERS) for per_ex in ref]
+    floor = {p: 1e-3 * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in ORDERS}
+    for v, m, expected in zip(variables, moments, expected_all):
         for p in ORDERS:
-            _assert_close(m[p], expected[p], 1e-10, f"{case_id} {v.path} M{p}")
+            _assert_close(m[p], expected[p], 1e-10, f"{case_id} {v.path} M{p}", floor[p])
 
 
 def test_old_tf1_conv_rule_counterexample():

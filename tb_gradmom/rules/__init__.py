@@ -19,6 +19,7 @@ REGISTRY = {
     "MatMul": matmul_rule,
     "Conv2D": conv_rule,
     "Conv3D": conv_rule,
+    "DepthwiseConv2dNative": conv_rule,
     "BiasAdd": bias_rule,
     "AddV2": bias_rule,
     "Add": bias_rule,

@@ -1,4 +1,5 @@
-"""Convolutions (``Conv2D``, ``Conv3D``; Keras Conv1D arrives as ``ExpandDims -> Conv2D``).
+"""Convolutions: ``Conv2D``, ``Conv3D`` (Keras Conv1D arrives as ``ExpandDims -> Conv2D``) and
+``DepthwiseConv2dNative`` (``DepthwiseConv2D``, the depthwise half of ``SeparableConv2D``).
 
 The filter gradient of example ``j`` sums over output positions ``q``:
 ``g_j = sum_q u_{j,q} delta_{j,q}^T``, with ``u_{j,q}`` the (strided, dilated, padded) input patch
@@ -52,7 +53,7 @@ def _spatial_pads(op, kernel_sizes, strides, dilations, in_sizes, out_sizes):
 
 
 def conv_rule(site: Site) -> Contribution:
-    """The rule for ``Conv2D`` and ``Conv3D`` consuming a variable as the filter."""
+    """The rule for ``Conv2D``, ``Conv3D`` and ``DepthwiseConv2dNative`` filters."""
     op = site.op
     if site.index != 1:
         raise RuleError("the variable is the convolution's input, not its filter")
@@ -65,7 +66,11 @@ def conv_rule(site: Site) -> Contribution:
         raise RuleError("the filter shape is not static")
     nd = kshape.rank - 2
     kernel_sizes = list(kshape[:nd])
-    c_in, c_out = kshape[nd], kshape[nd + 1]
+    # Filter [*kernel, c_in, c_out], or for a depthwise conv [*kernel, c_in, multiplier] with
+    # c_in * multiplier output channels (channel c's m-th output is channel c * mult + m).
+    depthwise = op.type == "DepthwiseConv2dNative"
+    c_in, k_last = kshape[nd], kshape[nd + 1]
+    c_out = c_in * k_last if depthwise else k_last
     strides = list(op.get_attr("strides"))
     dilations = list(op.get_attr("dilations"))
     if strides[0] != 1 or strides[-1] != 1 or dilations[0] != 1 or dilations[-1] != 1:
@@ -121,19 +126,24 @@ def conv_rule(site: Site) -> Contribution:
         d = rows(delta, n, start, size)
         x, out_sizes = padded(rows(site.input(0), n, start, size), d)
         u = tf.stack([offset_slice(x, off, out_sizes) for off in offsets], axis=-2)
-        u = tf.reshape(u, [tf.shape(u)[0], -1, len(offsets) * c_in])  # [c, Q, K * c_in]
-        d = tf.reshape(d, [tf.shape(d)[0], -1, c_out])
-        g = tf.einsum("nqk,nqo->nko", u, d)
+        rows_n = tf.shape(u)[0]
+        if depthwise:  # [c, Q, K, c_in] with [c, Q, c_in, mult]
+            u = tf.reshape(u, [rows_n, -1, len(offsets), c_in])
+            d = tf.reshape(d, [rows_n, -1, c_in, k_last])
+            g = tf.einsum("nqkc,nqcm->nkcm", u, d)
+        else:  # [c, Q, K * c_in] with [c, Q, c_out]
+            u = tf.reshape(u, [rows_n, -1, len(offsets) * c_in])
+            g = tf.einsum("nqk,nqo->nko", u, tf.reshape(d, [rows_n, -1, c_out]))
         if blocks > 1:
-            g = tf.reduce_sum(tf.reshape(g, [blocks, -1, len(offsets) * c_in, c_out]), axis=0)
-        return tf.reshape(g, [-1, *kernel_sizes, c_in, c_out])
+            g = tf.reduce_sum(tf.reshape(g, [blocks, -1, len(offsets) * c_in, k_last]), axis=0)
+        return tf.reshape(g, [-1, *kernel_sizes, c_in, k_last])
 
     def offset_sums(delta, start, size, orders):
         """{p: [K, c_in, c_out]}: sums of g**p over examples [start, start + size), per offset."""
         d = delta[start : start + size]
         x, out_sizes = padded(site.input(0)[start : start + size], d)
         rows_n = tf.shape(d)[0]
-        d3 = tf.reshape(d, [rows_n, -1, c_out])
+        d3 = tf.reshape(d, [rows_n, -1, c_in, k_last] if depthwise else [rows_n, -1, c_out])
         sums = {p: [] for p in orders}
         done = []  # per offset, its sums
         for k, off in enumerate(offsets):
@@ -141,7 +151,10 @@ def conv_rule(site: Site) -> Contribution:
             with tf.control_dependencies(prev):  # bounded memory, see _IN_FLIGHT
                 x_off = offset_slice(x, off, out_sizes)
             x_off = tf.reshape(x_off, [rows_n, -1, c_in])
-            g = tf.linalg.matmul(x_off, d3, transpose_a=True)  # [rows, c_in, c_out]
+            if depthwise:
+                g = tf.einsum("nqc,nqcm->ncm", x_off, d3)  # [rows, c_in, mult]
+            else:
+                g = tf.linalg.matmul(x_off, d3, transpose_a=True)  # [rows, c_in, c_out]
             g_pow = {1: g}
             for p in orders:
                 sums[p].append(power_sum(g_pow, p))
@@ -155,17 +168,17 @@ def conv_rule(site: Site) -> Contribution:
             n,
             chunk,
             orders,
-            [len(offsets), c_in, c_out],
+            [len(offsets), c_in, k_last],
             site.dtype,
             lambda start, size: offset_sums(delta, start, size, orders),
             name="conv_chunks",
         )
-        return {p: tf.reshape(v, [*kernel_sizes, c_in, c_out]) for p, v in sums.items()}
+        return {p: tf.reshape(v, [*kernel_sizes, c_in, k_last]) for p, v in sums.items()}
 
     positions = 1
     for s in out.shape[1:-1]:
         positions *= s if s is not None else 1024
-    elements = blocks * (positions * len(offsets) * c_in + len(offsets) * c_in * c_out)
+    elements = blocks * (positions * len(offsets) * c_in + len(offsets) * c_in * k_last)
     return Contribution(
         examples=tf.shape(batch_source)[0],
         evidence=f"the batch axis of the input of {op.type} op '{op.name}'",
