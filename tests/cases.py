@@ -371,6 +371,34 @@ CASES: list[Case] = [
         ),
         _xy((2, 6, 6, 2), (2, 4, 4, 2)),
     ),
+    Case(
+        "conv1d-transpose-stride2-same",
+        _keras(
+            lambda dtype: keras.layers.Conv1DTranspose(
+                3, 3, strides=2, padding="same", dtype=dtype
+            ),
+            input_shape=(4, 2),
+        ),
+        _xy((3, 4, 2), (3, 8, 3)),
+    ),
+    Case(
+        "conv2d-transpose-stride2-valid",
+        _keras(
+            lambda dtype: keras.layers.Conv2DTranspose(2, (3, 2), strides=2, dtype=dtype),
+            flatten(),
+            dense(2),
+            input_shape=(3, 4, 2),
+        ),
+        _xy((3, 3, 4, 2), (3, 2)),
+    ),
+    Case(
+        "conv3d-transpose-same",
+        _keras(
+            lambda dtype: keras.layers.Conv3DTranspose(2, 2, padding="same", dtype=dtype),
+            input_shape=(3, 2, 3, 1),
+        ),
+        _xy((2, 3, 2, 3, 1), (2, 3, 2, 3, 2)),
+    ),
     Case("functional-residual", _functional, _xy((5, 6), (5, 2))),
     Case("subclassed-conv", _subclassed, _xy((3, 5, 5, 2), (3, 2)), "sum"),
     Case("raw-module", _raw, _xy((5, 4), (5, 3))),

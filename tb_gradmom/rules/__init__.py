@@ -20,6 +20,8 @@ REGISTRY = {
     "Conv2D": conv_rule,
     "Conv3D": conv_rule,
     "DepthwiseConv2dNative": conv_rule,
+    "Conv2DBackpropInput": conv_rule,
+    "Conv3DBackpropInputV2": conv_rule,
     "BiasAdd": bias_rule,
     "AddV2": bias_rule,
     "Add": bias_rule,

@@ -1,5 +1,7 @@
 """Convolutions: ``Conv2D``, ``Conv3D`` (Keras Conv1D arrives as ``ExpandDims -> Conv2D``) and
-``DepthwiseConv2dNative`` (``DepthwiseConv2D``, the depthwise half of ``SeparableConv2D``).
+``DepthwiseConv2dNative`` (``DepthwiseConv2D``, the depthwise half of ``SeparableConv2D``), and
+the transposed ``Conv2DBackpropInput``/``Conv3DBackpropInputV2`` (``Conv1DTranspose`` to
+``Conv3DTranspose``).
 
 The filter gradient of example ``j`` sums over output positions ``q``:
 ``g_j = sum_q u_{j,q} delta_{j,q}^T``, with ``u_{j,q}`` the (strided, dilated, padded) input patch
@@ -57,6 +59,10 @@ def conv_rule(site: Site) -> Contribution:
     op = site.op
     if site.index != 1:
         raise RuleError("the variable is the convolution's input, not its filter")
+    # A transposed convolution z = conv_transpose(x, W) (Conv2DBackpropInput: input sizes,
+    # filter, x) is the input-gradient of the conv x = conv(z, W): its filter gradient pairs
+    # the patches of dL/dz with x, exactly as a conv pairs the patches of its input with dL/dx.
+    transposed = op.type in ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
     fmt = op.get_attr("data_format")
     fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
     if fmt not in ("NHWC", "NDHWC"):
@@ -80,7 +86,7 @@ def conv_rule(site: Site) -> Contribution:
     offsets = list(itertools.product(*[range(k) for k in kernel_sizes]))
     # Dilated convolutions on CPU arrive as SpaceToBatchND -> conv -> BatchToSpaceND: the conv's
     # batch holds `blocks` rows per example, block-major (row b * n + j belongs to example j).
-    blocks, batch_source = 1, op.inputs[0]
+    blocks, batch_source = 1, op.inputs[2 if transposed else 0]
     src = op.inputs[0]
     while src.op.type in ("ExpandDims", "Identity"):
         src = src.op.inputs[0]
@@ -122,9 +128,15 @@ def conv_rule(site: Site) -> Contribution:
         )
         return tf.strided_slice(x, begin, end, [1] + strides + [1])
 
+    def operands(delta, n, start, size):
+        """(the conv's input, the gradient of its output) for examples [start, start + size)."""
+        if transposed:
+            return rows(delta, n, start, size), rows(site.input(2), n, start, size)
+        return rows(site.input(0), n, start, size), rows(delta, n, start, size)
+
     def per_example(delta, n, start, size):
-        d = rows(delta, n, start, size)
-        x, out_sizes = padded(rows(site.input(0), n, start, size), d)
+        x, d = operands(delta, n, start, size)
+        x, out_sizes = padded(x, d)
         u = tf.stack([offset_slice(x, off, out_sizes) for off in offsets], axis=-2)
         rows_n = tf.shape(u)[0]
         if depthwise:  # [c, Q, K, c_in] with [c, Q, c_in, mult]
@@ -138,10 +150,10 @@ def conv_rule(site: Site) -> Contribution:
             g = tf.reduce_sum(tf.reshape(g, [blocks, -1, len(offsets) * c_in, k_last]), axis=0)
         return tf.reshape(g, [-1, *kernel_sizes, c_in, k_last])
 
-    def offset_sums(delta, start, size, orders):
+    def offset_sums(delta, n, start, size, orders):
         """{p: [K, c_in, c_out]}: sums of g**p over examples [start, start + size), per offset."""
-        d = delta[start : start + size]
-        x, out_sizes = padded(site.input(0)[start : start + size], d)
+        x, d = operands(delta, n, start, size)
+        x, out_sizes = padded(x, d)
         rows_n = tf.shape(d)[0]
         d3 = tf.reshape(d, [rows_n, -1, c_in, k_last] if depthwise else [rows_n, -1, c_out])
         sums = {p: [] for p in orders}
@@ -170,13 +182,13 @@ def conv_rule(site: Site) -> Contribution:
             orders,
             [len(offsets), c_in, k_last],
             site.dtype,
-            lambda start, size: offset_sums(delta, start, size, orders),
+            lambda start, size: offset_sums(delta, n, start, size, orders),
             name="conv_chunks",
         )
         return {p: tf.reshape(v, [*kernel_sizes, c_in, k_last]) for p, v in sums.items()}
 
     positions = 1
-    for s in out.shape[1:-1]:
+    for s in (op.inputs[2] if transposed else out).shape[1:-1]:
         positions *= s if s is not None else 1024
     elements = blocks * (positions * len(offsets) * c_in + len(offsets) * c_in * k_last)
     return Contribution(
