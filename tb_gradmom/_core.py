@@ -152,7 +152,7 @@ def _batch_size(batch_size, loss_vector, plans) -> tuple[tf.Tensor | None, list]
     return n, checks
 
 
-def _chunk(plan: _Plan, n: tf.Tensor, chunk_size: int | None, fast: bool = False) -> int:
+def _chunk(plan: _Plan, chunk_size: int | None, fast: bool = False) -> int:
     if chunk_size is not None:
         if int(chunk_size) < 1:
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
@@ -432,11 +432,11 @@ def _moments_of(plan, grad, out_grads, index, n, mode, orders, chunk_size, sums_
         g_out = tf.cast(tf.convert_to_tensor(g_out), plan.dtype)
         deltas.append(g_out * nf if mode == "mean" and not scale_sums else g_out)
     if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
-        chunk = _chunk(plan, n, chunk_size, fast=True)
+        chunk = _chunk(plan, chunk_size, fast=True)
         sums = plan.sites[0][1].power_sums(deltas[0], n, higher, chunk)
         sums = {p: tf.reshape(s, shape) for p, s in sums.items()}
     else:
-        chunk = _chunk(plan, n, chunk_size)
+        chunk = _chunk(plan, chunk_size)
         sums = _power_sums_chunked(plan, deltas, n, higher, chunk)
     for p in higher:
         result[p] = sums[p] * nf ** (p - 1) if scale_sums else sums[p] / nf

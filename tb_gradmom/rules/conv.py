@@ -198,6 +198,7 @@ def conv_rule(site: Site) -> Contribution:
         per_example_elements=int(elements),
         # SpaceToBatch (dilated) convolutions keep the im2col path.
         power_sums=power_sums if blocks == 1 else None,
-        power_sums_elements=int(positions * c_in + c_in * c_out),
+        # Per example, an offset's slice and its gradient (two offsets in flight).
+        power_sums_elements=int(2 * (positions * c_in + c_in * k_last)),
         gradient_from_sums=blocks == 1,
     )
