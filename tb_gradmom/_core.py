@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -11,6 +12,7 @@ from tb_gradmom import _graph
 from tb_gradmom._errors import BatchSizeError, UnsupportedOpError
 from tb_gradmom.rules import REGISTRY, RuleError, supported_ops
 from tb_gradmom.rules.base import Site, power_sum, sum_over_chunks
+from tb_gradmom.rules.derived import DERIVED_OPS, derived_contribution, local_factor
 
 __all__ = [
     "gradients_and_moments",
@@ -79,6 +81,8 @@ class _Plan:
     name: str
     dtype: tf.DType
     sites: list  # [(Site, Contribution)]
+    # a batch statistic (BatchNorm in training mode) lies between the variable and the batch
+    coupled: bool = False
 
 
 def _unsupported_message(name: str, op: tf.Operation, why: str | None) -> str:
@@ -94,28 +98,82 @@ def _unsupported_message(name: str, op: tf.Operation, why: str | None) -> str:
     )
 
 
-def _plan(variable, name: str, graph, on_path) -> _Plan:
+def _plan(variable, name: str, graph, on_path, memo: dict) -> _Plan:
     dtype = _moment_dtype(variable.dtype)
     handle = _graph.internal_handle(graph, variable)
     sites = []
+    coupled = False
     if handle is not None:
         for raw in _graph.find_sites(handle, on_path):
-            rule = REGISTRY.get(raw.op.type)
-            if rule is None:
-                raise UnsupportedOpError(_unsupported_message(name, raw.op, None))
-            site = Site(
-                op=raw.op,
-                index=raw.index,
-                view=raw.view,
-                output=raw.op.outputs[0],
-                dtype=dtype,
-                var_shape=variable.shape,
-            )
-            try:
-                sites.append((site, rule(site)))
-            except RuleError as e:
-                raise UnsupportedOpError(_unsupported_message(name, raw.op, str(e))) from None
-    return _Plan(variable, name, dtype, sites)
+            found, c = _site_contributions(raw, name, dtype, variable.shape, on_path, memo, depth=0)
+            sites.extend(found)
+            coupled = coupled or c
+    return _Plan(variable, name, dtype, sites, coupled=coupled)
+
+
+# A chain of derived parameters longer than this is not followed (BatchNorm needs 3).
+_MAX_DERIVED_DEPTH = 6
+
+
+def _site_contributions(raw, name, dtype, var_shape, on_path, memo, depth):
+    """``([(Site, Contribution)], coupled)`` for one consumer of a variable (or of a parameter
+    derived from it). ``coupled``: a batch statistic enters on the way (BatchNorm)."""
+    op = raw.op
+    if op.type in DERIVED_OPS and depth < _MAX_DERIVED_DEPTH and raw.view.dtype != tf.resource:
+        others = [x for i, x in enumerate(op.inputs) if i != raw.index]
+        levels = [_graph.batch_free(x, memo) for x in others]
+        if levels and all(lv is not None for lv in levels):
+            derived = op.outputs[0]
+            factor = local_factor(op, raw.index, dtype)
+            found, coupled = [], _graph.REDUCED in levels
+            for inner_raw in _graph.consumers_past_views(derived, on_path, raw.read):
+                inner, c = _site_contributions(
+                    inner_raw, name, dtype, derived.shape, on_path, memo, depth + 1
+                )
+                coupled = coupled or c
+                for site, contribution in inner:
+                    try:
+                        found.append(
+                            (site, derived_contribution(raw.view, derived, factor, contribution))
+                        )
+                    except RuleError as e:
+                        raise UnsupportedOpError(_unsupported_message(name, op, str(e))) from None
+            return found, coupled
+    rule = REGISTRY.get(op.type)
+    if rule is None:
+        raise UnsupportedOpError(_unsupported_message(name, op, None))
+    site = Site(
+        op=op,
+        index=raw.index,
+        view=raw.view,
+        output=op.outputs[0],
+        dtype=dtype,
+        var_shape=var_shape,
+    )
+    try:
+        return [(site, rule(site))], False
+    except RuleError as e:
+        raise UnsupportedOpError(_unsupported_message(name, op, str(e))) from None
+
+
+_WARNED: set = set()
+
+
+def _warn_coupled(plans) -> None:
+    names = tuple(p.name for p in plans if p.coupled)
+    if not names or names in _WARNED:
+        return
+    _WARNED.add(names)
+    warnings.warn(
+        "tb_gradmom: "
+        + ", ".join(f"'{n}'" for n in names)
+        + " scale or shift a batch normalised with its own statistics (BatchNormalization "
+        "in training mode). Their moments are exact, but the examples are coupled through "
+        "the batch mean and variance: the per-example gradients of the layers before the "
+        "normalisation include that coupling (they are n * dL/dz_j, not dl_j/dz_j). See the "
+        "README's table of supported layers.",
+        stacklevel=4,
+    )
 
 
 def _batch_size(batch_size, loss_vector, plans) -> tuple[tf.Tensor | None, list]:
@@ -352,7 +410,9 @@ def prepare(
             )
         graph = scalar.graph
         on_path = _graph.ancestors(scalar)
-        plans = [_plan(v, nm, graph, on_path) for v, nm in zip(variables, names)]
+        memo: dict = {}
+        plans = [_plan(v, nm, graph, on_path, memo) for v, nm in zip(variables, names)]
+        _warn_coupled(plans)
 
         outputs, index = [], {}
         for plan in plans:

@@ -11,6 +11,10 @@ __all__ = [
     "ancestors",
     "internal_handle",
     "find_sites",
+    "consumers_past_views",
+    "batch_free",
+    "CONSTANT",
+    "REDUCED",
     "grouped_source",
     "static_dim",
 ]
@@ -92,7 +96,8 @@ def find_sites(handle: tf.Tensor, on_path: set[tf.Operation]) -> list[RawSite]:
 
     Every read of ``handle`` (a variable may have several, e.g. in TF1 graphs) is followed
     through `VIEW_OPS`; the first op that is not a view is a site. Ops not on ``on_path``
-    (the loss's ancestors) are ignored.
+    (the loss's ancestors) are ignored. A non-read consumer of the handle itself (e.g.
+    ``ResourceGather``, or a ``While`` loop that reads the variable inside) is a site too.
     """
     sites: list[RawSite] = []
     for read in handle.consumers():
@@ -103,19 +108,100 @@ def find_sites(handle: tf.Tensor, on_path: set[tf.Operation]) -> list[RawSite]:
         if read.type != "ReadVariableOp":
             sites.append(RawSite(read, list(read.inputs).index(handle), handle, read))
             continue
-        stack = [read.outputs[0]]
-        while stack:
-            t = stack.pop()
-            for op in t.consumers():
-                if op not in on_path or op.type in NO_GRADIENT_OPS:
-                    continue
-                if op.type in VIEW_OPS and op.inputs[0] is t:
-                    stack.extend(op.outputs[:1])
-                    continue
-                for i, inp in enumerate(op.inputs):
-                    if inp is t:
-                        sites.append(RawSite(op, i, t, read))
+        sites.extend(consumers_past_views(read.outputs[0], on_path, read))
     return sites
+
+
+def consumers_past_views(t: tf.Tensor, on_path, read=None) -> list[RawSite]:
+    """The first non-view ops on ``on_path`` that consume ``t`` (through `VIEW_OPS`)."""
+    sites: list[RawSite] = []
+    stack = [t]
+    while stack:
+        t = stack.pop()
+        for op in t.consumers():
+            if op not in on_path or op.type in NO_GRADIENT_OPS:
+                continue
+            if op.type in VIEW_OPS and op.inputs[0] is t:
+                stack.extend(op.outputs[:1])
+                continue
+            for i, inp in enumerate(op.inputs):
+                if inp is t:
+                    sites.append(RawSite(op, i, t, read if read is not None else t.op))
+    return sites
+
+
+# Ops whose output carries no per-example axis when none of their inputs does, or that remove it.
+_CONSTANT_OPS = frozenset(
+    {"Const", "ReadVariableOp", "VarHandleOp", "VariableShape", "Shape", "ShapeN", "Size", "Rank"}
+)
+_REDUCTIONS = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "EuclideanNorm"})
+
+CONSTANT = "constant"  # depends on no example: variables, constants, shapes
+REDUCED = "reduced"  # depends on the examples only through reductions over the batch axis
+
+
+def batch_free(t: tf.Tensor, memo: dict | None = None) -> str | None:
+    """Whether ``t`` has no per-example axis: `CONSTANT`, `REDUCED` (batch statistics such as
+    BatchNormalization's mean and variance in training mode) or None (it may hold examples).
+
+    Conservative: a non-scalar placeholder (the model's inputs) holds examples; a reduction
+    whose static axes include axis 0 removes them; any other op is batch-free when all of its
+    inputs are.
+    """
+    memo = {} if memo is None else memo
+    stack = [t]
+    while stack:
+        cur = stack[-1]
+        key = cur.ref()
+        if key in memo:
+            stack.pop()
+            continue
+        op = cur.op
+        if op.type in _CONSTANT_OPS or (op.type == "Placeholder" and _scalar_or_resource(cur)):
+            memo[key] = CONSTANT
+            stack.pop()
+            continue
+        if op.type == "Placeholder" or not op.inputs:
+            memo[key] = None
+            stack.pop()
+            continue
+        if op.type in _REDUCTIONS and _reduces_batch_axis(op):
+            data = op.inputs[0]
+            if data.ref() not in memo:
+                stack.append(data)
+                continue
+            memo[key] = memo[data.ref()] or REDUCED
+            stack.pop()
+            continue
+        pending = [x for x in op.inputs if x.ref() not in memo]
+        if pending:
+            # Stop early: one input known to hold examples decides.
+            if any(memo.get(x.ref(), CONSTANT) is None for x in op.inputs if x.ref() in memo):
+                memo[key] = None
+                stack.pop()
+                continue
+            stack.extend(pending)
+            continue
+        levels = [memo[x.ref()] for x in op.inputs]
+        if any(lv is None for lv in levels):
+            memo[key] = None
+        else:
+            memo[key] = REDUCED if REDUCED in levels else CONSTANT
+        stack.pop()
+    return memo[t.ref()]
+
+
+def _scalar_or_resource(t: tf.Tensor) -> bool:
+    return t.dtype == tf.resource or (t.shape.rank == 0)
+
+
+def _reduces_batch_axis(op: tf.Operation) -> bool:
+    axes = tf.get_static_value(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    if axes is None or rank is None:
+        return False
+    axes = [int(a) % rank for a in (axes.reshape(-1) if hasattr(axes, "reshape") else [axes])]
+    return 0 in axes
 
 
 def grouped_source(

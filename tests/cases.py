@@ -26,6 +26,9 @@ class Case:
       loss: ``"mean"``, ``"sum"`` or ``"vector"``: how the per-example losses are combined.
       per_example_loss: ``(outputs, y) -> [n]`` losses; defaults to half the squared error
         summed over every non-batch axis.
+      reference: ``"brute"`` (one forward and gradient per example) or ``"jacobian"`` (each
+        example's loss differentiated in the forward pass of the whole batch: the definition
+        when a layer couples the examples, as BatchNormalization in training mode does).
     """
 
     id: str
@@ -33,6 +36,7 @@ class Case:
     inputs: Callable
     loss: str = "mean"
     per_example_loss: Callable | None = None
+    reference: str = "brute"
 
 
 def squared_error(out, y):
@@ -81,6 +85,28 @@ def layer_norm():
     return lambda dtype: keras.layers.LayerNormalization(
         dtype=dtype, gamma_initializer="random_normal", beta_initializer="random_normal"
     )
+
+
+def batch_norm(axis=-1):
+    # Random scale and offset; `training` is set by the caller (see `_training`).
+    return lambda dtype: keras.layers.BatchNormalization(
+        axis=axis,
+        dtype=dtype,
+        gamma_initializer="random_normal",
+        beta_initializer="random_normal",
+        moving_variance_initializer=keras.initializers.RandomUniform(0.5, 2.0),
+        moving_mean_initializer="random_normal",
+    )
+
+
+def _training(build):
+    """The model called with ``training=True`` (BatchNormalization uses batch statistics)."""
+
+    def wrapped(dtype):
+        model, variables = build(dtype)
+        return (lambda x: model(x, training=True)), variables
+
+    return wrapped
 
 
 def flatten():
@@ -418,6 +444,33 @@ CASES: list[Case] = [
     Case("embedding-repeated-ids", _embedding, _ids((4, 5), 7, (4, 2))),
     Case("embedding-tied-output", _tied, _ids((4, 4), 6, (4, 6))),
     Case("embedding-resource-gather", _sparse_read, _ids((3, 6), 8, (3, 3))),
+    # BatchNormalization in inference mode: the moving statistics are constants.
+    Case(
+        "batchnorm-inference",
+        _keras(dense(4, "tanh"), batch_norm(), dense(2), input_shape=(3,)),
+        _xy((5, 3), (5, 2)),
+    ),
+    # In training mode the batch statistics couple the examples; gamma and beta (the first
+    # layer here, nothing upstream) are exact against the per-example loss's jacobian.
+    Case(
+        "batchnorm-training-dense",
+        _training(_keras(batch_norm(), dense(2, "tanh"), input_shape=(5,))),
+        _xy((6, 5), (6, 2)),
+        reference="jacobian",
+    ),
+    Case(
+        "batchnorm-training-images",
+        _training(_keras(batch_norm(), flatten(), dense(2), input_shape=(3, 3, 2))),
+        _xy((4, 3, 3, 2), (4, 2)),
+        "sum",
+        reference="jacobian",
+    ),
+    Case(
+        "batchnorm-training-channels-first",
+        _training(_keras(batch_norm(axis=1), flatten(), dense(2), input_shape=(2, 3, 3))),
+        _xy((4, 2, 3, 3), (4, 2)),
+        reference="jacobian",
+    ),
 ]
 
 CASES_BY_ID = {c.id: c for c in CASES}

@@ -31,6 +31,32 @@ def per_example_gradients(forward, variables, per_example_loss, x, y) -> list[np
     return [np.stack([r[i] for r in rows]) for i in range(len(variables))]
 
 
+def per_example_jacobian(forward, variables, per_example_loss, x, y) -> list[np.ndarray]:
+    """``[n, *shape]``: row ``j`` is ``d l_j / d theta`` with ``l_j`` computed in the forward pass
+    of the *whole* batch (one gradient per example, taken from the [n] loss vector).
+
+    For layers that couple the examples (BatchNormalization in training mode) this is the
+    definition; without coupling it equals `per_example_gradients`.
+    """
+    n = x.shape[0]
+    xt = tf.constant(x)
+    yt = None if y is None else tf.constant(y)
+    rows = []
+    for j in range(n):
+        with tf.GradientTape() as tape:
+            lj = per_example_loss(forward(xt), yt)[j]
+        grads = tape.gradient(lj, variables)
+        rows.append(
+            [
+                np.zeros(v.shape, v.dtype.as_numpy_dtype)
+                if g is None
+                else np.asarray(tf.convert_to_tensor(g))
+                for g, v in zip(grads, variables)
+            ]
+        )
+    return [np.stack([r[i] for r in rows]) for i in range(len(variables))]
+
+
 def moments(per_example: np.ndarray, orders) -> dict[int, np.ndarray]:
     """``M_p = (1/n) sum_j g_j ** p`` in float64."""
     g = per_example.astype(np.float64)

@@ -50,7 +50,11 @@ def _run(case, dtype, *, dynamic_batch=False, **kwargs):
         fn = tf.function(step)
     grads, moments = fn(tf.constant(x), tf.constant(y))
     per_example_loss = case.per_example_loss or squared_error
-    ref = reference.per_example_gradients(forward, variables, per_example_loss, x, y)
+    brute = {
+        "brute": reference.per_example_gradients,
+        "jacobian": reference.per_example_jacobian,
+    }[case.reference]
+    ref = brute(forward, variables, per_example_loss, x, y)
     return variables, grads, moments, ref
 
 
@@ -69,6 +73,7 @@ def _assert_close(ours, ref, tol, what, floor=0.0):
     assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} * {scale:.3g}"
 
 
+@pytest.mark.filterwarnings("ignore:tb_gradmom.*training mode")
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_moments_match_brute_force(case, dtype):
@@ -300,3 +305,55 @@ def test_embedding_memory_is_per_token_not_per_vocabulary():
     for p in (1, 2, 3, 4):
         want = (g[:, touched] ** p).mean(axis=0)
         np.testing.assert_allclose(moments[p].numpy()[touched], want, rtol=2e-4, atol=1e-12)
+
+
+def test_batchnorm_training_couples_upstream_layers_and_warns_once():
+    """Dense -> BatchNorm (training) -> Dense. gamma/beta are exact against the jacobian of the
+    per-example losses; the Dense before the normalisation gets the coupled per-example
+    gradients ``a_j (n dL/dz_j)^T`` that the warning describes, checked against a tape."""
+    import warnings
+
+    import keras
+
+    keras.utils.set_random_seed(7)
+    first = keras.layers.Dense(4, dtype="float64")
+    bn = keras.layers.BatchNormalization(
+        dtype="float64", gamma_initializer="random_normal", beta_initializer="random_normal"
+    )
+    last = keras.layers.Dense(2, activation="tanh", dtype="float64")
+    rng = np.random.default_rng(3)
+    x = tf.constant(rng.normal(size=(6, 3)))
+    y = tf.constant(rng.normal(size=(6, 2)))
+    head = lambda z: last(bn(z, training=True))  # noqa: E731
+    head(first(x))
+    variables = first.trainable_variables + bn.trainable_variables
+
+    @tf.function
+    def step(x, y):
+        loss = tf.reduce_mean(squared_error(head(first(x)), y))
+        return gradmom.gradients_and_moments(loss, variables, orders=(1, 2, 3))[1]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        moments = step(x, y)
+        tf.function(step.python_function)(x, y)  # a second trace: no second warning
+    coupled = [w for w in caught if "training mode" in str(w.message)]
+    assert len(coupled) == 1, [str(w.message) for w in caught]
+    message = str(coupled[0].message)
+    assert "gamma" in message and "beta" in message and "kernel" not in message
+
+    with tf.GradientTape() as tape:
+        z = first(x)
+        tape.watch(z)
+        loss = tf.reduce_mean(squared_error(head(z), y))
+    dz = tape.gradient(loss, z).numpy() * 6
+    per_ex = [np.einsum("ni,no->nio", x.numpy(), dz), dz]
+    per_ex += reference.per_example_jacobian(
+        lambda x: head(first(x)), bn.trainable_variables, squared_error, x.numpy(), y.numpy()
+    )
+    expected_all = [reference.moments(g, (1, 2, 3)) for g in per_ex]
+    # The bias before the normalisation has a zero gradient (the batch mean removes it).
+    floor = {p: 1e-6 * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in (1, 2, 3)}
+    for v, m, expected in zip(variables, moments, expected_all):
+        for p in (1, 2, 3):
+            _assert_close(m[p], expected[p], 1e-10, f"{v.path} M{p}", floor[p])

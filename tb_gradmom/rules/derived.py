@@ -1,0 +1,90 @@
+"""Parameters derived element-wise from a variable before they meet the batch.
+
+BatchNormalization in training mode (``tf.nn.batch_normalization``) never multiplies the batch
+by ``gamma`` itself: it computes ``inv = rsqrt(var + eps) * gamma`` and ``shift = beta - mean *
+inv`` from the batch statistics (tensors with no per-example axis) and only then
+``y = x * inv + shift``. Such a *derived parameter* ``d = f(v, r)`` (``f`` one of ``Mul``, ``Add``,
+``Sub``; ``r`` free of examples) is a function of ``v`` alone within one step, so example ``j``'s
+gradient of ``v`` is the chain rule applied to example ``j``'s gradient of ``d``:
+
+    g_j(v) = unbroadcast(dd/dv * g_j(d))      (dd/dv = r for Mul, 1 for Add, -1 for the Sub's b)
+
+and ``g_j(d)`` comes from the rules of ``d``'s own consumers (summed over them before any power,
+as for every variable with several consumers). The batch statistics are held fixed, as they are
+in the gradient of ``v`` itself: ``gamma`` and ``beta`` are exact as defined, while the per-example
+gradients of the layers *upstream* of the normalisation include the coupling through the
+statistics (``n * dL/dz_j`` is not ``dl_j/dz_j`` there).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tb_gradmom.rules.base import Contribution, RuleError
+
+__all__ = ["DERIVED_OPS", "local_factor", "derived_contribution"]
+
+DERIVED_OPS = frozenset({"Mul", "AddV2", "Add", "Sub"})
+
+
+def local_factor(op: tf.Operation, index: int, dtype: tf.DType):
+    """``dd/dv`` for ``d = op(...)`` with ``v`` its input ``index``: a tensor, a number or 1."""
+    if op.type == "Mul":
+        return tf.cast(op.inputs[1 - index], dtype)
+    if op.type == "Sub" and index == 1:
+        return -1.0
+    return 1.0
+
+
+def derived_contribution(
+    view: tf.Tensor, derived: tf.Tensor, factor, inner: Contribution
+) -> Contribution:
+    """The contribution to ``view`` of ``inner``, a contribution to ``derived = op(view, r)``."""
+    vshape, dshape = view.shape, derived.shape
+    if not (vshape.is_fully_defined() and dshape.is_fully_defined()):
+        raise RuleError("the shapes of a parameter derived from the variable are not static")
+    if vshape.rank > dshape.rank:
+        raise RuleError("the derived parameter has a lower rank than the variable")
+    aligned = [1] * (dshape.rank - vshape.rank) + list(vshape)
+    if any(a not in (1, d) for a, d in zip(aligned, dshape)):
+        raise RuleError("the variable does not broadcast to the derived parameter")
+    # Axes of `derived` (shifted by the example axis) that the variable was broadcast over.
+    sum_axes = [i + 1 for i, (a, d) in enumerate(zip(aligned, dshape)) if a == 1 and d != 1]
+    dshape, vshape = list(dshape), list(vshape)
+
+    def scale(g):
+        if isinstance(factor, float):
+            return g if factor == 1.0 else g * factor
+        return g * factor
+
+    def per_example(delta, n, start, size):
+        g = tf.reshape(inner.per_example(delta, n, start, size), [-1, *dshape])
+        g = scale(g)
+        if sum_axes:
+            g = tf.reduce_sum(g, axis=sum_axes)
+        return tf.reshape(g, [-1, *vshape])
+
+    power_sums = None
+    if not sum_axes and inner.power_sums is not None:
+
+        def power_sums(delta, n, orders, chunk=None):
+            sums = inner.power_sums(delta, n, orders, chunk)
+            out = {}
+            for p, s in sums.items():
+                s = tf.reshape(s, dshape)
+                if isinstance(factor, float):
+                    s = s * factor**p if factor != 1.0 else s
+                else:
+                    s = s * factor**p
+                out[p] = tf.reshape(s, vshape)
+            return out
+
+    return Contribution(
+        examples=inner.examples,
+        evidence=inner.evidence,
+        per_example=per_example,
+        per_example_elements=inner.per_example_elements
+        + int(tf.TensorShape(dshape).num_elements()),
+        power_sums=power_sums,
+        power_sums_elements=inner.power_sums_elements,
+    )
