@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from tb_gradmom import _graph
-from tb_gradmom._errors import BatchSizeError, UnsupportedOpError
+from tb_gradmom import _fallback, _graph
+from tb_gradmom._errors import BatchSizeError, PerExampleLossError, UnsupportedOpError
 from tb_gradmom.rules import REGISTRY, RuleError, supported_ops
 from tb_gradmom.rules.base import Site, power_sum, sum_over_chunks
 from tb_gradmom.rules.derived import DERIVED_OPS, derived_contribution, local_factor
@@ -83,6 +83,8 @@ class _Plan:
     sites: list  # [(Site, Contribution)]
     # a batch statistic (BatchNorm in training mode) lies between the variable and the batch
     coupled: bool = False
+    # why the variable is on the exact fallback path (no rule for one of its consumers), or None
+    fallback: str | None = None
 
 
 def _unsupported_message(name: str, op: tf.Operation, why: str | None) -> str:
@@ -98,14 +100,24 @@ def _unsupported_message(name: str, op: tf.Operation, why: str | None) -> str:
     )
 
 
-def _plan(variable, name: str, graph, on_path, memo: dict) -> _Plan:
+def _plan(variable, name: str, graph, on_path, memo: dict, fallback: str) -> _Plan:
     dtype = _moment_dtype(variable.dtype)
     handle = _graph.internal_handle(graph, variable)
     sites = []
     coupled = False
     if handle is not None:
         for raw in _graph.find_sites(handle, on_path):
-            found, c = _site_contributions(raw, name, dtype, variable.shape, on_path, memo, depth=0)
+            try:
+                found, c = _site_contributions(
+                    raw, name, dtype, variable.shape, on_path, memo, depth=0
+                )
+            except UnsupportedOpError as e:
+                if fallback == "error":
+                    raise UnsupportedOpError(
+                        f"{e} Or pass fallback='exact' to compute this variable's per-example "
+                        "gradients by vectorised autodiff (slower, exact)."
+                    ) from None
+                return _Plan(variable, name, dtype, [], fallback=e.reason)
             sites.extend(found)
             coupled = coupled or c
     return _Plan(variable, name, dtype, sites, coupled=coupled)
@@ -137,11 +149,16 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, memo, depth):
                             (site, derived_contribution(raw.view, derived, factor, contribution))
                         )
                     except RuleError as e:
-                        raise UnsupportedOpError(_unsupported_message(name, op, str(e))) from None
+                        raise UnsupportedOpError(
+                            _unsupported_message(name, op, str(e)),
+                            reason=f"{op.type} op '{op.name}': {e}",
+                        ) from None
             return found, coupled
     rule = REGISTRY.get(op.type)
     if rule is None:
-        raise UnsupportedOpError(_unsupported_message(name, op, None))
+        raise UnsupportedOpError(
+            _unsupported_message(name, op, None), reason=f"{op.type} op '{op.name}' has no rule"
+        )
     site = Site(
         op=op,
         index=raw.index,
@@ -153,10 +170,38 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, memo, depth):
     try:
         return [(site, rule(site))], False
     except RuleError as e:
-        raise UnsupportedOpError(_unsupported_message(name, op, str(e))) from None
+        raise UnsupportedOpError(
+            _unsupported_message(name, op, str(e)), reason=f"{op.type} op '{op.name}': {e}"
+        ) from None
 
 
 _WARNED: set = set()
+
+
+def _warn_fallback(plans, ids) -> None:
+    key = ("fallback",) + tuple(plans[i].name for i in ids)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    lines = "; ".join(f"'{plans[i].name}' ({plans[i].fallback})" for i in ids)
+    warnings.warn(
+        f"tb_gradmom: no exact rule for {lines}. Their moments come from the exact fallback: "
+        "per-example gradients of the per-example losses, vectorised over the examples "
+        "(slow path, about one backward pass of the batch per example, on the steps that "
+        "compute moments). Pass fallback='error' to raise instead.",
+        stacklevel=4,
+    )
+
+
+def _no_loss_vector_message(plans, ids, scalar) -> str:
+    names = ", ".join(f"'{plans[i].name}' ({plans[i].fallback})" for i in ids)
+    return (
+        f"the exact fallback for {names} needs the per-example losses, and the scalar loss "
+        f"'{scalar.name}' (op {scalar.op.type}) is not a mean or sum over a tensor of "
+        "per-example values that gradmom can find. Pass the [n] vector of per-example losses "
+        "as `loss` (e.g. keras.losses.*(reduction=None) or tf.nn.*_cross_entropy_with_logits "
+        "before tf.reduce_mean), or fallback='error' to find out which op has no rule."
+    )
 
 
 def _warn_coupled(plans) -> None:
@@ -176,12 +221,17 @@ def _warn_coupled(plans) -> None:
     )
 
 
-def _batch_size(batch_size, loss_vector, plans) -> tuple[tf.Tensor | None, list]:
+def _batch_size(batch_size, loss_vector, plans, fallback_ids=()) -> tuple[tf.Tensor | None, list]:
     """The batch size, and ``(tensor, message)`` pairs of evidence to check against it at run
     time (the asserts are built with the moments, so a step that logs nothing runs none)."""
     evidence = []  # (scalar int tensor, description)
     if loss_vector is not None:
-        evidence.append((tf.size(loss_vector), "the per-example loss vector"))
+        if loss_vector.shape.rank == 1:
+            evidence.append((tf.size(loss_vector), "the per-example loss vector"))
+        else:
+            evidence.append(
+                (tf.shape(loss_vector)[0], f"the first axis of the losses '{loss_vector.name}'")
+            )
     for plan in plans:
         for _, c in plan.sites:
             evidence.append((c.examples, c.evidence + f" (variable '{plan.name}')"))
@@ -248,6 +298,7 @@ def gradients_and_moments(
     batch_size: int | tf.Tensor | None = None,
     chunk_size: int | None = None,
     name: str | None = None,
+    fallback: str = "exact",
 ):
     """Gradients and the moments of the per-example gradients, from one backward pass.
 
@@ -280,6 +331,12 @@ def gradients_and_moments(
         Dense on sequences, variables used by several ops). Default: chosen per layer so one
         chunk holds at most 8M elements.
       name: a name scope for the added ops.
+      fallback: for a variable consumed by an op without an exact rule (a ``tf.while_loop``
+        such as Keras LSTM/GRU, a custom op, ``tf.sin(W)``): ``"exact"`` (default) computes its
+        per-example gradients from the per-example losses by vectorised autodiff (exact, about
+        one backward pass per example; a warning names the variables once); ``"error"`` raises
+        `UnsupportedOpError` instead. The fallback needs the per-example losses: a ``[n]``
+        ``loss``, or a scalar that is a mean/sum over them (found in the graph).
 
     Returns:
       ``(grads, moments)``: ``grads[i]`` is what ``tf.gradients(loss, var_list)[i]`` gives (for a
@@ -291,7 +348,10 @@ def gradients_and_moments(
 
     Raises:
       RuntimeError: when called eagerly.
-      UnsupportedOpError: a requested variable is consumed by an op without an exact rule.
+      UnsupportedOpError: with ``fallback="error"``, a requested variable is consumed by an op
+        without an exact rule.
+      PerExampleLossError: the fallback is needed and ``loss`` is a scalar whose per-example
+        losses cannot be found in the graph.
       BatchSizeError: the batch size cannot be inferred or the graph disagrees about it.
     """
     orders = _check_orders(orders)
@@ -303,6 +363,8 @@ def gradients_and_moments(
         name=name or "gradients_and_moments",
         fused_orders=orders,
         chunk_size=chunk_size,
+        fallback=fallback,
+        orders=orders,
     )
     moments = prepared.moments(orders, chunk_size)
     return list(prepared.grads), moments
@@ -328,6 +390,8 @@ class Prepared:
     loss: tf.Tensor
     # variable index -> {p: M_p} already computed by `prepare` (see `fused_orders`)
     fused: dict = field(default_factory=dict)
+    # variable index -> {p: sum_j g_j**p} (p > 1) for the variables on the exact fallback
+    fallback_sums: dict = field(default_factory=dict)
 
     def moments(
         self, orders: Sequence[int], chunk_size: int | None = None, indices=None
@@ -344,6 +408,9 @@ class Prepared:
                 if all(p in self.fused.get(i, {}) for p in orders):
                     out.append({p: self.fused[i][p] for p in orders})
                     continue
+                if i in self.fallback_sums:
+                    out.append(self._fallback_moments(i, orders))
+                    continue
                 out.append(
                     _moments_of(
                         plan,
@@ -358,9 +425,32 @@ class Prepared:
                 )
         return out
 
+    def _fallback_moments(self, i: int, orders) -> dict:
+        plan, sums = self.plans[i], self.fallback_sums[i]
+        missing = [p for p in orders if p > 1 and p not in sums]
+        if missing:
+            raise ValueError(
+                f"orders {missing} were not prepared for '{plan.name}' (exact fallback): pass "
+                "them in prepare(orders=...)"
+            )
+        nf = tf.cast(self.n, plan.dtype)
+        out = {}
+        for p in orders:
+            if p == 1:
+                if self.grads[i] is None:
+                    out[1] = tf.zeros(plan.variable.shape, plan.dtype)
+                    continue
+                g = tf.cast(tf.convert_to_tensor(self.grads[i]), plan.dtype)
+                out[1] = g / nf if self.mode == "sum" else tf.identity(g)
+            else:
+                out[p] = sums[p] / nf
+        return out
+
     def op_type(self, i: int) -> str:
         """The type of the first op consuming variable ``i`` (empty if none)."""
         sites = self.plans[i].sites
+        if self.plans[i].fallback is not None:
+            return "fallback"
         return sites[0][0].op.type if sites else ""
 
 
@@ -373,6 +463,9 @@ def prepare(
     name: str = "gradmom",
     fused_orders: Sequence[int] | None = None,
     chunk_size: int | None = None,
+    fallback: str = "exact",
+    orders: Sequence[int] | None = None,
+    gate: tf.Tensor | None = None,
 ) -> Prepared:
     """Validates the arguments, finds each variable's consumers and runs the one backward pass.
 
@@ -382,6 +475,11 @@ def prepare(
     site can give ``sum_j g_j`` with its per-example work (``gradient_from_sums``: convolutions)
     takes its gradient from there, and TF's own filter gradient is never built; its moments are
     computed here too. Leave it None when the moments are gated (``tf.cond``).
+
+    `orders`: every order `Prepared.moments` may be asked for (default: ``fused_orders``, else
+    1 and 2). The exact fallback's per-example gradients are taken here, in the step's graph (a
+    gradient cannot be taken inside a ``tf.cond`` branch); `gate`, a scalar bool tensor, makes
+    them run only on the steps where it is True (see `_fallback`).
     """
     if tf.executing_eagerly():
         raise RuntimeError(
@@ -391,6 +489,9 @@ def prepare(
         )
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    if fallback not in ("exact", "error"):
+        raise ValueError(f"fallback must be 'exact' or 'error', got {fallback!r}")
+    orders = _check_orders(orders if orders is not None else (fused_orders or (1, 2)))
     var_list = list(var_list)
     if not var_list:
         raise ValueError("var_list is empty: pass the variables to compute moments for")
@@ -411,8 +512,15 @@ def prepare(
         graph = scalar.graph
         on_path = _graph.ancestors(scalar)
         memo: dict = {}
-        plans = [_plan(v, nm, graph, on_path, memo) for v, nm in zip(variables, names)]
+        plans = [_plan(v, nm, graph, on_path, memo, fallback) for v, nm in zip(variables, names)]
         _warn_coupled(plans)
+        fallback_ids = [i for i, plan in enumerate(plans) if plan.fallback is not None]
+        values = factor = None
+        if fallback_ids and loss_vector is None:
+            found = _fallback.find_loss_vector(scalar, memo)
+            if found is None:
+                raise PerExampleLossError(_no_loss_vector_message(plans, fallback_ids, scalar))
+            values, factor = found
 
         outputs, index = [], {}
         for plan in plans:
@@ -434,8 +542,10 @@ def prepare(
         grads = [None if i in fused_ids else next(rest) for i in range(len(variables))]
         out_grads = all_grads[len(asked) :]
 
-        n, checks = _batch_size(batch_size, loss_vector, plans)
-        needs_n = mode == "sum" or any(plan.sites for plan in plans)
+        n, checks = _batch_size(
+            batch_size, loss_vector if values is None else values, plans, fallback_ids
+        )
+        needs_n = mode == "sum" or any(plan.sites or plan.fallback for plan in plans)
         if n is None and needs_n:
             raise BatchSizeError(
                 "cannot infer the batch size: no requested variable is used by an op with a "
@@ -452,7 +562,31 @@ def prepare(
                     )
                     grad = fused[i][1] * tf.cast(n, plan.dtype) if mode == "sum" else fused[i][1]
                     grads[i] = tf.cast(grad, plan.variable.dtype)
+        fallback_sums = {}
+        if fallback_ids:
+            with tf.name_scope("fallback"):
+                _warn_fallback(plans, fallback_ids)
+                if values is None:
+                    vector = loss_vector
+                else:
+                    vector = _fallback.per_example_losses(values, factor, n, mode)
+                higher = tuple(p for p in orders if p > 1)
+                if higher:
+                    chunk = _fallback.DEFAULT_CHUNK if chunk_size is None else int(chunk_size)
+                    sums = _fallback.power_sums(
+                        vector,
+                        [plans[i].variable for i in fallback_ids],
+                        [plans[i].dtype for i in fallback_ids],
+                        higher,
+                        n,
+                        chunk,
+                        gate,
+                    )
+                    fallback_sums = dict(zip(fallback_ids, sums))
+                else:
+                    fallback_sums = {i: {} for i in fallback_ids}
     return Prepared(
+        fallback_sums=fallback_sums,
         fused=fused,
         plans=plans,
         names=names,

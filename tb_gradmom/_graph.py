@@ -21,7 +21,7 @@ __all__ = [
 
 # Ops that pass a variable's value through unchanged up to shape and dtype, preserving the
 # row-major order of its elements. A moment of the viewed tensor reshapes to the variable.
-VIEW_OPS = frozenset({"Identity", "Cast", "ExpandDims", "Reshape", "Squeeze", "IdentityN"})
+VIEW_OPS = frozenset({"Identity", "Cast", "ExpandDims", "Reshape", "Squeeze"})
 
 # Ops that read a variable's value but pass no gradient to it (its shape, not its numbers).
 NO_GRADIENT_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape"})
@@ -106,7 +106,8 @@ def find_sites(handle: tf.Tensor, on_path: set[tf.Operation]) -> list[RawSite]:
         if read.type in NO_GRADIENT_OPS:
             continue
         if read.type != "ReadVariableOp":
-            sites.append(RawSite(read, list(read.inputs).index(handle), handle, read))
+            index = next(i for i, x in enumerate(read.inputs) if x is handle)
+            sites.append(RawSite(read, index, handle, read))
             continue
         sites.extend(consumers_past_views(read.outputs[0], on_path, read))
     return sites

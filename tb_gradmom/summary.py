@@ -53,6 +53,7 @@ def moments(
     batch_size=None,
     chunk_size: int | None = None,
     log_only=None,
+    fallback: str = "exact",
 ):
     """Computes gradients and logs the moments of the per-example gradients.
 
@@ -86,6 +87,9 @@ def moments(
       chunk_size: examples per chunk for materialised per-example gradients.
       log_only: optional subset of ``var_list`` to log; gradients are still returned for every
         variable of ``var_list`` from the same backward pass.
+      fallback: ``"exact"`` or ``"error"``, for variables consumed by ops without a rule (see
+        `gradients_and_moments`). The fallback's per-example gradients run only on the steps
+        that record, like the rules' moments.
 
     Returns:
       In a ``tf.function``: the gradients, aligned with ``var_list`` (``None`` where the loss
@@ -95,8 +99,21 @@ def moments(
     orders = tuple(sorted(set(_core._check_orders(orders)) | {1, 2}))
     if int(max_elements) < 1:
         raise ValueError(f"max_elements must be a positive integer, got {max_elements}")
+    inside = tf.inside_function()
+    should = tf.summary.should_record_summaries() if inside else None
+    static = None if should is None else tf.get_static_value(should)
+    off = static is not None and not bool(static)
     prepared = _core.prepare(
-        loss, var_list, reduction, batch_size=batch_size, name=name or "gradmom_summary"
+        loss,
+        var_list,
+        reduction,
+        batch_size=batch_size,
+        name=name or "gradmom_summary",
+        chunk_size=chunk_size,
+        fallback=fallback,
+        # off: no writer or recording off at trace time, no moments at all
+        orders=(1,) if off else orders,
+        gate=should if inside and static is None else None,
     )
     indices = _log_indices(var_list, log_only)
     tags = _unique_tags([prepared.names[i] for i in indices])
@@ -106,15 +123,12 @@ def moments(
     ]
     lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
 
-    if not tf.inside_function():
+    if not inside:
         return _v1_summary(
             prepared, indices, tags, contents, orders, lr, chunk_size, per_variable_scalars
         )
-
-    should = tf.summary.should_record_summaries()
-    static = tf.get_static_value(should)
-    if static is not None and not bool(static):
-        return prepared.grads  # no writer or recording off at trace time: nothing is built
+    if off:
+        return prepared.grads  # nothing is built
     if step is None:
         step = tf.summary.experimental.get_step()
         if step is None:

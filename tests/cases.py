@@ -274,6 +274,44 @@ def _raw_einsum(dtype):
     return m, [m.w]
 
 
+class CustomOps(tf.Module):
+    """Consumers without a rule (the exact fallback): ``tf.sin(W)``, a ``tf.custom_gradient``
+    straight-through estimator, and a variable that also feeds a supported ``MatMul``."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(13)
+        self.w_sin = tf.Variable(rng.normal(size=(4, 3)).astype(dtype), name="w_sin")
+        self.w_ste = tf.Variable(rng.normal(size=(3, 3)).astype(dtype), name="w_ste")
+        self.w_both = tf.Variable(rng.normal(size=(3, 2)).astype(dtype), name="w_both")
+        self.b = tf.Variable(rng.normal(size=(2,)).astype(dtype), name="b")
+
+    def __call__(self, x):
+        h = tf.tanh(tf.matmul(x, tf.sin(self.w_sin)))
+        h = tf.tanh(tf.matmul(h, _straight_through(self.w_ste)))
+        return tf.matmul(h, self.w_both) + tf.reduce_sum(tf.cos(self.w_both) * self.b)
+
+
+@tf.custom_gradient
+def _straight_through(w):
+    """Rounds to quarters; the gradient passes through, scaled by 1.5 (a custom gradient)."""
+
+    def grad(dy):
+        return 1.5 * dy
+
+    return tf.round(w * 4.0) / 4.0, grad
+
+
+def _custom_ops(dtype):
+    m = CustomOps(dtype)
+    return m, [m.w_sin, m.w_ste, m.w_both, m.b]
+
+
+def rnn(kind, units, **kw):
+    cls = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[kind]
+    return lambda dtype: cls(units, dtype=dtype, **kw)
+
+
 def sparse_ce(out, y):
     return keras.losses.sparse_categorical_crossentropy(tf.cast(y, tf.int32), out, from_logits=True)
 
@@ -444,6 +482,21 @@ CASES: list[Case] = [
     Case("embedding-repeated-ids", _embedding, _ids((4, 5), 7, (4, 2))),
     Case("embedding-tied-output", _tied, _ids((4, 4), 6, (4, 6))),
     Case("embedding-resource-gather", _sparse_read, _ids((3, 6), 8, (3, 3))),
+    # The exact fallback: while loops (Keras LSTM/GRU) and ops without a rule.
+    Case(
+        "lstm-classifier-fallback",
+        _keras(rnn("lstm", 4), dense(3), input_shape=(5, 3)),
+        _labels((6, 5, 3), 3),
+        per_example_loss=sparse_ce,
+    ),
+    Case(
+        "gru-sequence-fallback",
+        _keras(rnn("gru", 3, return_sequences=True), dense(2), input_shape=(4, 2)),
+        _xy((5, 4, 2), (5, 4, 2)),
+        "sum",
+    ),
+    Case("custom-ops-fallback", _custom_ops, _xy((5, 4), (5, 2))),
+    Case("custom-ops-fallback-vector-loss", _custom_ops, _xy((5, 4), (5, 2)), "vector"),
     # BatchNormalization in inference mode: the moving statistics are constants.
     Case(
         "batchnorm-inference",

@@ -74,6 +74,7 @@ def _assert_close(ours, ref, tol, what, floor=0.0):
 
 
 @pytest.mark.filterwarnings("ignore:tb_gradmom.*training mode")
+@pytest.mark.filterwarnings("ignore:tb_gradmom. no exact rule")
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_moments_match_brute_force(case, dtype):
@@ -183,7 +184,7 @@ def test_unsupported_op_names_variable_op_and_supported_list():
     @tf.function
     def step(x):
         loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, tf.sin(w)), axis=1))
-        return gradmom.gradients_and_moments(loss, [w])
+        return gradmom.gradients_and_moments(loss, [w], fallback="error")
 
     with pytest.raises(gradmom.UnsupportedOpError) as info:
         step(tf.ones([4, 3]))
@@ -191,6 +192,82 @@ def test_unsupported_op_names_variable_op_and_supported_list():
     assert "'odd_kernel'" in msg
     assert "Sin" in msg and "op '" in msg
     assert "Supported ops:" in msg and "MatMul" in msg and "Conv2D" in msg
+    assert "fallback='exact'" in msg
+
+
+def test_fallback_warns_once_naming_variables_and_ops():
+    w = tf.Variable(tf.ones([3, 2]), name="wavy")
+    v = tf.Variable(tf.ones([2]), name="plain_bias")
+
+    def step(x):
+        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, tf.sin(w)) + v, axis=1))
+        return gradmom.gradients_and_moments(loss, [w, v])[1]
+
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tf.function(step)(tf.ones([4, 3]))
+        tf.function(step)(tf.ones([4, 3]))  # traced again: no second warning
+    msgs = [str(c.message) for c in caught if "no exact rule" in str(c.message)]
+    assert len(msgs) == 1, msgs
+    assert "'wavy' (Sin op '" in msgs[0] and "plain_bias" not in msgs[0]
+    assert "fallback='error'" in msgs[0]
+
+
+@pytest.mark.filterwarnings("ignore:tb_gradmom. no exact rule")
+@pytest.mark.parametrize(
+    "make_loss",
+    [
+        lambda per_example: tf.reduce_max(per_example),
+        lambda per_example: tf.sqrt(tf.reduce_mean(per_example)),
+    ],
+    ids=["max", "sqrt-of-mean"],
+)
+def test_fallback_without_findable_per_example_losses_says_what_to_pass(make_loss):
+    w = tf.Variable(tf.ones([3, 2]), name="wavy")
+
+    @tf.function
+    def step(x):
+        per_example = tf.reduce_sum(tf.matmul(x, tf.sin(w)) ** 2, axis=1)
+        return gradmom.gradients_and_moments(make_loss(per_example), [w])
+
+    with pytest.raises(gradmom.PerExampleLossError) as info:
+        step(tf.ones([4, 3]))
+    msg = str(info.value)
+    assert "'wavy'" in msg and "Sin" in msg
+    assert "per-example losses" in msg and "[n] vector" in msg
+
+
+@pytest.mark.filterwarnings("ignore:tb_gradmom. no exact rule")
+def test_fallback_finds_keras_losses_and_ignores_regularisation():
+    """Keras' sum / size reduction, a loss scale, and an L2 term (no examples in it)."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential(
+        [keras.Input((4, 3)), keras.layers.SimpleRNN(3), keras.layers.Dense(2)]
+    )
+    variables = model.trainable_variables
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(5, 4, 3)).astype("float32")
+    y = rng.normal(size=(5, 2)).astype("float32")
+    mse = keras.losses.MeanSquaredError()
+
+    @tf.function
+    def step(x, y):
+        loss = mse(y, model(x)) * 3.0 + 0.01 * tf.add_n([tf.reduce_sum(v**2) for v in variables])
+        return gradmom.gradients_and_moments(loss, variables, orders=(1, 2))[1]
+
+    moments = step(x, y)
+
+    def per_example(out, y):
+        return 3.0 * tf.reduce_mean(tf.square(out - y), axis=1)
+
+    ref = reference.per_example_gradients(model, variables, per_example, x, y)
+    for v, m, r in zip(variables, moments, ref):
+        expected = reference.moments(r, (2,))
+        _assert_close(m[2], expected[2], 2e-5, f"{v.path} M2")
 
 
 def test_disagreeing_batch_evidence_is_an_error():

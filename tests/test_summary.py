@@ -161,6 +161,43 @@ def test_skipped_steps_run_no_moment_ops(tmp_path):
         step(tf.ones([4, 3]), tf.constant(True))
 
 
+def test_skipped_steps_run_no_fallback_ops(tmp_path):
+    """The exact fallback's per-example gradients live outside the cond (a gradient cannot be
+    taken inside a branch) and are gated by dead tensors: a check that only its backward pass
+    contains never fires on a skipped step, and fires on a recorded one."""
+    w = tf.Variable(tf.ones([3, 2]), name="k")
+    calls = []
+
+    @tf.custom_gradient
+    def custom(v):
+        def grad(dy):
+            calls.append(1)
+            if len(calls) == 1:  # the step's own backward pass
+                return dy
+            # the fallback's vectorised backward pass, built second
+            check = tf.debugging.Assert(tf.reduce_any(dy > 1e30), ["the fallback ran"])
+            with tf.control_dependencies([check]):
+                return tf.identity(dy)
+
+        return tf.identity(v), grad
+
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 3]), tf.TensorSpec([], tf.bool)])
+    def step(x, record):
+        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, custom(w)) ** 2, axis=1))
+        with writer.as_default(step=0), tf.summary.record_if(record):
+            with pytest.warns(UserWarning, match="no exact rule for 'k'"):
+                grads = gradmom.summary.moments(loss, [w])
+        return grads[0]
+
+    g = step(tf.ones([4, 3]), tf.constant(False))
+    assert len(calls) == 2  # the fallback's backward was built
+    np.testing.assert_allclose(g.numpy(), np.full([3, 2], 6.0))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the fallback ran"):
+        step(tf.ones([4, 3]), tf.constant(True))
+
+
 def test_no_writer_builds_no_moment_ops():
     w = tf.Variable(tf.ones([3, 2]))
 

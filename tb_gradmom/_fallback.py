@@ -1,0 +1,185 @@
+"""The exact fallback: per-example gradients of the per-example loss vector, vectorised.
+
+For a variable whose consumer has no rule (a ``tf.while_loop`` such as Keras LSTM/GRU, a custom
+op, ``tf.sin(W)``), row ``j`` of the jacobian of the per-example losses ``l`` with respect to the
+variable is ``g_j = d l_j / d theta``, by definition. It is computed with TensorFlow's ``pfor``
+(what ``tf.vectorized_map`` and ``GradientTape.jacobian`` use): the backward pass from the seed
+``e_j`` is vectorised over the examples of a chunk. That costs about one backward pass of the
+whole batch per example (the rules cost one extra pass in all), hence "slow path".
+
+Gating. `summary.moments` computes moments only on the steps it records, inside a ``tf.cond``.
+A gradient cannot be taken inside a ``cond`` branch of tensors computed outside it, so the
+fallback's ops live in the step's graph and are gated the way a lowered ``cond`` gates its
+branches: the seed's size passes through a ``Switch`` on the predicate, every op of the
+vectorised backward depends on it, and on a step that records nothing they all receive a dead
+tensor and do not run; a ``Merge`` returns zeros instead. Loops and function calls created by
+the vectorisation get every input gated the same way (a loop runs as long as any input is live).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tb_gradmom import _graph
+from tb_gradmom.rules.base import power_sum
+
+try:  # the implementation behind tf.vectorized_map, with a static chunk of iterations
+    from tensorflow.python.ops.parallel_for.control_flow_ops import pfor as _pfor
+except ImportError:  # pragma: no cover - older or newer layouts
+    _pfor = None
+
+__all__ = ["find_loss_vector", "power_sums", "DEFAULT_CHUNK"]
+
+# Examples per vectorised chunk: each holds about `chunk` backward passes of the whole batch.
+DEFAULT_CHUNK = 32
+
+_FUNCTION_OPS = frozenset(
+    {"While", "StatelessWhile", "If", "StatelessIf", "PartitionedCall", "StatefulPartitionedCall"}
+)
+
+
+def find_loss_vector(scalar: tf.Tensor, memo: dict):
+    """``(values, factor)`` with ``scalar == factor * sum(values) (+ terms without examples)``,
+    ``values`` holding examples on its first axis; None when the graph is not of that form.
+
+    Follows what losses look like in a graph: ``tf.reduce_mean`` / ``reduce_sum`` over every
+    axis, Keras' ``sum / size`` (``DivNoNan``), scaling by constants (loss scaling, the
+    ``1/replicas`` of a distribution strategy), and sums with terms that do not depend on the
+    examples (regularisation losses: they add the same gradient to every example and are
+    left out of the per-example losses, as they are in the rules).
+    """
+    t, factor = scalar, None
+
+    def scale(f):
+        nonlocal factor
+        factor = f if factor is None else factor * f
+
+    for _ in range(64):
+        op = t.op
+        if op.type in ("Identity", "Cast") and op.inputs:
+            t = op.inputs[0]
+            continue
+        if op.type == "Neg":
+            scale(-1.0)
+            t = op.inputs[0]
+            continue
+        if op.type == "Mul":
+            a, b = op.inputs
+            if _is_scalar_free(b, memo):
+                scale(b)
+                t = a
+                continue
+            if _is_scalar_free(a, memo):
+                scale(a)
+                t = b
+                continue
+            return None
+        if op.type in ("RealDiv", "DivNoNan", "Div"):
+            a, b = op.inputs
+            if not _is_scalar_free(b, memo):
+                return None
+            scale(1.0 / b)
+            t = a
+            continue
+        if op.type in ("AddV2", "Add", "AddN", "Sub"):
+            live = [
+                (i, x)
+                for i, x in enumerate(op.inputs)
+                if _graph.batch_free(x, memo) != _graph.CONSTANT
+            ]
+            if len(live) != 1:
+                return None
+            i, t = live[0]
+            if op.type == "Sub" and i == 1:
+                scale(-1.0)
+            continue
+        if op.type in ("Sum", "Mean"):
+            values = op.inputs[0]
+            rank = values.shape.rank
+            axes = tf.get_static_value(op.inputs[1])
+            if rank is None or rank < 1 or axes is None:
+                return None
+            axes = {int(a) % rank for a in axes.reshape(-1)}
+            if axes != set(range(rank)):
+                return None
+            if op.type == "Mean":
+                scale(1.0 / tf.cast(tf.size(values), values.dtype))
+            return values, factor
+        return None
+    return None
+
+
+def _is_scalar_free(t: tf.Tensor, memo: dict) -> bool:
+    return t.shape.rank == 0 and _graph.batch_free(t, memo) is not None
+
+
+def per_example_losses(values, factor, n, mode: str) -> tf.Tensor:
+    """The ``[n]`` vector ``l`` with ``mean(l)`` (``mode="mean"``) or ``sum(l)`` equal to the
+    scalar loss (up to the example-free terms)."""
+    rank = values.shape.rank
+    s = tf.reduce_sum(values, axis=list(range(1, rank))) if rank > 1 else values
+    if factor is not None:
+        s = s * tf.cast(factor, s.dtype)
+    if mode == "mean":
+        s = s * tf.cast(n, s.dtype)
+    return s
+
+
+def power_sums(loss_vector, variables, dtypes, orders, n, chunk, gate=None) -> list[dict]:
+    """``[{p: sum_j g_j ** p}]`` for each variable, from the jacobian of ``loss_vector``.
+
+    ``chunk``: examples vectorised at once (one copy of the vectorised backward pass in the
+    graph per chunk when the batch size is static; the whole batch at once otherwise).
+    ``gate``: a scalar bool tensor; where it is False nothing of this runs and zeros come out.
+    """
+    if _pfor is None:  # pragma: no cover
+        raise RuntimeError("this TensorFlow has no parallel_for.pfor; cannot vectorise")
+    graph = loss_vector.graph
+    seed_size = tf.size(loss_vector)
+    if gate is not None:
+        seed_size = tf.raw_ops.Switch(data=seed_size, pred=gate)[1]
+    n_static = tf.get_static_value(n)
+    if n_static is not None:
+        n_static = int(n_static)
+        starts = [(s, min(chunk, n_static - s)) for s in range(0, n_static, chunk)]
+    else:
+        starts = [(0, None)]
+    totals = None
+    for start, size in starts:
+        before = set(graph.get_operations())
+        rows = _rows(loss_vector, variables, dtypes, seed_size, start, n if size is None else size)
+        if gate is not None:
+            _gate_function_ops(graph, before, gate)
+        sums = [{p: power_sum(g_pow, p) for p in orders} for g_pow in ({1: g} for g in rows)]
+        if totals is None:
+            totals = sums
+        else:
+            totals = [{p: t[p] + s[p] for p in orders} for t, s in zip(totals, sums)]
+    if gate is not None:
+        totals = [{p: _merge_zeros(s, gate) for p, s in t.items()} for t in totals]
+    return totals
+
+
+def _rows(loss_vector, variables, dtypes, seed_size, start, size):
+    def loop_fn(i):
+        seed = tf.one_hot(i + start, seed_size, dtype=loss_vector.dtype)
+        grads = tf.gradients(loss_vector, variables, grad_ys=seed, unconnected_gradients="zero")
+        return [tf.cast(tf.convert_to_tensor(g), d) for g, d in zip(grads, dtypes)]
+
+    return _pfor(loop_fn, size, fallback_to_while_loop=True)
+
+
+def _gate_function_ops(graph, before, gate) -> None:
+    for op in graph.get_operations():
+        if op in before or op.type not in _FUNCTION_OPS:
+            continue
+        for i, t in enumerate(list(op.inputs)):
+            if t.dtype == tf.resource or t.op.type == "Switch":
+                continue
+            op._update_input(i, tf.raw_ops.Switch(data=t, pred=gate)[1])
+
+
+def _merge_zeros(t: tf.Tensor, gate) -> tf.Tensor:
+    # Built from the (static) shape, not from `t`, which is dead when the gate is closed.
+    zeros = tf.raw_ops.Switch(data=tf.zeros(t.shape, t.dtype), pred=gate)[0]
+    return tf.raw_ops.Merge(inputs=[zeros, t])[0]
