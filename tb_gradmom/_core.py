@@ -299,6 +299,7 @@ def gradients_and_moments(
     chunk_size: int | None = None,
     name: str | None = None,
     fallback: str = "exact",
+    loss_scale=None,
 ):
     """Gradients and the moments of the per-example gradients, from one backward pass.
 
@@ -337,6 +338,12 @@ def gradients_and_moments(
         one backward pass per example; a warning names the variables once); ``"error"`` raises
         `UnsupportedOpError` instead. The fallback needs the per-example losses: a ``[n]``
         ``loss``, or a scalar that is a mean/sum over them (found in the graph).
+      loss_scale: the factor ``loss`` was multiplied by, if any (mixed precision with
+        ``keras.optimizers.LossScaleOptimizer``: pass ``optimizer.scale_loss(loss)`` and
+        ``loss_scale=optimizer.dynamic_scale``). ``grads`` are then those of the scaled loss,
+        for the optimizer to unscale; the moments are those of the unscaled gradients. Under
+        mixed precision (float16/bfloat16 compute, float32 variables) moments are computed
+        and returned in float32: output gradients are cast up, and unscaled, before any power.
 
     Returns:
       ``(grads, moments)``: ``grads[i]`` is what ``tf.gradients(loss, var_list)[i]`` gives (for a
@@ -365,6 +372,7 @@ def gradients_and_moments(
         chunk_size=chunk_size,
         fallback=fallback,
         orders=orders,
+        loss_scale=loss_scale,
     )
     moments = prepared.moments(orders, chunk_size)
     return list(prepared.grads), moments
@@ -392,6 +400,8 @@ class Prepared:
     fused: dict = field(default_factory=dict)
     # variable index -> {p: sum_j g_j**p} (p > 1) for the variables on the exact fallback
     fallback_sums: dict = field(default_factory=dict)
+    # 1 / loss_scale (float32) when the loss is scaled (mixed precision), else None
+    inv_scale: tf.Tensor | None = None
 
     def moments(
         self, orders: Sequence[int], chunk_size: int | None = None, indices=None
@@ -421,6 +431,7 @@ class Prepared:
                         self.mode,
                         orders,
                         chunk_size,
+                        inv_scale=self.inv_scale,
                     )
                 )
         return out
@@ -441,6 +452,8 @@ class Prepared:
                     out[1] = tf.zeros(plan.variable.shape, plan.dtype)
                     continue
                 g = tf.cast(tf.convert_to_tensor(self.grads[i]), plan.dtype)
+                if self.inv_scale is not None:
+                    g = g * tf.cast(self.inv_scale, plan.dtype)
                 out[1] = g / nf if self.mode == "sum" else tf.identity(g)
             else:
                 out[p] = sums[p] / nf
@@ -466,6 +479,7 @@ def prepare(
     fallback: str = "exact",
     orders: Sequence[int] | None = None,
     gate: tf.Tensor | None = None,
+    loss_scale=None,
 ) -> Prepared:
     """Validates the arguments, finds each variable's consumers and runs the one backward pass.
 
@@ -551,6 +565,9 @@ def prepare(
                 "cannot infer the batch size: no requested variable is used by an op with a "
                 "batch axis; pass batch_size= or the per-example loss vector"
             )
+        inv_scale = None
+        if loss_scale is not None:
+            inv_scale = 1.0 / tf.cast(loss_scale, tf.float32)
         fused = {}
         if fused_ids:
             with tf.name_scope("fused"):
@@ -558,9 +575,20 @@ def prepare(
                     plan = plans[i]
                     orders = tuple(sorted({1, *fused_orders}))
                     fused[i] = _moments_of(
-                        plan, None, out_grads, index, n, mode, orders, chunk_size, sums_only=True
+                        plan,
+                        None,
+                        out_grads,
+                        index,
+                        n,
+                        mode,
+                        orders,
+                        chunk_size,
+                        sums_only=True,
+                        inv_scale=inv_scale,
                     )
                     grad = fused[i][1] * tf.cast(n, plan.dtype) if mode == "sum" else fused[i][1]
+                    if loss_scale is not None:  # as tf.gradients gives it: of the scaled loss
+                        grad = grad * tf.cast(loss_scale, plan.dtype)
                     grads[i] = tf.cast(grad, plan.variable.dtype)
         fallback_sums = {}
         if fallback_ids:
@@ -581,11 +609,13 @@ def prepare(
                         n,
                         chunk,
                         gate,
+                        inv_scale,
                     )
                     fallback_sums = dict(zip(fallback_ids, sums))
                 else:
                     fallback_sums = {i: {} for i in fallback_ids}
     return Prepared(
+        inv_scale=inv_scale,
         fallback_sums=fallback_sums,
         fused=fused,
         plans=plans,
@@ -601,7 +631,9 @@ def prepare(
     )
 
 
-def _moments_of(plan, grad, out_grads, index, n, mode, orders, chunk_size, sums_only=False) -> dict:
+def _moments_of(
+    plan, grad, out_grads, index, n, mode, orders, chunk_size, sums_only=False, inv_scale=None
+) -> dict:
     """{p: M_p}. `sums_only`: every order (1 included) from the rule's power sums, not `grad`."""
     shape = plan.variable.shape
     higher = tuple(orders) if sums_only else tuple(p for p in orders if p > 1)
@@ -609,8 +641,12 @@ def _moments_of(plan, grad, out_grads, index, n, mode, orders, chunk_size, sums_
     if (grad is None and not sums_only) or not plan.sites:
         return {p: tf.zeros(shape, plan.dtype) for p in orders}
     nf = tf.cast(n, plan.dtype)
+    if inv_scale is not None:
+        inv_scale = tf.cast(inv_scale, plan.dtype)
     if 1 in orders and not sums_only:
         g = tf.cast(tf.convert_to_tensor(grad), plan.dtype)
+        if inv_scale is not None:
+            g = g * inv_scale
         result[1] = g / nf if mode == "sum" else tf.identity(g)
     if not higher:
         return result
@@ -624,6 +660,8 @@ def _moments_of(plan, grad, out_grads, index, n, mode, orders, chunk_size, sums_
         if g_out is None:
             g_out = tf.zeros_like(site.output)
         g_out = tf.cast(tf.convert_to_tensor(g_out), plan.dtype)
+        if inv_scale is not None:  # unscale before any power (mixed precision)
+            g_out = g_out * inv_scale
         deltas.append(g_out * nf if mode == "mean" and not scale_sums else g_out)
     if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
         chunk = _chunk(plan, chunk_size, fast=True)

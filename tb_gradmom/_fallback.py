@@ -125,12 +125,19 @@ def per_example_losses(values, factor, n, mode: str) -> tf.Tensor:
     return s
 
 
-def power_sums(loss_vector, variables, dtypes, orders, n, chunk, gate=None) -> list[dict]:
+def power_sums(
+    loss_vector, variables, dtypes, orders, n, chunk, gate=None, inv_scale=None
+) -> list[dict]:
     """``[{p: sum_j g_j ** p}]`` for each variable, from the jacobian of ``loss_vector``.
 
     ``chunk``: examples vectorised at once (one copy of the vectorised backward pass in the
     graph per chunk when the batch size is static; the whole batch at once otherwise).
     ``gate``: a scalar bool tensor; where it is False nothing of this runs and zeros come out.
+    ``inv_scale``: ``1 / loss_scale`` when ``loss_vector`` is scaled (mixed precision).
+
+    In float16/bfloat16 the seed is ``e_j / n``, so a row has the size of the (loss-scaled)
+    mean gradient, which loss scaling keeps in range, rather than ``n`` times it; rows are
+    then cast to the moment dtype (float32) and multiplied back, before any power.
     """
     if _pfor is None:  # pragma: no cover
         raise RuntimeError("this TensorFlow has no parallel_for.pfor; cannot vectorise")
@@ -147,7 +154,9 @@ def power_sums(loss_vector, variables, dtypes, orders, n, chunk, gate=None) -> l
     totals = None
     for start, size in starts:
         before = set(graph.get_operations())
-        rows = _rows(loss_vector, variables, dtypes, seed_size, start, n if size is None else size)
+        rows = _rows(
+            loss_vector, variables, dtypes, seed_size, start, n if size is None else size, inv_scale
+        )
         if gate is not None:
             _gate_function_ops(graph, before, gate)
         sums = [{p: power_sum(g_pow, p) for p in orders} for g_pow in ({1: g} for g in rows)]
@@ -160,11 +169,23 @@ def power_sums(loss_vector, variables, dtypes, orders, n, chunk, gate=None) -> l
     return totals
 
 
-def _rows(loss_vector, variables, dtypes, seed_size, start, size):
+def _rows(loss_vector, variables, dtypes, seed_size, start, size, inv_scale):
+    low = loss_vector.dtype in (tf.float16, tf.bfloat16)
+
     def loop_fn(i):
         seed = tf.one_hot(i + start, seed_size, dtype=loss_vector.dtype)
+        if low:
+            seed = seed / tf.cast(seed_size, seed.dtype)
         grads = tf.gradients(loss_vector, variables, grad_ys=seed, unconnected_gradients="zero")
-        return [tf.cast(tf.convert_to_tensor(g), d) for g, d in zip(grads, dtypes)]
+        rows = []
+        for g, d in zip(grads, dtypes):
+            g = tf.cast(tf.convert_to_tensor(g), d)
+            if low:
+                g = g * tf.cast(seed_size, d)
+            if inv_scale is not None:
+                g = g * tf.cast(inv_scale, d)
+            rows.append(g)
+        return rows
 
     return _pfor(loop_fn, size, fallback_to_while_loop=True)
 

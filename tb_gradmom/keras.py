@@ -107,6 +107,17 @@ class GradMoments(keras.callbacks.Callback):
             self._writer = None
 
 
+def _loss_scale(optimizer):
+    """The dynamic loss scale of a ``LossScaleOptimizer`` (mixed precision), else None: the
+    gradients stay scaled for the optimizer, the moments are unscaled."""
+    from keras.optimizers import LossScaleOptimizer
+
+    if isinstance(optimizer, LossScaleOptimizer):
+        # what LossScaleOptimizer.scale_loss multiplies by
+        return optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
+    return None
+
+
 def _make_train_step(cb: GradMoments):
     # Mirrors keras/src/backend/tensorflow/trainer.py `train_step` (Keras 3), with the gradients
     # taken by gradmom.summary.moments instead of a GradientTape.
@@ -146,6 +157,7 @@ def _make_train_step(cb: GradMoments):
                     per_variable_scalars=cb.per_variable_scalars,
                     learning_rate=lr,
                     log_only=cb.variables,
+                    loss_scale=_loss_scale(self.optimizer),
                 )
             self.optimizer.apply_gradients(zip(grads, weights))
         else:

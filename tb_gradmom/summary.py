@@ -54,6 +54,7 @@ def moments(
     chunk_size: int | None = None,
     log_only=None,
     fallback: str = "exact",
+    loss_scale=None,
 ):
     """Computes gradients and logs the moments of the per-example gradients.
 
@@ -90,6 +91,9 @@ def moments(
       fallback: ``"exact"`` or ``"error"``, for variables consumed by ops without a rule (see
         `gradients_and_moments`). The fallback's per-example gradients run only on the steps
         that record, like the rules' moments.
+      loss_scale: the factor ``loss`` was multiplied by (mixed precision; see
+        `gradients_and_moments`): the returned gradients are of the scaled loss, the logged
+        moments and statistics of the unscaled one.
 
     Returns:
       In a ``tf.function``: the gradients, aligned with ``var_list`` (``None`` where the loss
@@ -114,6 +118,7 @@ def moments(
         # off: no writer or recording off at trace time, no moments at all
         orders=(1,) if off else orders,
         gate=should if inside and static is None else None,
+        loss_scale=loss_scale,
     )
     indices = _log_indices(var_list, log_only)
     tags = _unique_tags([prepared.names[i] for i in indices])
@@ -286,6 +291,8 @@ def _records(prepared, indices, tags, contents, orders, lr, chunk_size):
     """The tensors and scalars one logged step writes."""
     moms = prepared.moments(orders, chunk_size, indices)
     loss = tf.cast(prepared.loss, tf.float64)
+    if prepared.inv_scale is not None:
+        loss = loss * tf.cast(prepared.inv_scale, tf.float64)
     n = prepared.n
     tensors, scalars = [], []  # scalars: (tag, fields)
     model_fields, model_hist = None, None
