@@ -9,9 +9,13 @@ default the big kernel is stored pooled to 65,536 cells, as `tb_gradmom.summary.
 by default (``DEFAULT_MAX_ELEMENTS``); ``--full`` also measures a run storing it at full
 resolution (1M cells, fewer steps, to keep the logdir on disk and in TensorBoard's memory).
 
-Cold = the plugin's cache emptied before the request; warm = the same request again. Figures
-are medians over ``--repeat`` requests; peak RSS is the process's high-water mark (for
-RustBoard, the TensorBoard process plus its data server).
+Cold = the plugin's cache emptied before the request (Python loader; for RustBoard, which runs
+in its own process, the first request for a run); warm = the same request again. Figures are
+medians over ``--repeat`` requests; peak RSS is the process's high-water mark (for RustBoard,
+the TensorBoard process plus its data server).
+
+The cold step rows use several steps spread over the run (``*_max_ms``: the slowest of them).
+``histogram_all_export_ms`` is ``/export?what=histogram&step=all`` (a whole-series read).
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ def ensure_logdir(path: str, *gen_args: str) -> str:
     return path
 
 
-def median_ms(fn, repeat: int, before=None):
-    """Median milliseconds of ``fn()``, or the error text if any call failed."""
+def times_ms(fn, repeat: int, before=None):
+    """Milliseconds of each of ``repeat`` calls of ``fn()``, or the error text if one failed."""
     times = []
     for _ in range(repeat):
         if before is not None:
@@ -60,7 +64,27 @@ def median_ms(fn, repeat: int, before=None):
         except Exception as e:  # noqa: BLE001 - reported in the table
             return f"error: {e}"[:120]
         times.append((time.perf_counter() - t) * 1000)
-    return statistics.median(times)
+    return times
+
+
+def median_ms(fn, repeat: int, before=None):
+    """Median milliseconds of ``fn()``, or the error text if any call failed."""
+    times = times_ms(fn, repeat, before)
+    return times if isinstance(times, str) else statistics.median(times)
+
+
+def spread_steps(steps: int, count: int) -> list[int]:
+    """``count`` steps evenly inside ``range(steps)``, neither the first nor the last."""
+    return [steps * (i + 1) // (count + 1) for i in range(count)]
+
+
+def record(out: dict, name: str, times) -> None:
+    """``name``_ms (median) and ``name``_max_ms of a list of times (or the error text)."""
+    if isinstance(times, str):
+        out[name + "_ms"] = times
+        return
+    out[name + "_ms"] = statistics.median(times)
+    out[name + "_max_ms"] = max(times)
 
 
 # ------------------------------------------------------------------ Python loader
@@ -115,8 +139,11 @@ def bench_python(
     hm = {"run": r0, "tag": BIG, "stat": "variance"}
     out["heatmap_latest_cold_ms"] = median_ms(lambda: get("heatmap", **hm), repeat, before=clear)
     out["heatmap_latest_warm_ms"] = median_ms(lambda: get("heatmap", **hm), repeat)
-    out["heatmap_step_cold_ms"] = median_ms(
-        lambda: get("heatmap", step=mid, **hm), repeat, before=clear
+    cold_steps = iter(spread_steps(steps, repeat))
+    record(
+        out,
+        "heatmap_step_cold",
+        times_ms(lambda: get("heatmap", step=next(cold_steps), **hm), repeat, before=clear),
     )
     out["heatmap_step_warm_ms"] = median_ms(lambda: get("heatmap", step=mid, **hm), repeat)
     # Scrubbing: after one full read, neighbouring steps are cached (moments, not responses).
@@ -131,6 +158,8 @@ def bench_python(
     hist = {"run": r0, "tag": BIG, "step": "all", "bins": 30}
     out["histogram_all_cold_ms"] = median_ms(lambda: get("histogram", **hist), repeat, clear)
     out["histogram_all_warm_ms"] = median_ms(lambda: get("histogram", **hist), repeat)
+    export = {**hist, "what": "histogram", "format": "json"}
+    out["histogram_all_export_ms"] = median_ms(lambda: get("export", **export), 3, clear)
     small = {"run": r1, "tag": SMALL, "step": "all", "scale": "log"}
     out["histogram_all_small_cold_ms"] = median_ms(lambda: get("histogram", **small), repeat, clear)
     out["series_cold_ms"] = median_ms(lambda: get("series", run=r2), repeat, clear)
@@ -169,7 +198,14 @@ def _hwm_mb(pid: int) -> float:
 
 
 def bench_rustboard(logdir: str, repeat: int, label: str, steps: int) -> dict:
+    import gc
     import tempfile
+
+    # The Python loader's app of `bench_python` (GBs of event data in reference cycles) is
+    # garbage now: collect it before timing, or its collection runs in this process during
+    # the first requests and takes a core from the TensorBoard server on a 2-core machine
+    # (it doubled the first cold request: 2.2 s instead of 1.0 s).
+    gc.collect()
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     import pathlib
@@ -207,18 +243,34 @@ def bench_rustboard(logdir: str, repeat: int, label: str, steps: int) -> dict:
         out["heatmap_latest_warm_ms"] = median_ms(
             lambda: get("heatmap", run="run0", tag=BIG), repeat
         )
-        out["heatmap_step_cold_ms"] = median_ms(
-            lambda: get("heatmap", run=next(runs), tag=BIG, step=mid), 3
+        # Cold: the first step other than the latest asked of each run, at 3 places.
+        cold = iter(zip(["run0", "run1", "run2"], spread_steps(steps, 3)))
+        record(
+            out,
+            "heatmap_step_cold",
+            times_ms(lambda: get("heatmap", tag=BIG, **dict(zip(("run", "step"), next(cold)))), 3),
         )
         near = iter(range(mid + 1, mid + 1 + repeat))
         out["heatmap_next_step_ms"] = median_ms(
-            lambda: get("heatmap", run="run0", tag=BIG, step=next(near)), repeat
+            lambda: get("heatmap", run="run1", tag=BIG, step=next(near)), repeat
         )
         out["histogram_all_cold_ms"] = median_ms(
             lambda: get("histogram", run=next(runs), tag=BIG, step="all", bins=31), 3
         )
         out["histogram_all_warm_ms"] = median_ms(
             lambda: get("histogram", run="run0", tag=BIG, step="all", bins=31), repeat
+        )
+        out["histogram_all_export_ms"] = median_ms(
+            lambda: get(
+                "export",
+                run=next(runs),
+                tag=BIG,
+                step="all",
+                bins=31,
+                what="histogram",
+                format="json",
+            ),
+            3,
         )
         pids = [server.proc.pid, *_children(server.proc.pid)]
         out["peak_rss_mb"] = round(sum(_hwm_mb(p) for p in pids))
@@ -292,6 +344,9 @@ def main() -> None:
     if a.rustboard:
         results.append(bench_rustboard(pooled, a.repeat, label, a.steps))
     if a.full:
+        import gc
+
+        gc.collect()  # see bench_rustboard
         full = ensure_logdir(os.path.join(a.cache, "full"), "--runs", "1", "--steps", "100")
         results.append(
             bench_python(full, a.repeat, "1x100x20, 1M kernel unpooled", 100, runs=("run0",))
