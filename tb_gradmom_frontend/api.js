@@ -50,7 +50,7 @@ export async function fetchHeatmap({ run, tag, step, stat, maxRows = 1024, maxCo
   return { ...d, values: numbers(d.values), min: decodeNumber(d.min), max: decodeNumber(d.max) };
 }
 
-/** GET histogram: {edges, scale, stat, series: [{step, counts}]} with numeric edges. */
+/** GET histogram: {edges, scale, stat, downsampled, stored_steps, series: [{step, counts}]} with numeric edges. */
 export async function fetchHistogram({ run, tag, stat, step, bins = 30, scale = "linear" }, signal) {
   const d = await getJSON("histogram", { run, tag, stat, step, bins, scale }, signal);
   return {

@@ -353,6 +353,20 @@ export function histogram(values, bins = 30, scale = "linear") {
   return { edges, ...binCounts(values, edges, scale) };
 }
 
+/**
+ * The steps a histogram payload shows, for its subtitle: "step 40", "steps 0–40", or, when the
+ * server binned a sample of the steps (`downsampled`), "134 of 500 steps in 0–499 (a sample)".
+ */
+export function histogramStepsLabel(data, mode = "steps") {
+  const steps = (data.series ?? []).map((s) => s.step).sort((a, b) => a - b);
+  if (!steps.length) return "no steps";
+  if (mode !== "steps") return `step ${steps[steps.length - 1]}`;
+  const range = `${steps[0]}–${steps[steps.length - 1]}`;
+  if (!data.downsampled) return `steps ${range}`;
+  const of = Number.isFinite(data.stored_steps) ? ` of ${data.stored_steps}` : "";
+  return `${steps.length}${of} steps in ${range} (a sample)`;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Text out: CSV and SVG.
 

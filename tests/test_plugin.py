@@ -473,6 +473,47 @@ def test_reads_over_grpc_are_capped_and_say_so(logdir, monkeypatch):
     get_json(client, "heatmap", run="train", tag="big/kernel")  # the latest: one step, fine
 
 
+class _Recording:
+    """A data provider that records its reads: ``(tag, downsample, points returned)``.
+
+    Not being TensorBoard's `MultiplexerDataProvider`, it also makes the plugin treat the
+    provider as a gRPC one (RustBoard's read budget applies).
+    """
+
+    def __init__(self, inner, reads, listings=None):
+        self._inner, self._reads, self._listings = inner, reads, listings
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def list_tensors(self, ctx=None, **kw):
+        if self._listings is not None:
+            self._listings.append(kw.get("run_tag_filter"))
+        return self._inner.list_tensors(ctx, **kw)
+
+    def read_tensors(self, ctx=None, **kw):
+        out = self._inner.read_tensors(ctx, **kw)
+        for tags in out.values():
+            for tag, series in tags.items():
+                self._reads.append((tag, kw["downsample"], len(series)))
+        return out
+
+
+def _recording(reads, listings=None):
+    return lambda inner: _Recording(inner, reads, listings)
+
+
+def test_one_listing_per_heatmap_request(logdir):
+    listings = []
+    client, _, _ = make_app(logdir[0], wrap_provider=_recording([], listings))
+    q = {"run": "train", "tag": "dense/kernel", "step": 20}
+    get_json(client, "heatmap", **q)
+    listings.clear()
+    get_json(client, "heatmap", stat="mean", **q)  # not cached yet: reads the cached moments
+    get_json(client, "heatmap", stat="mean", **q)  # cached response
+    assert len(listings) == 2
+
+
 # ---------------------------------------------------------------------------- /histogram
 
 
@@ -516,6 +557,57 @@ def test_histogram_over_all_steps_shares_edges(env):
         # exactly and bins within one count.
         assert sum(s["counts"]) == v.size
         assert np.abs(np.asarray(s["counts"]) - np.histogram(v, edges)[0]).max() <= 1
+
+
+def test_histogram_over_all_steps_of_a_big_series_is_a_sample(logdir, env, monkeypatch):
+    """Above HISTOGRAM_READ_BYTES the all-steps histogram bins TensorBoard's sample of the
+    steps, says so, and is exact for the steps it lists; exports bin every step."""
+    from tb_gradmom import data
+    from tb_gradmom.plugin import _reader
+
+    q = {"run": "train", "tag": "big/kernel", "step": "all", "bins": 9, "stat": "variance"}
+    # Below the budget (the default): every step.
+    d = get_json(env[0], "histogram", **q)
+    assert d["downsampled"] is False and [s["step"] for s in d["series"]] == list(fx.TRAIN_STEPS)
+    assert d["stored_steps"] == len(fx.TRAIN_STEPS)
+
+    per_step = 4 * 2 * 10 * 10  # big/kernel: 2 orders of a stored [10, 10] grid
+    monkeypatch.setattr(_reader, "HISTOGRAM_READ_BYTES", 3 * per_step)
+    client, _, _ = make_app(logdir[0])
+    recs = {r.step: r for r in data.load(logdir[0])["train"]["big/kernel"]}
+    for scale in ("linear", "log"):
+        d = get_json(client, "histogram", scale=scale, **q)
+        steps = [s["step"] for s in d["series"]]
+        assert d["downsampled"] is True and d["stored_steps"] == len(fx.TRAIN_STEPS)
+        assert len(steps) == 3 and steps == sorted(steps) and set(steps) <= set(fx.TRAIN_STEPS)
+        assert steps[-1] == fx.TRAIN_STEPS[-1]  # the sample keeps the latest step
+        # Exact: the same numbers as reductions.histograms_over_steps of the stored moments
+        # of the listed steps (and only those: the edges span them alone).
+        arrays = [
+            reductions.stat_array(recs[s].moments, recs[s].batch_size, "variance") for s in steps
+        ]
+        edges, counts = reductions.histograms_over_steps(arrays, bins=9, scale=scale)
+        np.testing.assert_allclose(nums(d["edges"]), edges, rtol=1e-8)  # 9 digits in JSON
+        assert [s["counts"] for s in d["series"]] == [c.tolist() for c in counts]
+        # Against the per-example gradients (independent of the moment formulas).
+        ref = [
+            _pooled_moment_stat(
+                fx.samples("train", "big/kernel", s, (40, 30)), "variance", VARS["big/kernel"].block
+            )
+            for s in steps
+        ]
+        allv = np.concatenate([v.ravel() for v in ref])
+        if scale == "log":
+            ref_edges = np.logspace(np.log10(allv.min()), np.log10(allv.max()), 10)
+        else:
+            ref_edges = np.linspace(allv.min(), allv.max(), 10)
+        np.testing.assert_allclose(nums(d["edges"]), ref_edges, rtol=1e-5)
+    r = get(client, "export", what="histogram", format="json", **q)
+    full = json.loads(r.get_data(as_text=True))
+    assert full["downsampled"] is False and len(full["series"]) == len(fx.TRAIN_STEPS)
+    # The single-step histogram is never a sample.
+    one = get_json(client, "histogram", run="train", tag="big/kernel", step=20)
+    assert one["downsampled"] is False and one["stored_steps"] == len(fx.TRAIN_STEPS)
 
 
 def test_histogram_counts_nonfinite_values(env):

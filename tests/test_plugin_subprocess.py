@@ -337,3 +337,101 @@ def test_user_samples_per_plugin_with_each_loader(logdir, tmp_path):
         finally:
             stop(s)
         assert len(steps) == 5 and steps[-1] == fx.LONG_STEPS - 1, (load_fast, steps)
+
+
+# ------------------------------------------- RustBoard's data provider, in this process
+
+
+@pytest.fixture(scope="module")
+def rustboard_provider(logdir):
+    """TensorBoard's gRPC data provider over a RustBoard data server on the fixture."""
+    problem = _data_server_problem()
+    if problem:
+        pytest.skip(problem)
+    from tensorboard import context
+    from tensorboard.data import provider, server_ingester
+    from tensorboard.util import grpc_util
+
+    ingester = server_ingester.SubprocessServerDataIngester(
+        server_ingester.get_server_binary(),
+        logdir,
+        reload_interval=0,
+        channel_creds_type=grpc_util.ChannelCredsType.LOCAL,
+        samples_per_plugin={"gradmom": 500},
+    )
+    ingester.start()
+    dp = ingester.data_provider
+    ctx = context.RequestContext()
+    deadline = time.time() + 120
+    while time.time() < deadline:  # loading is asynchronous
+        got = dp.list_tensors(
+            ctx,
+            experiment_id="",
+            plugin_name="gradmom",
+            run_tag_filter=provider.RunTagFilter(runs=["long", "train"]),
+        )
+        if (
+            got.get("long", {}).get("dense/bias/_stats")
+            and got["long"]["dense/bias/_stats"].max_step == fx.LONG_STEPS - 1
+            and got.get("train", {}).get("_model/_stats")
+            and got["train"]["_model/_stats"].max_step == fx.TRAIN_STEPS[-1]
+        ):
+            break
+        time.sleep(0.5)
+    yield dp
+    stdin = getattr(ingester, "_stdin_handle", None)  # the server exits when stdin closes
+    if stdin is not None:
+        stdin.close()
+
+
+class _Recording:
+    """Records ``(tag, downsample, points returned)`` of each read."""
+
+    def __init__(self, inner, reads):
+        self._inner, self._reads = inner, reads
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def read_tensors(self, ctx=None, **kw):
+        out = self._inner.read_tensors(ctx, **kw)
+        for tags in out.values():
+            for tag, series in tags.items():
+                self._reads.append((tag, kw["downsample"], len(series)))
+        return out
+
+
+def _plugin_over(dp, reads):
+    from tensorboard.plugins import base_plugin
+
+    from tb_gradmom.plugin.plugin import GradMomentsPlugin
+
+    return GradMomentsPlugin(base_plugin.TBContext(data_provider=_Recording(dp, reads), flags=None))
+
+
+@pytest.mark.slow
+def test_rustboard_sampled_all_steps_histogram(rustboard_provider, logdir, monkeypatch):
+    """Over RustBoard, an all-steps histogram above its read budget is exact for the steps it
+    lists (the same numbers as `reductions` on the stored moments of those steps)."""
+    from tensorboard import context
+
+    from tb_gradmom import data, reductions
+    from tb_gradmom.plugin import _reader
+
+    monkeypatch.setattr(_reader, "HISTOGRAM_READ_BYTES", 3 * 4 * 2 * 10 * 10)  # 3 steps
+    plugin = _plugin_over(rustboard_provider, [])
+    ctx = context.RequestContext()
+    recs = {r.step: r for r in data.load(logdir)["train"]["big/kernel"]}
+    for scale in ("linear", "log"):
+        h = plugin.histogram_body(
+            ctx, "", run="train", tag="big/kernel", step="all", stat="variance", bins=7, scale=scale
+        )
+        steps = [s["step"] for s in h["series"]]
+        assert h["downsampled"] is True and h["stored_steps"] == len(fx.TRAIN_STEPS)
+        assert len(steps) == 3 and steps[-1] == fx.TRAIN_STEPS[-1]
+        arrays = [
+            reductions.stat_array(recs[s].moments, recs[s].batch_size, "variance") for s in steps
+        ]
+        edges, counts = reductions.histograms_over_steps(arrays, bins=7, scale=scale)
+        np.testing.assert_array_equal(h["edges"], edges)
+        assert [s["counts"].tolist() for s in h["series"]] == [c.tolist() for c in counts]

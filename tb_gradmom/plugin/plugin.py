@@ -23,7 +23,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_gradmom import metadata, reductions, stats
-from tb_gradmom.plugin import _encode, _params, _payloads, _static
+from tb_gradmom.plugin import _encode, _params, _payloads, _reader, _static
 from tb_gradmom.plugin._cache import ByteLRU
 from tb_gradmom.plugin._reader import Reader
 
@@ -217,12 +217,21 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             return None
         return int(have[-1])
 
-    def _moments(self, ctx, experiment, run, tag, step):
-        """``(entry, MomentsAt, batch size or None)`` of a moments tag at ``step``."""
+    def _lookup(self, ctx, experiment, run, tag):
+        """``(entry, stats tag entry or None, StatsSeries or None)`` of a moments tag."""
         entry, ri = self._reader.moments_entry(ctx, experiment, run, tag)
-        s = self._reader.stats_for(ctx, experiment, ri.stats_for(tag))
+        st = ri.stats_for(tag)
+        return entry, st, self._reader.stats_for(ctx, experiment, st)
+
+    def _moments(self, ctx, experiment, run, tag, step, looked_up=None):
+        """``(entry, MomentsAt, batch size or None)`` of a moments tag at ``step``.
+
+        ``looked_up``: the `_lookup` of the tag if the caller already has it (each lookup lists
+        the tag through the data provider, a round trip to RustBoard).
+        """
+        entry, _, s = looked_up or self._lookup(ctx, experiment, run, tag)
         step = self._resolve_step(entry, s, step)
-        m = self._reader.moments_at(ctx, experiment, entry, step, s.steps.size if s else None)
+        m = self._reader.moments_at(ctx, experiment, entry, step, s)
         n = None
         if s is not None:
             i = s.index_of(m.step)
@@ -232,8 +241,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
 
     def heatmap_impl(self, ctx, experiment, *, run, tag, step, stat, max_rows, max_cols) -> str:
         """The /heatmap body as JSON text (cached per run, tag, step and parameters)."""
-        entry, ri = self._reader.moments_entry(ctx, experiment, run, tag)
-        s = self._reader.stats_for(ctx, experiment, ri.stats_for(tag))
+        looked_up = self._lookup(ctx, experiment, run, tag)
+        entry, _, s = looked_up
         resolved = self._resolve_step(entry, s, step)
         resolved = entry.max_step if resolved is None else resolved
         key = ("heatmap", experiment, run, tag, resolved, stat, max_rows, max_cols)
@@ -243,13 +252,17 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
 
         def build():
             return _encode.to_json(
-                self._heatmap_body(ctx, experiment, run, tag, step, stat, max_rows, max_cols)
+                self._heatmap_body(
+                    ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up
+                )
             )
 
         return self._cache.get_or_load(key, build)
 
-    def _heatmap_body(self, ctx, experiment, run, tag, step, stat, max_rows, max_cols) -> dict:
-        entry, m, n = self._moments(ctx, experiment, run, tag, step)
+    def _heatmap_body(
+        self, ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up=None
+    ) -> dict:
+        entry, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
         try:
             body = _payloads.heatmap(entry.content, m.arrays, n, stat, max_rows, max_cols)
         except ValueError as e:
@@ -282,7 +295,15 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             )
         )
 
-    def histogram_body(self, ctx, experiment, *, run, tag, step, stat, bins, scale) -> dict:
+    def histogram_body(
+        self, ctx, experiment, *, run, tag, step, stat, bins, scale, every_step=False
+    ) -> dict:
+        """The /histogram payload.
+
+        With ``step="all"`` at most `_reader.HISTOGRAM_READ_BYTES` of moments are read (a
+        bigger series is binned on a sample of its steps) unless ``every_step`` (exports),
+        which reads every step the data provider can send in one read.
+        """
         head = {
             "run": run,
             "tag": tag,
@@ -291,8 +312,10 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             "scale": scale,
             "bins": bins,
         }
+        looked_up = self._lookup(ctx, experiment, run, tag)
+        entry, _, s = looked_up
         if step != "all":
-            entry, m, n = self._moments(ctx, experiment, run, tag, step)
+            entry, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
             try:
                 grid = _payloads.stat_grid(m.arrays, n, stat)
                 edges, counts = _payloads.histogram_one(grid, bins, scale)
@@ -303,6 +326,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 **head,
                 "edges": edges,
                 "downsampled": False,
+                "stored_steps": int(s.steps.size) if s is not None else None,
                 "series": [
                     {
                         "step": m.step,
@@ -312,8 +336,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                     }
                 ],
             }
-        entry, ri = self._reader.moments_entry(ctx, experiment, run, tag)
-        s = self._reader.stats_for(ctx, experiment, ri.stats_for(tag))
+        max_bytes = None if every_step else _reader.HISTOGRAM_READ_BYTES
         key = (
             "histogram",
             experiment,
@@ -324,11 +347,12 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             scale,
             entry.signature,
             s.steps.size if s is not None else -1,
+            max_bytes,
         )
 
         def build():
             series, downsampled = self._reader.read_series(
-                ctx, experiment, entry, s.steps.size if s is not None else None
+                ctx, experiment, entry, s.steps.size if s is not None else None, max_bytes
             )
             self._reader.cache_series(experiment, entry, series)
             ns = []
@@ -349,10 +373,15 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             edges, counts, nonfinite = _payloads.histograms_streaming(
                 compute, len(series), bins, scale
             )
+            if s is not None:
+                stored = int(s.steps.size)
+            else:
+                stored = None if downsampled else len(series)
             return {
                 **head,
                 "edges": edges,
                 "downsampled": downsampled,
+                "stored_steps": stored,
                 "series": [
                     {"step": m.step, "wall_time": m.wall_time, "counts": c, "nonfinite": nf}
                     for m, c, nf in zip(series, counts, nonfinite)
@@ -528,7 +557,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             return _encode.csv_table(header, rows), "text/csv", name + ".csv"
         if what == "histogram":
             a = self._histogram_args(request)
-            body = self.histogram_body(ctx, experiment, **a)
+            body = self.histogram_body(ctx, experiment, **a, every_step=True)
             which = "all" if a["step"] == "all" else f"step{body['series'][0]['step']}"
             name = f"{base}_{a['stat']}_histogram_{which}"
             if fmt == "json":

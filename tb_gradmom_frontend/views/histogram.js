@@ -2,7 +2,7 @@
 // offset ("ridge") view in the manner of TensorBoard's histogram dashboard; linear or log x.
 
 import * as d3 from "../vendor/d3.js";
-import { formatTick, linePath, toCSV } from "../core.js";
+import { formatTick, histogramStepsLabel, linePath, toCSV } from "../core.js";
 import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 66 };
@@ -52,10 +52,9 @@ export class HistogramView {
     const { width, height } = this.size;
     const svg = newFigure(width, height, theme);
     const series = [...data.series].sort((a, b) => a.step - b.step);
-    const steps = series.map((s) => s.step);
     const log = data.scale === "log";
     drawTitle(svg, `Histogram of ${stat} over the elements of ${tag}`,
-      `run ${run} · ${mode === "steps" ? `steps ${steps[0]}–${steps[steps.length - 1]}` : `step ${steps[0]}`} · ${data.edges.length - 1} bins${log ? " · log x" : ""}`,
+      `run ${run} · ${histogramStepsLabel(data, mode)} · ${data.edges.length - 1} bins${log ? " · log x" : ""}`,
       theme);
     if (!series.length || data.edges.length < 2) {
       svg.append("text").attr("x", width / 2).attr("y", height / 2).attr("text-anchor", "middle")

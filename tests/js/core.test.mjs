@@ -209,3 +209,18 @@ test("the vendored d3 modules load as native ES modules", async () => {
   assert.equal(typeof d3.zoom, "function");
   assert.equal(typeof d3.axisBottom, "function");
 });
+
+test("histogramStepsLabel says when the steps are a sample", () => {
+  const series = [{ step: 40 }, { step: 0 }, { step: 499 }];
+  assert.equal(core.histogramStepsLabel({ series: [{ step: 7 }] }, "step"), "step 7");
+  assert.equal(core.histogramStepsLabel({ series, downsampled: false }), "steps 0–499");
+  assert.equal(
+    core.histogramStepsLabel({ series, downsampled: true, stored_steps: 500 }),
+    "3 of 500 steps in 0–499 (a sample)",
+  );
+  assert.equal(
+    core.histogramStepsLabel({ series, downsampled: true, stored_steps: null }),
+    "3 steps in 0–499 (a sample)",
+  );
+  assert.equal(core.histogramStepsLabel({ series: [] }), "no steps");
+});
