@@ -14,8 +14,11 @@ in its own process, the first request for a run); warm = the same request again.
 medians over ``--repeat`` requests; peak RSS is the process's high-water mark (for RustBoard,
 the TensorBoard process plus its data server).
 
-The cold step rows use several steps spread over the run (``*_max_ms``: the slowest of them).
-``histogram_all_export_ms`` is ``/export?what=histogram&step=all`` (a whole-series read).
+A step that is not the latest is read with a targeted sample (see tb_gradmom/plugin/_reader.py)
+whose size depends on where the step falls in the data provider's sampling order, so the cold
+step rows use several steps spread over the run (``*_max_ms``: the slowest of them).
+``histogram_all_export_ms`` bins every step (what an export does; a whole-series read), while
+``/histogram?step=all`` reads at most 64 MiB (a sample of the steps of the big kernel).
 """
 
 from __future__ import annotations

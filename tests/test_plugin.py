@@ -503,6 +503,63 @@ def _recording(reads, listings=None):
     return lambda inner: _Recording(inner, reads, listings)
 
 
+@pytest.mark.parametrize("step", [0, 37, 75, 112, 148])
+def test_one_step_of_a_big_series_is_read_with_a_targeted_sample(logdir, monkeypatch, step):
+    """A missed step is read with a sample that holds it, found from the stats tag's steps."""
+    from tb_gradmom.plugin import _reader
+
+    monkeypatch.setattr(_reader, "TARGETED_READ_MIN_BYTES", 0)  # every series counts as big
+    reads = []
+    client, _, _ = make_app(logdir[0], wrap_provider=_recording(reads))
+    d = get_json(client, "heatmap", run="long", tag="dense/bias", step=step, stat="variance")
+    g = fx.samples("long", "dense/bias", step, (4,))
+    assert d["step"] == step
+    np.testing.assert_allclose(nums(d["values"]), g.var(0, ddof=1), rtol=2e-6)
+    (moments_read,) = [r for r in reads if r[0] == "dense/bias"]
+    _, downsample, points = moments_read
+    # A sample, not the whole series (these steps are not the last of the sampling order).
+    assert downsample == points < fx.LONG_STEPS
+    # The probes read only the stats tag, a bisection's worth of times.
+    probes = [r for r in reads if r[0] == "dense/bias/_stats" and r[1] != _reader.ALL_STEPS]
+    assert 1 <= len(probes) <= 8
+
+
+def test_targeted_samples_serve_scrubbing_and_stay_exact(logdir, monkeypatch):
+    """Every step of a series, in order, each exact; most served from steps read before."""
+    from tb_gradmom.plugin import _reader
+
+    monkeypatch.setattr(_reader, "TARGETED_READ_MIN_BYTES", 0)
+    reads = []
+    client, _, _ = make_app(logdir[0], wrap_provider=_recording(reads))
+    for step in range(0, fx.LONG_STEPS, 3):
+        d = get_json(client, "heatmap", run="long", tag="dense/bias", step=step, stat="mean")
+        g = fx.samples("long", "dense/bias", step, (4,))
+        np.testing.assert_allclose(nums(d["values"]), g.mean(0), rtol=2e-6, atol=1e-7)
+    # Each read is cached whole, and a step missed later comes later in the sampling order,
+    # so its sample holds what was read before: a few reads serve all 50 steps (here 5,
+    # the last one the whole series).
+    moment_reads = [r for r in reads if r[0] == "dense/bias"]
+    assert len(moment_reads) <= 8
+
+
+def test_targeted_read_falls_back_when_the_stats_steps_differ(logdir, monkeypatch):
+    """Run `truncated`: its moments tag has a step more than its stats tag, so the stats
+    tag's samples do not predict the moments tag's: the whole series is read instead."""
+    from tb_gradmom.plugin import _reader
+
+    monkeypatch.setattr(_reader, "TARGETED_READ_MIN_BYTES", 0)
+    for step in (0, 1, 2, 3):
+        reads = []
+        client, plugin, _ = make_app(logdir[0], wrap_provider=_recording(reads))
+        d = get_json(client, "heatmap", run="truncated", tag="dense/kernel", step=step)
+        g = fx.samples("truncated", "dense/kernel", step, (6, 4))
+        np.testing.assert_allclose(nums(d["values"]), g.var(0, ddof=1).ravel(), rtol=2e-6)
+        moment_reads = [r for r in reads if r[0] == "dense/kernel"]
+        assert moment_reads[-1][1] == _reader.ALL_STEPS  # the whole series in the end
+        if len(moment_reads) == 2:  # a sample was tried, missed, and is not tried again
+            assert any(k[0] == "untargeted" for k in plugin._cache._data)
+
+
 def test_one_listing_per_heatmap_request(logdir):
     listings = []
     client, _, _ = make_app(logdir[0], wrap_provider=_recording([], listings))

@@ -435,3 +435,36 @@ def test_rustboard_sampled_all_steps_histogram(rustboard_provider, logdir, monke
         edges, counts = reductions.histograms_over_steps(arrays, bins=7, scale=scale)
         np.testing.assert_array_equal(h["edges"], edges)
         assert [s["counts"].tolist() for s in h["series"]] == [c.tolist() for c in counts]
+
+
+@pytest.mark.slow
+def test_rustboard_targeted_reads(rustboard_provider, monkeypatch):
+    """Over RustBoard, a step read with a targeted sample is exact, and the sample is mostly
+    much smaller than the series."""
+    from tensorboard import context
+
+    from tb_gradmom.plugin import _reader
+
+    monkeypatch.setattr(_reader, "TARGETED_READ_MIN_BYTES", 0)
+    ctx = context.RequestContext()
+    sampled = 0
+    for step in (0, 30, 61, 97, 140):
+        reads = []
+        body = _plugin_over(rustboard_provider, reads).heatmap_impl(
+            ctx,
+            "",
+            run="long",
+            tag="dense/bias",
+            step=step,
+            stat="variance",
+            max_rows=9,
+            max_cols=9,
+        )
+        d = json.loads(body)
+        g = fx.samples("long", "dense/bias", step, (4,))
+        assert d["step"] == step
+        np.testing.assert_allclose(np.asarray(d["values"], float), g.var(0, ddof=1), rtol=2e-6)
+        (read,) = [r for r in reads if r[0] == "dense/bias"]
+        assert read[1] == read[2] or read[1] == _reader.ALL_STEPS
+        sampled += read[2] < fx.LONG_STEPS
+    assert sampled >= 3  # RustBoard's samples are prefixes of one permutation: mostly small

@@ -10,6 +10,17 @@ What the data provider API allows shapes the read strategy:
 * ``read_tensors`` has no step filter, only ``downsample``: ``downsample=1`` returns the last
   step (cheap with RustBoard, which downsamples before sending). Decoded arrays are kept in a
   byte-budgeted LRU, so scrubbing through steps after one full read is served from memory.
+* Over gRPC (RustBoard) every byte read costs (about 1 s for a 250 MB series, mostly the
+  client's copies and page faults), so any other step of a big series
+  (`TARGETED_READ_MIN_BYTES`) is read with a *targeted sample*. ``downsample=k`` returns a
+  fixed pseudo-random sample that depends only on the number of points and ``k`` (always
+  with the last point; RustBoard's are prefixes of one permutation), and the small
+  ``<tag>/_stats`` tag has the same steps as its moments tag. A few reads of the stats tag
+  (bisection on ``k``) find a small ``k`` whose sample holds the step; the moments tag is read
+  with that ``k`` and the result is checked (a sample without the step falls back to the whole
+  series). All steps read are cached, so scrubbing on is mostly served from memory. The size
+  of the sample depends on the step's place in the sampling order: half the series on
+  average, the whole series for the last places.
 * An all-steps histogram reads at most `HISTOGRAM_READ_BYTES` of a series: a bigger series is
   binned on a sample of its steps (``downsample``), and the payload lists them.
 * RustBoard replies over gRPC, whose messages TensorBoard caps at 256 MiB: a series bigger
@@ -43,6 +54,11 @@ ALL_STEPS = 1_000_000
 # is binned on a sample of its steps. 64 MiB is 134 steps of a variable pooled to 62,500 cells
 # with orders (1, 2): over RustBoard about 0.1 s of transfer instead of ~1 s for 500 steps.
 HISTOGRAM_READ_BYTES = 64 * 1024 * 1024
+# Over gRPC, a step of a series at least this big is read with a targeted sample, not with
+# the whole series (see `Reader._read_targeted`).
+TARGETED_READ_MIN_BYTES = 32 * 1024 * 1024
+# The bisection for a targeted sample stops when its bracket is 1/32 of the steps.
+_TARGET_TOLERANCE = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,10 +287,12 @@ class Reader:
         entry: TagEntry,
         step: int | None,
         stats: StatsSeries | None = None,
+        stats_entry: TagEntry | None = None,
     ) -> MomentsAt:
         """The moments of ``entry`` at ``step`` (None: the last step).
 
-        ``stats``: the tag's stats series, if it has one (it gives the number of steps).
+        ``stats`` / ``stats_entry``: the tag's stats series and stats tag, if it has one (their
+        steps locate ``step`` in a targeted sample; see the module docstring).
 
         Raises:
           errors.NotFoundError: the step is not stored (the message gives the stored range).
@@ -289,6 +307,9 @@ class Reader:
         num_steps = int(stats.steps.size) if stats is not None else None
 
         def load():
+            found = self._read_targeted(ctx, experiment_id, entry, want, stats, stats_entry)
+            if found is not None:
+                return found
             series, downsampled = self.read_series(ctx, experiment_id, entry, num_steps)
             steps = [d.step for d in series]
             if want not in steps:
@@ -296,6 +317,99 @@ class Reader:
             return self._keep_near(experiment_id, entry, series, want)
 
         return self._cache.get_or_load(key, load)
+
+    def _read_targeted(
+        self,
+        ctx,
+        experiment_id: str,
+        entry: TagEntry,
+        want: int,
+        stats: StatsSeries | None,
+        stats_entry: TagEntry | None,
+    ) -> MomentsAt | None:
+        """Step ``want`` read with a sample of the series that holds it, or None.
+
+        None (read the whole series instead) with the Python loader (its reads copy from
+        memory: the whole series costs about as much as the probes), for a series smaller than
+        `TARGETED_READ_MIN_BYTES`, without stats at ``want``, when the smallest sample found
+        is the whole series, or when the sample read does not hold ``want`` after all (the
+        moments tag's steps differ from its stats tag's, e.g. a run cut off between its two
+        records); the series is then not targeted again until it changes. Every step read is
+        cached (up to a quarter of the budget, nearest ``want`` first), so scrubbing on finds
+        most neighbours in memory; a step missed later has a higher rank in the sampling
+        order, so its sample includes all that was read before.
+        """
+        if not self._grpc or stats is None or stats_entry is None:
+            return None
+        if stats.index_of(want) is None:
+            return None
+        n = int(stats.steps.size)
+        per_step = self.bytes_per_step(entry)
+        if per_step * n < TARGETED_READ_MIN_BYTES:
+            return None
+        failed = ("untargeted", experiment_id, entry.run, entry.tag, entry.signature)
+        if self._cache.get(failed) is not None:
+            return None
+        k = self._sample_size(ctx, experiment_id, stats_entry, n, want)
+        if k >= n or k * per_step > GRPC_READ_BUDGET:
+            return None
+        data = self._provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=PLUGIN,
+            downsample=k,
+            run_tag_filter=provider.RunTagFilter(runs=[entry.run], tags=[entry.tag]),
+        )
+        series = self._decode_all(entry, data.get(entry.run, {}).get(entry.tag) or [])
+        if not any(m.step == want for m in series):
+            self._cache.put(failed, True, size=256)
+            logger.info(
+                "Grad Moments: run %r tag %r: its sample of %d steps has no step %d (its steps "
+                "differ from its stats tag's); reading the whole series",
+                entry.run,
+                entry.tag,
+                k,
+                want,
+            )
+            return None
+        return self._keep_near(experiment_id, entry, series, want)
+
+    def _sample_size(self, ctx, experiment_id: str, stats_entry: TagEntry, n: int, want: int):
+        """A small ``downsample`` whose sample of the stats tag (``n`` steps) holds ``want``.
+
+        Bisection on ``k``, one read of the small stats tag per probe (cached: later steps
+        reuse the probes near the top of the bisection). A sample of ``n`` points is the whole
+        series, so the result always holds ``want`` (at worst it is ``n``). Both loaders'
+        samples are nearly nested in ``k`` (RustBoard's are prefixes of one fixed permutation),
+        so this lands within about ``n / _TARGET_TOLERANCE`` of the smallest such ``k``.
+        """
+        lo, hi = 0, n
+        while hi - lo > max(1, n // _TARGET_TOLERANCE):
+            mid = (lo + hi) // 2
+            if want in self._sample_steps(ctx, experiment_id, stats_entry, mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    def _sample_steps(self, ctx, experiment_id: str, stats_entry: TagEntry, k: int) -> frozenset:
+        """The steps of the stats tag's sample with ``downsample=k``."""
+        key = ("sample", experiment_id, stats_entry.run, stats_entry.tag, stats_entry.signature, k)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        data = self._provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=PLUGIN,
+            downsample=k,
+            run_tag_filter=provider.RunTagFilter(runs=[stats_entry.run], tags=[stats_entry.tag]),
+        )
+        steps = frozenset(
+            int(d.step) for d in data.get(stats_entry.run, {}).get(stats_entry.tag) or []
+        )
+        self._cache.put(key, steps, size=256 + 64 * len(steps))
+        return steps
 
     def _read_last(self, ctx, experiment_id: str, entry: TagEntry) -> MomentsAt:
         data = self._provider.read_tensors(

@@ -229,9 +229,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         ``looked_up``: the `_lookup` of the tag if the caller already has it (each lookup lists
         the tag through the data provider, a round trip to RustBoard).
         """
-        entry, _, s = looked_up or self._lookup(ctx, experiment, run, tag)
+        entry, st, s = looked_up or self._lookup(ctx, experiment, run, tag)
         step = self._resolve_step(entry, s, step)
-        m = self._reader.moments_at(ctx, experiment, entry, step, s)
+        m = self._reader.moments_at(ctx, experiment, entry, step, s, st)
         n = None
         if s is not None:
             i = s.index_of(m.step)
