@@ -178,6 +178,16 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, memo, depth):
 _WARNED: set = set()
 
 
+def _replica_context():
+    """The replica context when several replicas run in sync (inside ``strategy.run``)."""
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return None
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync <= 1:
+        return None
+    return ctx
+
+
 def _warn_fallback(plans, ids) -> None:
     key = ("fallback",) + tuple(plans[i].name for i in ids)
     if key in _WARNED:
@@ -402,13 +412,28 @@ class Prepared:
     fallback_sums: dict = field(default_factory=dict)
     # 1 / loss_scale (float32) when the loss is scaled (mixed precision), else None
     inv_scale: tf.Tensor | None = None
+    # tf.distribute: the replica context when several replicas run in sync, else None
+    replica: object = None
+    # the loss was given as a [n] vector of per-example losses
+    vector: bool = False
+    # the number of examples the moments average over (the global batch under tf.distribute);
+    # set by `moments`
+    n_total: tf.Tensor | None = None
 
     def moments(
-        self, orders: Sequence[int], chunk_size: int | None = None, indices=None
+        self, orders: Sequence[int], chunk_size: int | None = None, indices=None, gate=None
     ) -> list[dict]:
-        """``moments[i][p]`` for the variables at ``indices`` (default all), in order."""
+        """``moments[i][p]`` for the variables at ``indices`` (default all), in order.
+
+        Under ``tf.distribute`` (several replicas in sync) the moments are over the global
+        batch, on every replica. `gate`: a scalar bool tensor (only used then): where it is
+        False nothing runs, the all-reduce included, and zeros come out.
+        """
         orders = _check_orders(orders)
         indices = range(len(self.plans)) if indices is None else indices
+        if self.replica is not None:
+            return self._distributed_moments(orders, chunk_size, list(indices), gate)
+        self.n_total = self.n
         out = []
         with tf.name_scope(self.scope + "_moments"):
             asserts = [tf.debugging.assert_equal(t, self.n, message=msg) for t, msg in self.checks]
@@ -435,6 +460,89 @@ class Prepared:
                     )
                 )
         return out
+
+    def _distributed_moments(self, orders, chunk_size, indices, gate) -> list[dict]:
+        """Per replica, sums over its own examples; then ONE all-reduce (SUM) of every sum and
+        of the replica's example count; then the moments over the global batch.
+
+        The per-example gradient is ``N * dL_r/dtheta_j`` for a scalar mean loss whose replica
+        share is ``L_r = sum_{j in r} l_j / N`` (``tf.nn.compute_average_loss``, Keras): so each
+        replica sums ``(dL_r/dtheta_j) ** p`` and the result is scaled by ``N ** (p - 1)``
+        after the reduction, with ``N`` from the same reduction.
+
+        With `gate`, the replica's sums are computed in a ``tf.cond`` (zeros where it is
+        False); the all-reduce, a synchronisation point that no ``cond`` branch may hold under
+        MirroredStrategy, runs on every step.
+        """
+        layout = [(i, p) for i in indices for p in orders]
+
+        def local():
+            with tf.name_scope(self.scope + "_moments"):
+                asserts = [
+                    tf.debugging.assert_equal(t, self.n, message=msg) for t, msg in self.checks
+                ]
+            with tf.name_scope(self.scope + "_moments"), tf.control_dependencies(asserts):
+                flat = [self._local_sums(i, orders, chunk_size)[p] for i, p in layout]
+                return flat + [tf.cast(self.n, tf.float64)]
+
+        if gate is None:
+            flat = local()
+        else:
+
+            def zeros():
+                flat = [
+                    tf.zeros(self.plans[i].variable.shape, self.plans[i].dtype) for i, _ in layout
+                ]
+                return flat + [tf.zeros([], tf.float64)]
+
+            flat = tf.cond(gate, local, zeros, name="gradmom_local_sums")
+        reduced = _all_reduce_sum(self.replica, list(flat))
+        total = reduced[-1]
+        self.n_total = tf.cast(total, tf.int32)
+        scalar_mean = self.mode == "mean" and not self.vector
+        result = {i: {} for i in indices}
+        for (i, p), t in zip(layout, reduced[:-1]):
+            nt = tf.maximum(tf.cast(total, t.dtype), 1.0)
+            result[i][p] = t * nt ** (p - 1) if scalar_mean else t / nt
+        return [result[i] for i in indices]
+
+    def _local_sums(self, i, orders, chunk_size) -> dict:
+        """``{p: sum over this replica's examples}``: of ``(dL_r/dtheta_j) ** p`` for a scalar
+        loss, of ``g_j ** p`` for a vector (order 1: the replica's summed gradient)."""
+        plan = self.plans[i]
+        dtype = plan.dtype
+        shape = plan.variable.shape
+        grad = self.grads[i]
+        if grad is None:
+            return {p: tf.zeros(shape, dtype) for p in orders}
+        k = tf.cast(self.n, dtype) if self.vector else 1.0  # L_r: the mean of the vector
+        g = tf.cast(tf.convert_to_tensor(grad), dtype)
+        if self.inv_scale is not None:
+            g = g * tf.cast(self.inv_scale, dtype)
+        sums = {1: g * k}
+        higher = tuple(p for p in orders if p > 1)
+        if not higher:
+            return sums
+        if i in self.fallback_sums:
+            sums.update({p: self.fallback_sums[i][p] for p in higher})
+        elif plan.sites:
+            sums.update(
+                _moments_of(
+                    plan,
+                    grad,
+                    self.out_grads,
+                    self.index,
+                    self.n,
+                    "sum",
+                    higher,
+                    chunk_size,
+                    inv_scale=self.inv_scale,
+                    raw=k,
+                )
+            )
+        else:
+            sums.update({p: tf.zeros(shape, dtype) for p in higher})
+        return sums
 
     def _fallback_moments(self, i: int, orders) -> dict:
         plan, sums = self.plans[i], self.fallback_sums[i]
@@ -511,6 +619,7 @@ def prepare(
         raise ValueError("var_list is empty: pass the variables to compute moments for")
     variables = [_tf_variable(v, i) for i, v in enumerate(var_list)]
     names = [variable_name(v) for v in var_list]
+    replica = _replica_context()
 
     with tf.name_scope(name) as scope:
         loss = tf.convert_to_tensor(loss)
@@ -544,7 +653,7 @@ def prepare(
                     index[key] = len(outputs)
                     outputs.append(site.output)
         fused_ids = set()
-        if fused_orders and any(p > 1 for p in fused_orders):
+        if fused_orders and any(p > 1 for p in fused_orders) and replica is None:
             fused_ids = {
                 i
                 for i, plan in enumerate(plans)
@@ -596,6 +705,8 @@ def prepare(
                 _warn_fallback(plans, fallback_ids)
                 if values is None:
                     vector = loss_vector
+                elif replica is not None:  # sums of (dL_r/dtheta_j)**p, see _distributed_moments
+                    vector = _fallback.per_example_losses(values, factor, n, "sum")
                 else:
                     vector = _fallback.per_example_losses(values, factor, n, mode)
                 higher = tuple(p for p in orders if p > 1)
@@ -615,6 +726,8 @@ def prepare(
                 else:
                     fallback_sums = {i: {} for i in fallback_ids}
     return Prepared(
+        replica=replica,
+        vector=loss_vector is not None,
         inv_scale=inv_scale,
         fallback_sums=fallback_sums,
         fused=fused,
@@ -632,9 +745,25 @@ def prepare(
 
 
 def _moments_of(
-    plan, grad, out_grads, index, n, mode, orders, chunk_size, sums_only=False, inv_scale=None
+    plan,
+    grad,
+    out_grads,
+    index,
+    n,
+    mode,
+    orders,
+    chunk_size,
+    sums_only=False,
+    inv_scale=None,
+    raw=None,
 ) -> dict:
-    """{p: M_p}. `sums_only`: every order (1 included) from the rule's power sums, not `grad`."""
+    """{p: M_p}. `sums_only`: every order (1 included) from the rule's power sums, not `grad`.
+
+    `raw` (a factor, for tf.distribute): ``{p: sum_j (raw * delta-based g_j) ** p}`` instead,
+    for orders > 1, with the output gradients taken as they are (``mode`` is ignored).
+    """
+    if raw is not None:
+        return _raw_sums(plan, out_grads, index, n, orders, chunk_size, inv_scale, raw)
     shape = plan.variable.shape
     higher = tuple(orders) if sums_only else tuple(p for p in orders if p > 1)
     result = {}
@@ -673,6 +802,39 @@ def _moments_of(
     for p in higher:
         result[p] = sums[p] * nf ** (p - 1) if scale_sums else sums[p] / nf
     return result
+
+
+def _all_reduce_sum(replica, tensors: list) -> list:
+    """One batched all-reduce (SUM) per dtype among ``tensors`` (one in the usual case)."""
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(i)
+    out = [None] * len(tensors)
+    for ids in groups.values():
+        reduced = replica.all_reduce(tf.distribute.ReduceOp.SUM, [tensors[i] for i in ids])
+        for i, t in zip(ids, reduced):
+            out[i] = t
+    return out
+
+
+def _raw_sums(plan, out_grads, index, n, orders, chunk_size, inv_scale, factor) -> dict:
+    shape = plan.variable.shape
+    deltas = []
+    for site, _ in plan.sites:
+        g_out = out_grads[index[site.output.ref()]]
+        if g_out is None:
+            g_out = tf.zeros_like(site.output)
+        g_out = tf.cast(tf.convert_to_tensor(g_out), plan.dtype)
+        if inv_scale is not None:
+            g_out = g_out * tf.cast(inv_scale, plan.dtype)
+        if not (isinstance(factor, float) and factor == 1.0):
+            g_out = g_out * factor
+        deltas.append(g_out)
+    if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
+        chunk = _chunk(plan, chunk_size, fast=True)
+        sums = plan.sites[0][1].power_sums(deltas[0], n, tuple(orders), chunk)
+        return {p: tf.reshape(sums[p], shape) for p in orders}
+    return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size))
 
 
 def variance(moments_i: dict, n, unbiased: bool = True):

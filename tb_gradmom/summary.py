@@ -105,7 +105,11 @@ def moments(
         raise ValueError(f"max_elements must be a positive integer, got {max_elements}")
     inside = tf.inside_function()
     should = tf.summary.should_record_summaries() if inside else None
-    static = None if should is None else tf.get_static_value(should)
+    # Under tf.distribute TF records on replica 0 only, but every replica must compute (and
+    # all-reduce) the moments: their gate is the recording condition without that part.
+    distributed = inside and _core._replica_context() is not None
+    compute = _recording_any_replica() if distributed else should
+    static = None if compute is None else tf.get_static_value(compute)
     off = static is not None and not bool(static)
     prepared = _core.prepare(
         loss,
@@ -117,7 +121,7 @@ def moments(
         fallback=fallback,
         # off: no writer or recording off at trace time, no moments at all
         orders=(1,) if off else orders,
-        gate=should if inside and static is None else None,
+        gate=compute if inside and static is None else None,
         loss_scale=loss_scale,
     )
     indices = _log_indices(var_list, log_only)
@@ -142,8 +146,21 @@ def moments(
                 "writer.as_default(step=...) / tf.summary.experimental.set_step(...)"
             )
 
+    moms, pred = None, should
+    if prepared.replica is not None:
+        # tf.distribute: a cond branch cannot hold the all-reduce (a synchronisation point):
+        # the replica's sums are gated by their own cond, the all-reduce of those sums runs on
+        # every step (zeros when not recording), and replica 0 writes.
+        # TF records on replica 0 only (`should` is False elsewhere); every replica must take
+        # part in the sums, so their gate is the recording condition without that restriction.
+        moms = prepared.moments(
+            orders, chunk_size, indices, gate=compute if static is None else None
+        )
+
     def write():
-        tensors, scalar_values = _records(prepared, indices, tags, contents, orders, lr, chunk_size)
+        tensors, scalar_values = _records(
+            prepared, indices, tags, contents, orders, lr, chunk_size, moms
+        )
         ok = []
         for tag, tensor, md in tensors:
             ok.append(tf.summary.write(tag, tensor, step=step, metadata=md))
@@ -153,8 +170,20 @@ def moments(
         with tf.control_dependencies(ok):
             return tf.constant(True)
 
-    tf.cond(should, write, lambda: tf.constant(False), name="gradmom_record")
+    tf.cond(pred, write, lambda: tf.constant(False), name="gradmom_record")
     return prepared.grads
+
+
+def _recording_any_replica():
+    """``tf.summary``'s recording condition, without its "replica 0 only" part."""
+    from tensorflow.python.ops import summary_ops_v2
+
+    state = getattr(summary_ops_v2, "_summary_state", None)
+    if state is None or getattr(state, "writer", None) is None:
+        return tf.constant(False)
+    cond = getattr(state, "is_recording", None)
+    cond = cond() if callable(cond) else cond
+    return tf.constant(True) if cond is None else tf.cast(cond, tf.bool)
 
 
 def _log_indices(var_list, log_only) -> list[int]:
@@ -287,13 +316,14 @@ def _pack(fields, hist):
     return tf.cast(tf.concat([head, hist], 0), tf.float32)
 
 
-def _records(prepared, indices, tags, contents, orders, lr, chunk_size):
+def _records(prepared, indices, tags, contents, orders, lr, chunk_size, moms=None):
     """The tensors and scalars one logged step writes."""
-    moms = prepared.moments(orders, chunk_size, indices)
+    if moms is None:
+        moms = prepared.moments(orders, chunk_size, indices)
     loss = tf.cast(prepared.loss, tf.float64)
     if prepared.inv_scale is not None:
         loss = loss * tf.cast(prepared.inv_scale, tf.float64)
-    n = prepared.n
+    n = prepared.n_total
     tensors, scalars = [], []  # scalars: (tag, fields)
     model_fields, model_hist = None, None
     for tag, content, m in zip(tags, contents, moms):

@@ -1,0 +1,171 @@
+"""MirroredStrategy over 2 logical CPU devices against one device on the same global batch.
+
+Run by `tests/test_distribute.py` in a fresh process: logical devices must be configured
+before TensorFlow initialises its devices, which the rest of the test session has done.
+
+    python -m tests.distributed_check LOGDIR
+
+Exits non-zero (an AssertionError with the variable and order) on any mismatch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import keras  # noqa: E402
+
+# One strategy for the whole process: collective instance keys restart with each new strategy
+# and would collide with the previous one's in the shared collective executor.
+STRATEGY = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+import tb_gradmom as gradmom  # noqa: E402
+from tb_gradmom import data  # noqa: E402
+from tests import reference  # noqa: E402
+from tests.cases import sparse_ce  # noqa: E402
+
+ORDERS = (1, 2, 3, 4)
+
+
+def conv_net():
+    return keras.Sequential(
+        [
+            keras.Input((5, 5, 2)),
+            keras.layers.Conv2D(3, 3, activation="tanh", dtype="float64"),
+            keras.layers.Flatten(dtype="float64"),
+            keras.layers.Dense(3, dtype="float64"),
+        ]
+    )
+
+
+def lstm_net():  # through the exact fallback
+    return keras.Sequential(
+        [
+            keras.Input((4, 3)),
+            keras.layers.LSTM(3, dtype="float64"),
+            keras.layers.Dense(3, dtype="float64"),
+        ]
+    )
+
+
+def batchnorm_net():  # BatchNorm's moments are per replica's batch statistics: not compared
+    return keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(5, dtype="float64"), keras.layers.Dense(3)]
+    )
+
+
+def close(a, b, what, tol=1e-10):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    scale = max(float(np.max(np.abs(b))), 1e-300)
+    err = float(np.max(np.abs(a - b)))
+    assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol} * {scale:.3g}"
+
+
+def run(build, x_shape, n, loss_kind):
+    strategy = STRATEGY
+    assert strategy.num_replicas_in_sync == 2
+    keras.utils.set_random_seed(3)
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(n, *x_shape))
+    y = rng.integers(0, 3, size=n)
+    with strategy.scope():
+        model = build()
+    variables = model.trainable_variables
+    single = build()
+    single.set_weights(model.get_weights())
+
+    def per_example(x, y):
+        return sparse_ce(model(x), y)
+
+    @tf.function
+    def dist_step(batch):
+        def replica_fn(x, y):
+            losses = per_example(x, y)
+            if loss_kind == "vector":
+                loss = losses
+            elif loss_kind == "sum":
+                loss = tf.reduce_sum(losses)
+            else:
+                loss = tf.nn.compute_average_loss(losses, global_batch_size=n)
+            reduction = "sum" if loss_kind == "sum" else "mean"
+            _, moments = gradmom.gradients_and_moments(
+                loss, variables, orders=ORDERS, reduction=reduction
+            )
+            return moments
+
+        return strategy.run(replica_fn, args=batch)
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(n)
+    batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    sizes = [int(t.shape[0]) for t in strategy.experimental_local_results(batch[0])]
+    assert sum(sizes) == n and len(sizes) == 2, sizes
+    per_replica = strategy.experimental_local_results(dist_step(batch))
+
+    @tf.function
+    def one_device(x, y):
+        loss = tf.reduce_mean(sparse_ce(single(x), y))
+        return gradmom.gradients_and_moments(loss, single.trainable_variables, orders=ORDERS)[1]
+
+    want = one_device(tf.constant(x), tf.constant(y))
+    brute = reference.per_example_gradients(single, single.trainable_variables, sparse_ce, x, y)
+    for r, moments in enumerate(per_replica):
+        for v, m, w, g in zip(variables, moments, want, brute):
+            ref = reference.moments(g, ORDERS)
+            for p in ORDERS:
+                what = f"{build.__name__} {loss_kind} n={n} {sizes} replica {r} {v.path} M{p}"
+                close(m[p], w[p], what)
+                close(m[p], ref[p], what + " (brute force)")
+    print(f"ok {build.__name__} {loss_kind} n={n} split {sizes}")
+
+
+def summary(logdir):
+    """summary.moments inside strategy.run: replica 0 writes the global-batch moments once."""
+    strategy = STRATEGY
+    keras.utils.set_random_seed(5)
+    rng = np.random.default_rng(6)
+    n = 6
+    x, y = rng.normal(size=(n, 5, 5, 2)), rng.integers(0, 3, size=n)
+    with strategy.scope():
+        model = conv_net()
+    single = conv_net()
+    single.set_weights(model.get_weights())
+    writer = tf.summary.create_file_writer(logdir)
+
+    @tf.function
+    def step(batch, s):
+        def replica_fn(x, y):
+            loss = tf.nn.compute_average_loss(sparse_ce(model(x), y), global_batch_size=n)
+            with writer.as_default(step=s), tf.summary.record_if(s % 2 == 0):
+                return gradmom.summary.moments(loss, model.trainable_variables)
+
+        return strategy.run(replica_fn, args=batch)
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(n)
+    batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    for s in range(3):
+        step(batch, tf.constant(s, tf.int64))
+    writer.close()
+    logged = data.load(logdir)["."]
+    brute = reference.per_example_gradients(single, single.trainable_variables, sparse_ce, x, y)
+    for v, g in zip(model.trainable_variables, brute):
+        records = logged[v.path]
+        assert [r.step for r in records] == [0, 2], [r.step for r in records]
+        ref = reference.moments(g, (1, 2))
+        for rec in records:
+            assert rec.batch_size == n, rec.batch_size
+            for p in (1, 2):
+                close(rec.moments[p], ref[p], f"summary {v.path} M{p} step {rec.step}", 1e-5)
+    print("ok summary")
+
+
+if __name__ == "__main__":
+    for build, shape in ((conv_net, (5, 5, 2)), (lstm_net, (4, 3))):
+        for kind in ("mean", "sum", "vector"):
+            run(build, shape, 8, kind)
+        run(build, shape, 7, "mean")  # the replicas see 4 and 3 examples
+    summary(sys.argv[1])
