@@ -41,6 +41,11 @@ class GradMoments(keras.callbacks.Callback):
       max_elements: see `tb_gradmom.summary.moments`.
       per_variable_scalars: also write per-variable scalars for the Scalars dashboard.
       log_learning_rate: pass the optimizer's learning rate so the CABS batch size is logged.
+      fallback: ``"exact"`` or ``"error"`` for layers without an exact rule (LSTM, GRU, custom
+        ops; see `tb_gradmom.gradients_and_moments`).
+
+    Under mixed precision the optimizer's loss scale is taken out of the moments; under a
+    ``tf.distribute`` strategy the moments are over the global batch, written by replica 0.
     """
 
     def __init__(
@@ -52,6 +57,7 @@ class GradMoments(keras.callbacks.Callback):
         max_elements: int = _summary.DEFAULT_MAX_ELEMENTS,
         per_variable_scalars: bool = True,
         log_learning_rate: bool = True,
+        fallback: str = "exact",
     ):
         super().__init__()
         if int(every_n_steps) < 1:
@@ -63,6 +69,9 @@ class GradMoments(keras.callbacks.Callback):
         self.max_elements = int(max_elements)
         self.per_variable_scalars = bool(per_variable_scalars)
         self.log_learning_rate = bool(log_learning_rate)
+        if fallback not in ("exact", "error"):
+            raise ValueError(f"fallback must be 'exact' or 'error', got {fallback!r}")
+        self.fallback = fallback
         self._writer = None
         self._had_instance_step = False
         self._instance_step = None
@@ -158,6 +167,7 @@ def _make_train_step(cb: GradMoments):
                     learning_rate=lr,
                     log_only=cb.variables,
                     loss_scale=_loss_scale(self.optimizer),
+                    fallback=cb.fallback,
                 )
             self.optimizer.apply_gradients(zip(grads, weights))
         else:
