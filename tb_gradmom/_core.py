@@ -527,17 +527,8 @@ class Prepared:
             sums.update({p: self.fallback_sums[i][p] for p in higher})
         elif plan.sites:
             sums.update(
-                _moments_of(
-                    plan,
-                    grad,
-                    self.out_grads,
-                    self.index,
-                    self.n,
-                    "sum",
-                    higher,
-                    chunk_size,
-                    inv_scale=self.inv_scale,
-                    raw=k,
+                _raw_sums(
+                    plan, self.out_grads, self.index, self.n, higher, chunk_size, self.inv_scale, k
                 )
             )
         else:
@@ -755,15 +746,8 @@ def _moments_of(
     chunk_size,
     sums_only=False,
     inv_scale=None,
-    raw=None,
 ) -> dict:
-    """{p: M_p}. `sums_only`: every order (1 included) from the rule's power sums, not `grad`.
-
-    `raw` (a factor, for tf.distribute): ``{p: sum_j (raw * delta-based g_j) ** p}`` instead,
-    for orders > 1, with the output gradients taken as they are (``mode`` is ignored).
-    """
-    if raw is not None:
-        return _raw_sums(plan, out_grads, index, n, orders, chunk_size, inv_scale, raw)
+    """{p: M_p}. `sums_only`: every order (1 included) from the rule's power sums, not `grad`."""
     shape = plan.variable.shape
     higher = tuple(orders) if sums_only else tuple(p for p in orders if p > 1)
     result = {}
@@ -783,22 +767,8 @@ def _moments_of(
     # the (large) output gradients: one full-size multiply and its buffer less per layer. For
     # orders 3-4 in float32, (G)**p could underflow where (n G)**p does not: scale delta then.
     scale_sums = mode == "mean" and max(higher) <= 2
-    deltas = []
-    for site, _ in plan.sites:
-        g_out = out_grads[index[site.output.ref()]]
-        if g_out is None:
-            g_out = tf.zeros_like(site.output)
-        g_out = tf.cast(tf.convert_to_tensor(g_out), plan.dtype)
-        if inv_scale is not None:  # unscale before any power (mixed precision)
-            g_out = g_out * inv_scale
-        deltas.append(g_out * nf if mode == "mean" and not scale_sums else g_out)
-    if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
-        chunk = _chunk(plan, chunk_size, fast=True)
-        sums = plan.sites[0][1].power_sums(deltas[0], n, higher, chunk)
-        sums = {p: tf.reshape(s, shape) for p, s in sums.items()}
-    else:
-        chunk = _chunk(plan, chunk_size)
-        sums = _power_sums_chunked(plan, deltas, n, higher, chunk)
+    factor = nf if mode == "mean" and not scale_sums else 1.0
+    sums = _raw_sums(plan, out_grads, index, n, higher, chunk_size, inv_scale, factor)
     for p in higher:
         result[p] = sums[p] * nf ** (p - 1) if scale_sums else sums[p] / nf
     return result
@@ -818,22 +788,23 @@ def _all_reduce_sum(replica, tensors: list) -> list:
 
 
 def _raw_sums(plan, out_grads, index, n, orders, chunk_size, inv_scale, factor) -> dict:
-    shape = plan.variable.shape
+    """``{p: sum_j g_j ** p}`` with ``g_j`` from the output gradients times ``factor`` (and
+    ``inv_scale``, the loss scale's inverse, folded into the same multiply)."""
+    if inv_scale is not None:
+        factor = tf.cast(inv_scale, plan.dtype) * factor
     deltas = []
     for site, _ in plan.sites:
         g_out = out_grads[index[site.output.ref()]]
         if g_out is None:
             g_out = tf.zeros_like(site.output)
         g_out = tf.cast(tf.convert_to_tensor(g_out), plan.dtype)
-        if inv_scale is not None:
-            g_out = g_out * tf.cast(inv_scale, plan.dtype)
         if not (isinstance(factor, float) and factor == 1.0):
             g_out = g_out * factor
         deltas.append(g_out)
     if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
         chunk = _chunk(plan, chunk_size, fast=True)
         sums = plan.sites[0][1].power_sums(deltas[0], n, tuple(orders), chunk)
-        return {p: tf.reshape(sums[p], shape) for p in orders}
+        return {p: tf.reshape(sums[p], plan.variable.shape) for p in orders}
     return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size))
 
 

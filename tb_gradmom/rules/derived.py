@@ -52,10 +52,11 @@ def derived_contribution(
     sum_axes = [i + 1 for i, (a, d) in enumerate(zip(aligned, dshape)) if a == 1 and d != 1]
     dshape, vshape = list(dshape), list(vshape)
 
-    def scale(g):
-        if isinstance(factor, float):
-            return g if factor == 1.0 else g * factor
-        return g * factor
+    def scale(g, p=1):
+        """``g * factor ** p`` (nothing for a factor of 1)."""
+        if isinstance(factor, float) and factor == 1.0:
+            return g
+        return g * factor**p
 
     def per_example(delta, n, start, size):
         g = tf.reshape(inner.per_example(delta, n, start, size), [-1, *dshape])
@@ -71,12 +72,7 @@ def derived_contribution(
             sums = inner.power_sums(delta, n, orders, chunk)
             out = {}
             for p, s in sums.items():
-                s = tf.reshape(s, dshape)
-                if isinstance(factor, float):
-                    s = s * factor**p if factor != 1.0 else s
-                else:
-                    s = s * factor**p
-                out[p] = tf.reshape(s, vshape)
+                out[p] = tf.reshape(scale(tf.reshape(s, dshape), p), vshape)
             return out
 
     return Contribution(
