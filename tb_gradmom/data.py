@@ -15,6 +15,14 @@ stops reading that file with a warning.
 A *run* is a directory holding ``*tfevents*`` files; its name is the path relative to the
 logdir, the logdir itself being ``"."`` (as in TensorBoard). Only tags whose metadata (on the
 first event of the tag) names the plugin ``gradmom`` are read.
+
+Nothing read is trusted: a content message is parsed and bounded by
+`metadata.parse_plugin_content` (a bad one skips its tag), a tensor's declared shape is checked
+before it is decoded and its array against the content (`metadata.check_tensor`; a bad one
+skips its step), and a step whose moments have no stats record (a run cut off, or still being
+written, between the two records of a step) is skipped like the TensorBoard tab does. Each
+skip is a `DataWarning` naming the run, the tag and the step; it never affects another tag or
+run.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import stat as stat_module
 import struct
 import warnings
 from collections.abc import Iterator
@@ -175,10 +184,23 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
 
     Yields:
       The bytes of each record, in file order. Truncated, corrupt or mismatching records are
-      skipped with a `DataWarning` naming the file and the byte offset.
+      skipped with a `DataWarning` naming the file and the byte offset; a record that claims
+      more bytes than the file has left is a truncated one (nothing bigger than the file is
+      ever allocated). A file that cannot be opened or is not a regular file is skipped with a
+      warning.
     """
     path = os.fspath(path)
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        warnings.warn(f"{path}: cannot be read ({e}); skipped", DataWarning, stacklevel=2)
+        return
+    with f:
+        st = os.fstat(f.fileno())
+        if not stat_module.S_ISREG(st.st_mode):
+            warnings.warn(f"{path}: not a regular file; skipped", DataWarning, stacklevel=2)
+            return
+        size = st.st_size
         offset = 0
         while True:
             header = f.read(12)
@@ -202,7 +224,10 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
                     stacklevel=2,
                 )
                 return
-            body = f.read(length + 4)
+            if length + 4 > size - offset - 12:
+                size = os.fstat(f.fileno()).st_size  # a writer may have appended since
+            # Never read (allocate) more than the file holds, whatever the length claims.
+            body = f.read(min(length + 4, max(0, size - offset - 12)))
             if len(body) < length + 4:
                 warnings.warn(
                     f"{path}: truncated last record at byte {offset} skipped "
@@ -263,17 +288,33 @@ class _Tag:
     events: dict[int, tuple[float, np.ndarray]] = field(default_factory=dict)
 
 
-def _read_run(files: list[str], errors: list[str]) -> dict[str, _Tag]:
+def _warn(run: str, tag: str, step, message: str) -> None:
+    warnings.warn(f"run {run!r} tag {tag!r} step {step}: {message}", DataWarning, stacklevel=4)
+
+
+def _decode(content, value) -> np.ndarray:
+    """The checked array of one summary value (`metadata.FormatError` if it does not fit)."""
+    metadata.check_tensor_proto(content, value.tensor)
+    try:
+        array = tensor_util.make_ndarray(value.tensor)
+    except Exception as e:  # noqa: BLE001 - whatever a corrupt proto raises
+        raise metadata.FormatError(f"unreadable tensor ({type(e).__name__}: {e})") from None
+    metadata.check_tensor(content, array)
+    return array
+
+
+def _read_run(run: str, files: list[str], errors: list[str]) -> dict[str, _Tag]:
     tags: dict[str, _Tag] = {}
     for path in files:
         for data in read_records(path):
             try:
                 event = event_pb2.Event.FromString(data)
-            except Exception as e:  # a record that is not an Event proto
+            except Exception as e:  # noqa: BLE001 - a record that is not an Event proto
                 warnings.warn(f"{path}: a record is not an Event: {e}", DataWarning, stacklevel=2)
                 continue
             if not event.HasField("summary"):
                 continue
+            step = int(event.step)
             for value in event.summary.value:
                 tag = tags.get(value.tag)
                 if tag is None:
@@ -284,36 +325,25 @@ def _read_run(files: list[str], errors: list[str]) -> dict[str, _Tag]:
                         try:
                             content = metadata.parse_plugin_content(plugin.content)
                         except metadata.FormatError as e:
-                            errors.append(f"tag {value.tag!r}: {e}")
-                            warnings.warn(
-                                f"{path}: tag {value.tag!r} skipped: {e}", DataWarning, stacklevel=2
-                            )
+                            errors.append(f"run {run!r} tag {value.tag!r}: {e}")
+                            _warn(run, value.tag, step, f"{e}; the tag is skipped ({path})")
                     tag = tags[value.tag] = _Tag(content)
                 if tag.content is None or not value.HasField("tensor"):
                     continue
                 try:
-                    array = tensor_util.make_ndarray(value.tensor)
-                except Exception as e:
-                    warnings.warn(
-                        f"{path}: tag {value.tag!r} step {event.step}: unreadable tensor: {e}",
-                        DataWarning,
-                        stacklevel=2,
-                    )
+                    array = _decode(tag.content, value)
+                except metadata.FormatError as e:
+                    _warn(run, value.tag, step, f"{e}; the step is skipped")
                     continue
-                tag.events[int(event.step)] = (float(event.wall_time), array)
+                tag.events[step] = (float(event.wall_time), array)
     return {name: t for name, t in tags.items() if t.content is not None}
-
-
-def _stats_of(content: metadata.StatsContent, array: np.ndarray):
-    sums, counts = stats.split_stats_tensor(array, content.fields)
-    return sums, counts
 
 
 def _batch_size(sums: dict[str, float] | None) -> int | None:
     if sums is None:
         return None
     n = sums.get("batch_size", float("nan"))
-    return int(round(n)) if math.isfinite(n) else None
+    return int(round(n)) if math.isfinite(n) and n >= 1 else None
 
 
 def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
@@ -336,18 +366,20 @@ def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
         records = []
         for step in sorted(t.events):
             wall_time, array = t.events[step]
-            expected = (len(content.orders), *content.stored_shape)
-            if tuple(array.shape) != expected:
-                warnings.warn(
-                    f"run {run!r} tag {name!r} step {step}: tensor shape {tuple(array.shape)} "
-                    f"does not match its metadata {expected}; skipped",
-                    DataWarning,
-                    stacklevel=3,
-                )
-                continue
             sums = counts = None
-            if st is not None and step in st.events:
-                sums, counts = _stats_of(st.content, st.events[step][1])
+            if st is not None:
+                if step not in st.events:
+                    # A torn step: the run was cut (or is still being written) between the two
+                    # records of this step. Like the plugin, show complete steps only.
+                    _warn(
+                        run,
+                        name,
+                        step,
+                        f"has its moments but no {metadata.STATS_SUFFIX!r} record (a run cut "
+                        "off or still being written); the step is skipped",
+                    )
+                    continue
+                sums, counts = stats.split_stats_tensor(st.events[step][1], st.content.fields)
             records.append(
                 Record(
                     step=step,
@@ -368,7 +400,7 @@ def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
         records = []
         for step in sorted(st.events):
             wall_time, array = st.events[step]
-            sums, counts = _stats_of(st.content, array)
+            sums, counts = stats.split_stats_tensor(array, st.content.fields)
             records.append(
                 Record(
                     step=step,
@@ -424,7 +456,7 @@ def load(logdir: str | os.PathLike, run: str | None = None) -> dict[str, dict[st
     errors: list[str] = []
     out = {}
     for name, files in runs.items():
-        records = _records_of_run(_read_run(files, errors), name)
+        records = _records_of_run(_read_run(name, files, errors), name)
         if records:
             out[name] = records
     if not out:

@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto import summary_pb2, types_pb2
 
 PLUGIN_NAME = "gradmom"
 FORMAT_VERSION = 1
@@ -60,9 +60,44 @@ STATS_FIELDS: tuple[str, ...] = (
 HIST_SPEC: tuple[int, int, int] = (-24, 8, 4)  # (first decade, last decade, buckets per decade)
 
 
+# Bounds a content message must keep (checked by `parse_plugin_content`): a tag whose content
+# breaks one is skipped, so a corrupt or crafted header can neither crash a reader nor make
+# it allocate without limit.
+MAX_CONTENT_BYTES = 64 * 1024  # a content message is ~200 bytes (a few KB with explicit edges)
+MAX_RANK = 32  # axes of a variable
+MAX_ORDER = 8  # highest moment order (the writer logs 1 to 4)
+MAX_VARIABLE_ELEMENTS = 2**48  # elements of a variable (pooled variables may be huge)
+MAX_STORED_ELEMENTS = 2**28  # values of one moments tensor, k * prod(stored_shape): 1 GiB
+MAX_FIELDS = 256  # names in a stats content's `fields`
+MAX_HIST_EDGES = 4097  # edges of the variance histogram (the writer uses 129)
+HIST_DECADES = (-300, 300)  # decades a histogram spec may span (10**k stays a finite float)
+MAX_TEXT_CHARS = 4096  # each string field (op, layer, variable, dtype, field names)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def hist_edges(spec: tuple[int, int, int] = HIST_SPEC) -> tuple[float, ...]:
-    """The bucket edges ``10 ** (k / per_decade)`` from ``10**first`` to ``10**last``."""
+    """The bucket edges ``10 ** (k / per_decade)`` from ``10**first`` to ``10**last``.
+
+    Raises:
+      ValueError: if the spec is not three integers with ``first < last`` inside
+        `HIST_DECADES`, ``per_decade >= 1``, and at most `MAX_HIST_EDGES` edges.
+    """
+    if len(spec) != 3 or not all(_is_int(x) for x in spec):
+        raise ValueError(f"a histogram spec is [first decade, last decade, per decade], got {spec}")
     first, last, per_decade = spec
+    lo, hi = HIST_DECADES
+    if not lo <= first < last <= hi:
+        raise ValueError(
+            f"histogram decades must satisfy {lo} <= first < last <= {hi}, got {first}, {last}"
+        )
+    if per_decade < 1 or (last - first) * per_decade + 1 > MAX_HIST_EDGES:
+        raise ValueError(
+            f"histogram spec {list(spec)} gives {(last - first) * per_decade + 1} edges; "
+            f"buckets per decade must be >= 1 and the edges at most {MAX_HIST_EDGES}"
+        )
     return tuple(10.0 ** (k / per_decade) for k in range(first * per_decade, last * per_decade + 1))
 
 
@@ -163,61 +198,273 @@ def create_summary_metadata(content: MomentsContent | StatsContent, description:
 
 
 class FormatError(ValueError):
-    """Raised when a tag's content message cannot be read by this version."""
+    """Raised when a tag's content message (or a tensor) cannot be read by this version."""
+
+
+def _int(d: dict, name: str, lo: int, hi: int) -> int:
+    x = d[name]
+    if not _is_int(x) or not lo <= x <= hi:
+        raise FormatError(f"`{name}` must be an integer in [{lo}, {hi}], got {_show(x)}")
+    return x
+
+
+def _ints(d: dict, name: str, lo: int, hi: int, min_len: int, max_len: int) -> tuple[int, ...]:
+    x = d[name]
+    if not isinstance(x, list) or not min_len <= len(x) <= max_len:
+        raise FormatError(
+            f"`{name}` must be a list of {min_len} to {max_len} integers, got {_show(x)}"
+        )
+    if not all(_is_int(v) and lo <= v <= hi for v in x):
+        raise FormatError(f"`{name}` must hold integers in [{lo}, {hi}], got {_show(x)}")
+    return tuple(x)
+
+
+def _text(d: dict, name: str, default: str = "") -> str:
+    x = d.get(name, default)
+    if not isinstance(x, str) or len(x) > MAX_TEXT_CHARS:
+        raise FormatError(f"`{name}` must be a string of at most {MAX_TEXT_CHARS} characters")
+    return x
+
+
+def _show(x) -> str:
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _parse_moments(d: dict, version: int) -> MomentsContent:
+    orders = _ints(d, "orders", 1, MAX_ORDER, 1, MAX_ORDER)
+    if len(set(orders)) != len(orders):
+        raise FormatError(f"`orders` must not repeat an order, got {list(orders)}")
+    shape = _ints(d, "shape", 1, MAX_VARIABLE_ELEMENTS, 0, MAX_RANK)
+    stored = _ints(d, "stored_shape", 1, MAX_STORED_ELEMENTS, 0, MAX_RANK)
+    if math.prod(shape) > MAX_VARIABLE_ELEMENTS:
+        raise FormatError(f"`shape` {list(shape)} has more than {MAX_VARIABLE_ELEMENTS} elements")
+    if len(orders) * math.prod(stored) > MAX_STORED_ELEMENTS:
+        raise FormatError(
+            f"{len(orders)} orders of `stored_shape` {list(stored)} are more than "
+            f"{MAX_STORED_ELEMENTS} values per step"
+        )
+    pooled = d.get("pooled", False)
+    if not isinstance(pooled, bool):
+        raise FormatError(f"`pooled` must be true or false, got {_show(pooled)}")
+    block = _ints(d, "block", 1, MAX_VARIABLE_ELEMENTS, 2, 2) if "block" in d else (1, 1)
+    if pooled:
+        rows, cols = to_2d_shape(shape)
+        want = (-(-rows // block[0]), -(-cols // block[1]))
+        if stored != want:
+            raise FormatError(
+                f"`stored_shape` {list(stored)} of a pooled variable of shape {list(shape)} with "
+                f"block {list(block)} must be {list(want)}"
+            )
+    else:
+        if stored != shape:
+            raise FormatError(
+                f"`stored_shape` {list(stored)} must equal `shape` {list(shape)} when not pooled"
+            )
+        block = (1, 1)
+    return MomentsContent(
+        orders=orders,
+        shape=shape,
+        stored_shape=stored,
+        pooled=pooled,
+        block=block,
+        dtype=_text(d, "dtype", "float32"),
+        op=_text(d, "op"),
+        layer=_text(d, "layer"),
+        variable=_text(d, "variable"),
+        version=version,
+    )
+
+
+def _parse_stats(d: dict, version: int) -> StatsContent:
+    fields = d["fields"]
+    if not isinstance(fields, list) or not 1 <= len(fields) <= MAX_FIELDS:
+        raise FormatError(
+            f"`fields` must be a list of 1 to {MAX_FIELDS} names, got {_show(fields)}"
+        )
+    if not all(isinstance(f, str) and 0 < len(f) <= MAX_TEXT_CHARS for f in fields):
+        raise FormatError(f"`fields` must hold non-empty strings, got {_show(fields)}")
+    if len(set(fields)) != len(fields):
+        raise FormatError(f"`fields` must not repeat a name, got {_show(fields)}")
+    missing = [f for f in STATS_FIELDS if f not in fields]
+    if missing:
+        raise FormatError(
+            f"`fields` lacks {', '.join(missing)} (format version 1 has all of "
+            f"{', '.join(STATS_FIELDS)})"
+        )
+    if "hist" in d:
+        spec = d["hist"]
+        if not isinstance(spec, list):
+            raise FormatError(f"`hist` must be [first, last, per decade], got {_show(spec)}")
+        try:
+            edges = hist_edges(tuple(spec))
+        except ValueError as e:
+            raise FormatError(f"`hist`: {e}") from None
+    else:
+        raw = d["hist_edges"]
+        if not isinstance(raw, list) or not 2 <= len(raw) <= MAX_HIST_EDGES:
+            raise FormatError(f"`hist_edges` must be a list of 2 to {MAX_HIST_EDGES} numbers")
+        if not all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in raw):
+            raise FormatError("`hist_edges` must hold numbers")
+        edges = tuple(float(e) for e in raw)
+        if not all(math.isfinite(e) for e in edges) or any(
+            b <= a for a, b in zip(edges, edges[1:])
+        ):
+            raise FormatError("`hist_edges` must be finite and strictly increasing")
+    return StatsContent(
+        fields=tuple(fields), hist_edges=edges, variable=_text(d, "variable"), version=version
+    )
 
 
 def parse_plugin_content(content: bytes) -> MomentsContent | StatsContent:
-    """Parses ``plugin_data.content`` of a Grad Moments tag.
+    """Parses and checks ``plugin_data.content`` of a Grad Moments tag.
+
+    Total: any bytes give a content object or `FormatError`, never another exception. Every
+    field is checked against the bounds above (`MAX_RANK`, `MAX_STORED_ELEMENTS`,
+    `MAX_HIST_EDGES`, ...), pooled shapes must agree with their block, and a stats tag must
+    name every field of `STATS_FIELDS`; unknown extra fields are ignored.
 
     Raises:
-      FormatError: if the content is not JSON, has no known kind, or comes from a newer format
-        version than this reader knows (upgrade tb_gradmom to read it).
+      FormatError: if the content is not a JSON object of a known kind, breaks a bound, or
+        comes from a newer format version than this reader knows (upgrade tb_gradmom to read
+        it). The message says which field and what was expected.
     """
     try:
-        d = json.loads(bytes(content).decode("utf-8"))
+        raw = bytes(content)
+    except Exception:  # noqa: BLE001 - not bytes-like
+        raise FormatError("Grad Moments tag content is not bytes") from None
+    if len(raw) > MAX_CONTENT_BYTES:
+        raise FormatError(
+            f"Grad Moments tag content has {len(raw)} bytes, more than {MAX_CONTENT_BYTES}"
+        )
+    try:
+        d = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(f"Grad Moments tag content is not valid JSON: {e}") from None
+    except RecursionError:
+        raise FormatError("Grad Moments tag content is nested too deeply") from None
     if not isinstance(d, dict):
         raise FormatError("Grad Moments tag content must be a JSON object")
     version = d.get("version")
-    if not isinstance(version, int) or version < 1:
-        raise FormatError(f"Grad Moments tag content has no valid version: {version!r}")
+    if not _is_int(version) or version < 1:
+        raise FormatError(f"Grad Moments tag content has no valid version: {_show(version)}")
     if version > FORMAT_VERSION:
         raise FormatError(
             f"Grad Moments format version {version} is newer than this reader "
             f"({FORMAT_VERSION}); upgrade tb_gradmom"
         )
     kind = d.get("kind")
+    parse = {KIND_MOMENTS: _parse_moments, KIND_STATS: _parse_stats}.get(
+        kind if isinstance(kind, str) else None
+    )
+    if parse is None:
+        raise FormatError(f"Grad Moments tag content has an unknown kind: {_show(kind)}")
     try:
-        if kind == KIND_MOMENTS:
-            return MomentsContent(
-                orders=tuple(int(o) for o in d["orders"]),
-                shape=tuple(int(s) for s in d["shape"]),
-                stored_shape=tuple(int(s) for s in d["stored_shape"]),
-                pooled=bool(d.get("pooled", False)),
-                block=tuple(int(b) for b in d.get("block", (1, 1))),
-                dtype=str(d.get("dtype", "float32")),
-                op=str(d.get("op", "")),
-                layer=str(d.get("layer", "")),
-                variable=str(d.get("variable", "")),
-                version=version,
-            )
-        if kind == KIND_STATS:
-            if "hist" in d:
-                edges = hist_edges(tuple(int(x) for x in d["hist"]))
-            else:
-                edges = tuple(float(e) for e in d["hist_edges"])
-            return StatsContent(
-                fields=tuple(str(f) for f in d["fields"]),
-                hist_edges=edges,
-                variable=str(d.get("variable", "")),
-                version=version,
-            )
-    except (KeyError, TypeError, ValueError) as e:
+        return parse(d, version)
+    except FormatError as e:
+        raise FormatError(f"Grad Moments {kind} content: {e}") from None
+    except KeyError as e:
+        raise FormatError(f"Grad Moments {kind} content is missing the field {e}") from None
+    except Exception as e:  # noqa: BLE001 - total: whatever slipped past the checks
         raise FormatError(
-            f"Grad Moments {kind} content is missing or has a bad field: {e}"
+            f"Grad Moments {kind} content is unreadable: {type(e).__name__}"
         ) from None
-    raise FormatError(f"Grad Moments tag content has an unknown kind: {kind!r}")
+
+
+def moments_shape(content: MomentsContent) -> tuple[int, ...]:
+    """The shape of a moments tag's tensor: ``[len(orders), *stored_shape]``."""
+    return (len(content.orders), *content.stored_shape)
+
+
+def stats_length(content: StatsContent) -> int:
+    """The length of a stats tag's tensor: the fields, then ``len(hist_edges) + 1`` counts."""
+    return len(content.fields) + len(content.hist_edges) + 1
+
+
+def check_tensor(content: MomentsContent | StatsContent, array) -> None:
+    """Checks one step's tensor against its tag's content message.
+
+    A moments tensor must be a float array of `moments_shape`; a stats tensor a 1-D
+    numeric (float or integer) array of `stats_length`. Accepts anything array-like.
+
+    Raises:
+      FormatError: saying what was expected and what came.
+    """
+    shape = tuple(getattr(array, "shape", ()))
+    dtype = getattr(array, "dtype", None)
+    kind = getattr(dtype, "kind", "?")
+    if isinstance(content, MomentsContent):
+        want = moments_shape(content)
+        if shape != want or kind != "f":
+            raise FormatError(
+                f"the stored tensor has shape {list(shape)} and dtype {dtype}, but its metadata "
+                f"says float [{', '.join(map(str, want))}]; the event file is corrupt or was "
+                "written by another tool"
+            )
+        return
+    want = stats_length(content)
+    if shape != (want,) or kind not in "fiu":
+        raise FormatError(
+            f"the stats tensor has shape {list(shape)} and dtype {dtype}, but its metadata says "
+            f"a number vector [{want}] ({len(content.fields)} sums and "
+            f"{len(content.hist_edges) + 1} histogram counts)"
+        )
+
+
+# Tensor dtypes a reader accepts (numpy item size, and the TensorProto field holding values
+# when they are not packed in `tensor_content`). Moments are floats; stats may be integers.
+_FLOAT_DTYPES = {
+    types_pb2.DT_HALF: (2, "half_val"),
+    types_pb2.DT_FLOAT: (4, "float_val"),
+    types_pb2.DT_DOUBLE: (8, "double_val"),
+}
+_NUMBER_DTYPES = {
+    **_FLOAT_DTYPES,
+    types_pb2.DT_INT32: (4, "int_val"),
+    types_pb2.DT_INT64: (8, "int64_val"),
+}
+
+
+def check_tensor_proto(content: MomentsContent | StatsContent, proto) -> None:
+    """Checks a `TensorProto` against its tag's content message before it is decoded.
+
+    Its shape must be the tag's (`moments_shape`, or ``[stats_length]``), its dtype a float
+    (moments) or a number (stats), and its values as many as the shape says (packed in
+    ``tensor_content``, one value repeated, or one per element). A proto may declare any
+    shape with a single value, which decoding repeats to fill it: checking first bounds what
+    `tensor_util.make_ndarray` can allocate by what the content allows.
+
+    Raises:
+      FormatError: saying what was expected and what came.
+    """
+    dims = [int(d.size) for d in proto.tensor_shape.dim[: MAX_RANK + 2]]
+    if isinstance(content, MomentsContent):
+        want, dtypes, what = list(moments_shape(content)), _FLOAT_DTYPES, "float"
+    else:
+        want, dtypes, what = [stats_length(content)], _NUMBER_DTYPES, "number"
+    if dims != want or proto.tensor_shape.unknown_rank:
+        raise FormatError(
+            f"the stored tensor has shape {dims}, but its metadata says {what} {want}; the "
+            "event file is corrupt or was written by another tool"
+        )
+    if proto.dtype not in dtypes:
+        name = types_pb2.DataType.Name(proto.dtype) if proto.dtype in _DTYPE_NAMES else "?"
+        raise FormatError(f"the stored tensor has dtype {name}, but its metadata says {what}")
+    itemsize, field_name = dtypes[proto.dtype]
+    count = math.prod(want)
+    if proto.tensor_content:
+        if len(proto.tensor_content) != count * itemsize:
+            raise FormatError(
+                f"the stored tensor holds {len(proto.tensor_content)} bytes for {count} values "
+                f"of {itemsize} bytes"
+            )
+    elif len(getattr(proto, field_name)) not in (1, count):
+        raise FormatError(
+            f"the stored tensor holds {len(getattr(proto, field_name))} values for {count}"
+        )
+
+
+_DTYPE_NAMES = frozenset(types_pb2.DataType.values())
 
 
 def stats_tag(variable_tag: str) -> str:

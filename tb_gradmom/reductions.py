@@ -28,6 +28,7 @@ __all__ = [
     "STATS",
     "STAT_LABELS",
     "SCALES",
+    "MAX_BINS",
     "required_orders",
     "stat_array",
     "stat_label",
@@ -66,6 +67,9 @@ STAT_LABELS: dict[str, str] = {
 }
 
 SCALES: tuple[str, ...] = ("linear", "log")
+# The most histogram bins (the tab, its HTTP API and the exporter): a bin costs memory and
+# time, and no screen or figure shows more.
+MAX_BINS = 1000
 
 _REQUIRED: dict[str, tuple[int, ...]] = {
     "mean": (1,),
@@ -269,8 +273,8 @@ def _finite_for_scale(values: np.ndarray, scale: str) -> np.ndarray:
 
 
 def _edges(lo: float, hi: float, bins: int, scale: str) -> np.ndarray:
-    if bins < 1:
-        raise ValueError(f"bins must be >= 1, got {bins}")
+    if not 1 <= bins <= MAX_BINS:
+        raise ValueError(f"bins must be >= 1 and <= {MAX_BINS}, got {bins}")
     if scale == "log":
         if not (lo > 0 and hi > 0):
             raise ValueError(f"a log-scale histogram needs a positive range, got [{lo}, {hi}]")

@@ -1,13 +1,23 @@
-"""A thread-safe LRU cache with a byte budget, and single-flight loading.
+"""The plugin's memory: a byte-budgeted LRU cache, and a gate for transient working memory.
 
-TensorBoard serves requests from many threads. Decoded moment arrays and computed responses
-are cached here under one byte budget so memory stays bounded whatever the logdir holds;
-concurrent requests for the same missing key wait for one load instead of each decoding the
-same tensors (which would multiply the transient memory by the number of clients).
+TensorBoard serves requests from many threads. Decoded moment arrays, stats series and
+computed responses are cached in one `ByteLRU` whose size is what its values really hold
+(`nbytes` counts every array, each buffer once), so the budget (``--gradmom_cache_mb``) holds.
+A series that gets new data (a live run) is cached under a new *version*; putting it evicts
+the versions before it (``group``), so a growing run does not pile up copies. Concurrent
+requests for the same missing key wait for one load instead of each decoding the same tensors.
+
+What is not cached but alive while a request runs (tensors being read, arrays being computed,
+a response being encoded) goes through a `MemoryGate`: each request reserves its estimated
+bytes before it starts, and waits while the gate's budget is taken, so the plugin's working
+set stays within the cache budget plus the gates' budgets however many clients ask at once.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import dataclasses
 import sys
 import threading
 from collections import OrderedDict
@@ -15,31 +25,55 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
-__all__ = ["ByteLRU", "nbytes"]
+__all__ = ["ByteLRU", "MemoryGate", "nbytes"]
+
+_ARRAY_HEADER = 112  # bytes of an ndarray object without its data
 
 
-def nbytes(value) -> int:
-    """An estimate of the memory a cached value holds (arrays, bytes, str, containers)."""
+def nbytes(value, _seen: set[int] | None = None) -> int:
+    """The memory a value holds: arrays (each buffer once, views count their base), bytes,
+    strings, numbers, containers and dataclasses, recursively."""
+    seen = set() if _seen is None else _seen
+    if id(value) in seen:
+        return 0
     if isinstance(value, np.ndarray):
-        return int(value.nbytes) + 112
-    if isinstance(value, (bytes, bytearray, str)):
-        return len(value) + 64
+        base = value
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        if id(base) in seen:
+            return _ARRAY_HEADER
+        seen.add(id(base))
+        buffer = base.base
+        if isinstance(buffer, (bytes, bytearray)):  # np.frombuffer: the buffer is the data
+            return len(buffer) + _ARRAY_HEADER
+        return int(base.nbytes) + _ARRAY_HEADER
+    seen.add(id(value))
+    if isinstance(value, (bytes, bytearray, str, int, float, complex, bool)) or value is None:
+        return sys.getsizeof(value)
     if isinstance(value, dict):
-        return 232 + sum(nbytes(k) + nbytes(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return 64 + 8 * len(value) + sum(nbytes(v) for v in value)
+        return sys.getsizeof(value) + sum(
+            nbytes(k, seen) + nbytes(v, seen) for k, v in value.items()
+        )
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return sys.getsizeof(value) + sum(nbytes(v, seen) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sys.getsizeof(value) + sum(
+            nbytes(getattr(value, f.name), seen) for f in dataclasses.fields(value)
+        )
     return sys.getsizeof(value)
 
 
 class ByteLRU:
-    """Least-recently-used cache holding at most ``budget_bytes`` (estimated with `nbytes`).
+    """Least-recently-used cache holding at most ``budget_bytes`` (measured with `nbytes`).
 
-    A value bigger than the whole budget is returned to its caller but not kept.
+    A value bigger than the whole budget is returned to its caller but not kept. A value put
+    with a ``group`` replaces the group's previous key (an older version of the same data).
     """
 
     def __init__(self, budget_bytes: int):
         self.budget_bytes = int(budget_bytes)
         self._data: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
+        self._groups: dict[Hashable, Hashable] = {}
         self._size = 0
         self._lock = threading.Lock()
         self._loading: dict[Hashable, threading.Lock] = {}
@@ -53,6 +87,10 @@ class ByteLRU:
     def __len__(self) -> int:
         return len(self._data)
 
+    def keys(self) -> list:
+        with self._lock:
+            return list(self._data)
+
     def get(self, key: Hashable, default=None):
         with self._lock:
             item = self._data.get(key)
@@ -63,12 +101,27 @@ class ByteLRU:
             self.hits += 1
             return item[0]
 
-    def put(self, key: Hashable, value, size: int | None = None) -> None:
+    def _pop(self, key) -> None:
+        old = self._data.pop(key, None)
+        if old is not None:
+            self._size -= old[1]
+
+    def put(
+        self, key: Hashable, value, size: int | None = None, group: Hashable | None = None
+    ) -> None:
+        """Caches ``value`` (``size`` bytes, default `nbytes`), evicting the least recent.
+
+        ``group``: the value is the current version of this group; the key cached for the
+        group before (an older version) is dropped.
+        """
         size = nbytes(value) if size is None else int(size)
         with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self._size -= old[1]
+            self._pop(key)
+            if group is not None:
+                previous = self._groups.get(group)
+                if previous is not None and previous != key:
+                    self._pop(previous)
+                self._groups[group] = key
             if size > self.budget_bytes:
                 return
             self._data[key] = (value, size)
@@ -76,15 +129,25 @@ class ByteLRU:
             while self._size > self.budget_bytes and self._data:
                 _, (_, s) = self._data.popitem(last=False)
                 self._size -= s
+            if len(self._groups) > 4 * len(self._data) + 64:  # forget groups long evicted
+                self._groups = {g: k for g, k in self._groups.items() if k in self._data}
 
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self._groups.clear()
             self._size = 0
 
-    def get_or_load(self, key: Hashable, load: Callable[[], object]):
+    def get_or_load(
+        self,
+        key: Hashable,
+        load: Callable[[], object],
+        size: Callable[[object], int] | None = None,
+        group: Hashable | None = None,
+    ):
         """The cached value, or ``load()`` run once even if many threads ask at the same time.
 
+        ``size(value)`` gives the bytes to count (default `nbytes`); ``group`` as in `put`.
         Exceptions from ``load`` propagate to every waiting caller that retries it; nothing is
         cached for them.
         """
@@ -99,7 +162,7 @@ class ByteLRU:
                 return value
             try:
                 value = load()
-                self.put(key, value)
+                self.put(key, value, None if size is None else size(value), group)
             finally:
                 with self._lock:
                     if self._loading.get(key) is gate:
@@ -108,3 +171,51 @@ class ByteLRU:
 
 
 _MISSING = object()
+
+
+class MemoryGate:
+    """A semaphore counted in bytes: at most ``budget_bytes`` reserved at once.
+
+    ``with gate.reserve(n):`` waits until ``n`` bytes fit (a reservation bigger than the whole
+    budget waits until nothing else is reserved, then runs alone). Reservations must not be
+    nested in one gate; a thread holding one gate's reservation may wait on another gate only
+    if the holders of that one never wait on the first (the plugin reserves working memory
+    first, then read memory, never the other way round).
+    """
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = int(budget_bytes)
+        self._used = 0
+        self._cond = threading.Condition()
+        self._queue: collections.deque = collections.deque()
+        self.peak_bytes = 0
+        self.waits = 0
+
+    def _fits(self, size: int) -> bool:
+        return self._used == 0 or self._used + size <= self.budget_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    @contextlib.contextmanager
+    def reserve(self, size: int):
+        """Holds ``size`` bytes of the budget for the ``with`` block (first come, first served)."""
+        size = max(0, int(size))
+        with self._cond:
+            ticket = object()
+            self._queue.append(ticket)
+            if self._queue[0] is not ticket or not self._fits(size):
+                self.waits += 1
+                while self._queue[0] is not ticket or not self._fits(size):
+                    self._cond.wait()
+            self._queue.popleft()
+            self._used += size
+            self.peak_bytes = max(self.peak_bytes, self._used)
+            self._cond.notify_all()  # the next in line may fit too
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._used -= size
+                self._cond.notify_all()

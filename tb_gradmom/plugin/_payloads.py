@@ -17,6 +17,7 @@ from tb_gradmom import metadata, reductions, stats
 
 __all__ = [
     "NEEDS_BATCH_SIZE",
+    "work_bytes",
     "stat_grid",
     "heatmap",
     "histogram_one",
@@ -32,7 +33,26 @@ NEEDS_BATCH_SIZE = frozenset({"variance", "std", "snr"})
 SERIES_KEYS: tuple[str, ...] = ("batch_size", *stats.DERIVED, "loss", "learning_rate")
 
 # Pass-one stat arrays kept for pass two of `histograms_streaming` (the rest is recomputed).
-_STREAM_KEEP_BYTES = 128 * 1024 * 1024
+_STREAM_KEEP_BYTES = 32 * 1024 * 1024
+# Bytes of working memory per stored cell and order of a statistic being computed: the
+# float32 moments, their float64 copies, and about six float64 temporaries (the statistic,
+# pooling's padded grid and masks); and per cell of text in a response (a Python float, its
+# string, and the joined text).
+_WORK_PER_CELL = 8 * 6
+_WORK_PER_ORDER_CELL = 4 + 8
+_WORK_PER_OUTPUT_CELL = 110
+
+
+def work_bytes(content: metadata.MomentsContent, output_cells: int = 0) -> int:
+    """An upper estimate of the memory one step's statistic and its response take.
+
+    Args:
+      content: the tag's content message (its stored shape and orders).
+      output_cells: the numbers the response writes as text.
+    """
+    cells = math.prod(content.stored_shape)
+    per_cell = _WORK_PER_CELL + _WORK_PER_ORDER_CELL * len(content.orders)
+    return cells * per_cell + output_cells * _WORK_PER_OUTPUT_CELL
 
 
 def check_stat(stat: str, orders: Sequence[int], n: float | None) -> None:

@@ -1,12 +1,23 @@
-"""Reads Grad Moments tags through TensorBoard's data provider, with caching.
+"""Reads Grad Moments tags through TensorBoard, with caching, checks and bounded memory.
 
-Everything goes through ``list_tensors`` / ``read_tensors`` (plugin ``gradmom``), so the same
-code serves the Python loader and RustBoard (``--load_fast=true``). Nothing here imports
-TensorFlow.
+The same code serves the Python loader and RustBoard (``--load_fast=true``); nothing here
+imports TensorFlow.
 
-What the data provider API allows shapes the read strategy:
+**What is read.** Tags are listed with ``list_tensors`` (plugin ``gradmom``). With RustBoard
+every tensor comes from ``read_tensors``. With the Python loader, whose ``read_tensors``
+decodes a tag's whole series on every call, the tensors are taken undecoded from its event
+multiplexer (`_tb_compat`) and only the steps needed are decoded.
 
-* ``list_tensors`` gives each tag's content message and its last step, without tensor values.
+**Nothing read is trusted.** A content message is parsed and bounded by
+`metadata.parse_plugin_content`; a tag whose content fails is left out (logged once, naming
+run, tag and last step). Each step's tensor is checked against its content
+(`metadata.check_tensor_proto` before decoding where the proto is at hand,
+`metadata.check_tensor` after): a bad step is skipped (logged, naming run, tag and step) or,
+when asked for, answered 404 with the reason. A failing read of several tags is retried tag by
+tag, so one bad tag never takes the others down.
+
+**Read strategy** (what the data provider API allows):
+
 * ``read_tensors`` has no step filter, only ``downsample``: ``downsample=1`` returns the last
   step (cheap with RustBoard, which downsamples before sending). Decoded arrays are kept in a
   byte-budgeted LRU, so scrubbing through steps after one full read is served from memory.
@@ -18,29 +29,37 @@ What the data provider API allows shapes the read strategy:
   ``<tag>/_stats`` tag has the same steps as its moments tag. A few reads of the stats tag
   (bisection on ``k``) find a small ``k`` whose sample holds the step; the moments tag is read
   with that ``k`` and the result is checked (a sample without the step falls back to the whole
-  series). All steps read are cached, so scrubbing on is mostly served from memory. The size
-  of the sample depends on the step's place in the sampling order: half the series on
-  average, the whole series for the last places.
+  series). All steps read near the one asked are cached.
+* Concurrent requests for different steps of one series share one read: each registers its
+  step, the first reads, and every registered step found is handed to its request.
 * An all-steps histogram reads at most `HISTOGRAM_READ_BYTES` of a series: a bigger series is
   binned on a sample of its steps (``downsample``), and the payload lists them.
 * RustBoard replies over gRPC, whose messages TensorBoard caps at 256 MiB: a series bigger
   than `GRPC_READ_BUDGET` is read downsampled, and a step the sample misses answers 404 with
   the reason.
+
+**Memory.** Every read reserves its bytes (the tensors it will decode, twice over gRPC for the
+reply and its decoded copy) on a `_cache.MemoryGate` of `READ_BUDGET_BYTES` for as long as
+it holds them; what outlives the read is in the cache, counted by what it really holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import threading
+from collections.abc import Callable
 
 import numpy as np
 from tensorboard import errors
 from tensorboard.data import provider
+from tensorboard.util import tensor_util
 
 from tb_gradmom import metadata
-from tb_gradmom.plugin._cache import ByteLRU
+from tb_gradmom.plugin import _tb_compat
+from tb_gradmom.plugin._cache import ByteLRU, MemoryGate
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +74,24 @@ ALL_STEPS = 1_000_000
 # with orders (1, 2): over RustBoard about 0.1 s of transfer instead of ~1 s for 500 steps.
 HISTOGRAM_READ_BYTES = 64 * 1024 * 1024
 # Over gRPC, a step of a series at least this big is read with a targeted sample, not with
-# the whole series (see `Reader._read_targeted`).
+# the whole series (see `Reader._plan_targeted`).
 TARGETED_READ_MIN_BYTES = 32 * 1024 * 1024
 # The bisection for a targeted sample stops when its bracket is 1/32 of the steps.
 _TARGET_TOLERANCE = 32
+# Decoded tensors held by reads in flight, all requests together (a single read bigger than
+# this runs alone): part of the plugin's memory bound, see docs/http_api.md.
+READ_BUDGET_BYTES = 256 * 1024 * 1024
+# A gRPC read holds the reply and the arrays decoded from it at once.
+GRPC_READ_FACTOR = 2
+# Steps assumed for a series whose length is not known yet (TensorBoard's default sample for
+# this plugin, `plugin_loader.DEFAULT_SAMPLES`).
+_ASSUMED_STEPS = 500
+# Logged problems remembered (to log each once); forgotten past this many.
+_MAX_WARNED = 10_000
+
+
+class BadRecord(errors.NotFoundError):
+    """A stored step whose tensor does not match its tag's metadata (answered 404)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,12 +125,13 @@ class RunIndex:
 
 @dataclasses.dataclass(frozen=True)
 class StatsSeries:
-    """The stats tensors of one tag over its steps.
+    """The stats tensors of one tag over its readable steps.
 
     Attributes:
       steps: int64 ``[T]``, ascending.
       wall_times: float64 ``[T]``.
-      sums: field -> float64 ``[T]`` for each field of `metadata.STATS_FIELDS` the tag has.
+      sums: field -> float64 ``[T]`` for each field of the tag's content message (views of
+        one table, which also holds `hist_counts`).
       hist_counts: float64 ``[T, buckets]``, the variance histogram counts.
     """
 
@@ -122,23 +156,70 @@ class MomentsAt:
     arrays: dict[int, np.ndarray]
 
 
-class Reader:
-    """Grad Moments data for one TensorBoard instance, read through its data provider."""
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One stored step of a series; `get` gives its moments (decoded on demand)."""
 
-    def __init__(self, data_provider, cache: ByteLRU):
+    step: int
+    wall_time: float
+    _get: Callable[[], MomentsAt] = dataclasses.field(repr=False)
+
+    def get(self) -> MomentsAt:
+        return self._get()
+
+
+class _Pending:
+    """Requests waiting on one read of a series: their steps, and what the read found."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.wanted: dict[int, int] = {}  # step -> number of requests waiting for it
+        self.results: dict[int, MomentsAt] = {}
+        self.absent: dict[int, str] = {}
+
+
+class Reader:
+    """Grad Moments data for one TensorBoard instance.
+
+    Args:
+      data_provider: TensorBoard's data provider.
+      cache: the plugin's cache.
+      multiplexer: the Python loader's event multiplexer (`_tb_compat.multiplexer_of`), or
+        None to read through the data provider only.
+      read_gate: the gate reads reserve their bytes on (default: `READ_BUDGET_BYTES`).
+    """
+
+    def __init__(self, data_provider, cache: ByteLRU, multiplexer=None, read_gate=None):
         self._provider = data_provider
         self._cache = cache
-        self._grpc = type(data_provider).__name__ != "MultiplexerDataProvider"
-        self._warned: set[tuple[str, str]] = set()
+        self._mux = multiplexer
+        self._grpc = not _tb_compat.is_python_loader(data_provider)
+        self.read_gate = read_gate if read_gate is not None else MemoryGate(READ_BUDGET_BYTES)
+        self._warned: set = set()
         self._warn_lock = threading.Lock()
+        self._pending: dict[tuple, _Pending] = {}
+        self._pending_lock = threading.Lock()
+
+    # ------------------------------------------------------------------------ logging
+
+    def _warn(self, run: str, tag: str, step, message: str) -> None:
+        """Logs a skipped tag or step once: ``run 'r' tag 't' step s: message``."""
+        key = (run, tag, step)
+        with self._warn_lock:
+            if key in self._warned:
+                return
+            if len(self._warned) >= _MAX_WARNED:
+                self._warned.clear()
+            self._warned.add(key)
+        logger.warning("Grad Moments: run %r tag %r step %s: %s", run, tag, step, message)
 
     # ----------------------------------------------------------------------- listing
 
     def index(self, ctx, experiment_id: str, run: str | None = None, tags=None):
         """``{run: RunIndex}`` of every readable Grad Moments tag (optionally of one run/tags).
 
-        Tags whose content message cannot be parsed (a newer format, a corrupt header) are
-        left out and logged once each.
+        Tags whose content message cannot be parsed (a newer format, a corrupt or crafted
+        header) are left out and logged once each.
         """
         rtf = None
         if run is not None:
@@ -150,14 +231,15 @@ class Reader:
         for run_name, tags in listing.items():
             ri = result.setdefault(run_name, RunIndex())
             for tag_name, ts in tags.items():
-                content = self._parse(run_name, tag_name, ts.plugin_content)
+                max_step = int(ts.max_step) if ts.max_step is not None else -1
+                content = self._parse(run_name, tag_name, max_step, ts.plugin_content)
                 if content is None:
                     continue
                 entry = TagEntry(
                     run=run_name,
                     tag=tag_name,
                     content=content,
-                    max_step=int(ts.max_step) if ts.max_step is not None else -1,
+                    max_step=max_step,
                     max_wall_time=float(ts.max_wall_time or 0.0),
                     description=ts.description or "",
                 )
@@ -196,61 +278,138 @@ class Reader:
             raise errors.NotFoundError(f"run {run!r} has no moments tag {tag!r}")
         return entry, ri
 
-    def _parse(self, run: str, tag: str, content: bytes):
-        key = ("content", bytes(content))
+    def _parse(self, run: str, tag: str, max_step: int, content: bytes):
+        raw = bytes(content)
+        key = ("content", raw)
         parsed = self._cache.get(key)
         if parsed is not None:
             return parsed
         try:
-            parsed = metadata.parse_plugin_content(content)
+            parsed = metadata.parse_plugin_content(raw)
         except metadata.FormatError as e:
-            with self._warn_lock:
-                if (run, tag) not in self._warned:
-                    self._warned.add((run, tag))
-                    logger.warning("Grad Moments: skipping run %r tag %r: %s", run, tag, e)
+            self._warn(run, tag, f"(last {max_step})", f"{e}; the tag is skipped")
             return None
-        self._cache.put(key, parsed, size=len(content) + 512)
+        self._cache.put(key, parsed, size=2 * len(raw) + 1024, group=None)
         return parsed
 
+    # ------------------------------------------------------------------ raw reading
+
+    def _read(self, ctx, experiment_id: str, run: str, tags: list[str], downsample: int):
+        """``read_tensors`` of some tags of one run: ``{tag: [TensorDatum]}``."""
+        data = self._provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=PLUGIN,
+            downsample=downsample,
+            run_tag_filter=provider.RunTagFilter(runs=[run], tags=list(tags)),
+        )
+        return data.get(run, {})
+
+    def _events(self, entry: TagEntry) -> list | None:
+        """The Python loader's undecoded events of a series (None without a multiplexer)."""
+        if self._mux is None:
+            return None
+        return _tb_compat.tensor_events(self._mux, entry.run, entry.tag)
+
+    def _checked_proto(self, entry: TagEntry, event) -> bool:
+        """Whether an event's tensor proto fits its tag (else it is logged and skipped)."""
+        try:
+            metadata.check_tensor_proto(entry.content, event.tensor_proto)
+        except metadata.FormatError as e:
+            self._warn(entry.run, entry.tag, int(event.step), f"{e}; the step is skipped")
+            return False
+        return True
+
+    def _array_of_event(self, entry: TagEntry, event) -> np.ndarray:
+        """The decoded, checked array of an event (`BadRecord` if it does not fit)."""
+        step = int(event.step)
+        try:
+            metadata.check_tensor_proto(entry.content, event.tensor_proto)
+            try:
+                array = tensor_util.make_ndarray(event.tensor_proto)
+            except Exception as e:  # noqa: BLE001 - whatever a corrupt proto raises
+                raise metadata.FormatError(f"unreadable tensor ({type(e).__name__})") from None
+            metadata.check_tensor(entry.content, array)
+        except metadata.FormatError as e:
+            raise self._bad(entry, step, e) from None
+        return array
+
+    def _bad(self, entry: TagEntry, step: int, e: Exception) -> BadRecord:
+        self._warn(entry.run, entry.tag, step, f"{e}; the step is skipped")
+        return BadRecord(f"run {entry.run!r} tag {entry.tag!r} step {step}: {e}")
+
     # ------------------------------------------------------------------------- stats
+
+    def _stats_key(self, experiment_id: str, e: TagEntry):
+        return ("stats", experiment_id, e.run, e.tag, e.signature)
 
     def stats_series(
         self, ctx, experiment_id: str, entries: list[TagEntry]
     ) -> dict[str, StatsSeries]:
         """``{tag: StatsSeries}`` for stats tags of one run (one read for all cache misses).
 
-        A stats tag whose tensors cannot be read (wrong length) is left out and logged.
+        Steps whose tensor does not fit the tag's content message are left out (logged); a
+        tag that cannot be read at all is left out (logged) and never affects the others.
         """
         out: dict[str, StatsSeries] = {}
         missing: list[TagEntry] = []
         for e in entries:
-            s = self._cache.get(("stats", experiment_id, e.run, e.tag, e.signature))
+            s = self._cache.get(self._stats_key(experiment_id, e))
             if s is None:
                 missing.append(e)
             else:
                 out[e.tag] = s
         if not missing:
             return out
-        run = missing[0].run
-        data = self._provider.read_tensors(
-            ctx,
-            experiment_id=experiment_id,
-            plugin_name=PLUGIN,
-            downsample=ALL_STEPS,
-            run_tag_filter=provider.RunTagFilter(runs=[run], tags=[e.tag for e in missing]),
-        ).get(run, {})
-        for e in missing:
-            series = data.get(e.tag)
-            if series is None:
-                continue
-            try:
-                s = _stats_series(series, e.content)
-            except ValueError as err:
-                logger.warning("Grad Moments: unreadable stats run %r tag %r: %s", run, e.tag, err)
-                continue
-            self._cache.put(("stats", experiment_id, e.run, e.tag, e.signature), s)
+        for e, s in self._read_stats(ctx, experiment_id, missing).items():
+            self._cache.put(
+                self._stats_key(experiment_id, e), s, group=("stats", experiment_id, e.run, e.tag)
+            )
             out[e.tag] = s
         return out
+
+    def _read_stats(self, ctx, experiment_id, entries: list[TagEntry]) -> dict:
+        out = {}
+        width = max(metadata.stats_length(e.content) for e in entries)
+        if self._mux is not None:
+            for e in entries:
+                events = self._events(e) or []
+                with self.read_gate.reserve(len(events) * width * 16):
+                    rows = []
+                    for ev in events:
+                        try:
+                            rows.append((ev.step, ev.wall_time, self._array_of_event(e, ev)))
+                        except BadRecord:
+                            continue
+                    out[e] = _stats_series(rows, e.content)
+            return out
+        run = entries[0].run
+        estimate = len(entries) * _ASSUMED_STEPS * width * 8 * (GRPC_READ_FACTOR + 1)
+        try:
+            with self.read_gate.reserve(estimate):
+                data = self._read(ctx, experiment_id, run, [e.tag for e in entries], ALL_STEPS)
+                for e in entries:
+                    out[e] = self._stats_from_data(e, data.get(e.tag) or [])
+            return out
+        except Exception as err:  # noqa: BLE001 - one bad tag must not take the others down
+            if len(entries) == 1:
+                self._warn(run, entries[0].tag, "(all)", f"unreadable: {type(err).__name__}")
+                return {}
+        for e in entries:  # retry one by one: only the failing tag is left out
+            out.update(self._read_stats(ctx, experiment_id, [e]))
+        return out
+
+    def _stats_from_data(self, e: TagEntry, series) -> StatsSeries:
+        rows = []
+        for d in series:
+            array = np.asarray(d.numpy)
+            try:
+                metadata.check_tensor(e.content, array)
+            except metadata.FormatError as err:
+                self._warn(e.run, e.tag, int(d.step), f"{err}; the step is skipped")
+                continue
+            rows.append((d.step, d.wall_time, array))
+        return _stats_series(rows, e.content)
 
     def stats_for(self, ctx, experiment_id: str, entry: TagEntry | None) -> StatsSeries | None:
         if entry is None:
@@ -259,26 +418,34 @@ class Reader:
 
     # ----------------------------------------------------------------------- moments
 
-    def _decode(self, entry: TagEntry, datum) -> MomentsAt:
+    def bytes_per_step(self, entry: TagEntry) -> int:
         c = entry.content
-        arr = np.asarray(datum.numpy)
-        expected = (len(c.orders), *c.stored_shape)
-        if arr.shape != expected or arr.dtype.kind != "f":
-            raise errors.NotFoundError(
-                f"run {entry.run!r} tag {entry.tag!r} step {datum.step}: the stored tensor has "
-                f"shape {list(arr.shape)} and dtype {arr.dtype}, but its metadata says "
-                f"float [{', '.join(map(str, expected))}]; the event file is corrupt or was "
-                "written by another tool"
-            )
-        arrays = {int(p): arr[i] for i, p in enumerate(c.orders)}
-        return MomentsAt(step=int(datum.step), wall_time=float(datum.wall_time), arrays=arrays)
+        return 4 * len(c.orders) * max(1, math.prod(c.stored_shape))
+
+    def _read_bytes(self, entry: TagEntry, points: int) -> int:
+        """Bytes a read of ``points`` steps holds (decoded arrays; over gRPC the reply too)."""
+        factor = GRPC_READ_FACTOR if self._grpc else 1
+        return factor * points * self.bytes_per_step(entry)
 
     def _moments_key(self, experiment_id, entry, step):
         return ("moments", experiment_id, entry.run, entry.tag, int(step))
 
-    def bytes_per_step(self, entry: TagEntry) -> int:
-        c = entry.content
-        return 4 * len(c.orders) * max(1, math.prod(c.stored_shape))
+    def _moments_of(self, entry: TagEntry, step, wall_time, array) -> MomentsAt:
+        arrays = {int(p): array[i] for i, p in enumerate(entry.content.orders)}
+        return MomentsAt(step=int(step), wall_time=float(wall_time), arrays=arrays)
+
+    def _decode(self, entry: TagEntry, datum) -> MomentsAt:
+        """A data provider's datum, checked (`BadRecord` if it does not fit its tag)."""
+        array = np.asarray(datum.numpy)
+        try:
+            metadata.check_tensor(entry.content, array)
+        except metadata.FormatError as e:
+            raise self._bad(entry, int(datum.step), e) from None
+        return self._moments_of(entry, datum.step, datum.wall_time, array)
+
+    def _decode_event(self, entry: TagEntry, event) -> MomentsAt:
+        array = self._array_of_event(entry, event)
+        return self._moments_of(entry, event.step, event.wall_time, array)
 
     def moments_at(
         self,
@@ -296,27 +463,169 @@ class Reader:
 
         Raises:
           errors.NotFoundError: the step is not stored (the message gives the stored range).
+          BadRecord: its tensor does not fit the tag's metadata.
         """
         want = entry.max_step if step is None else int(step)
         key = self._moments_key(experiment_id, entry, want)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        size = self._entry_size
+        if self._mux is not None:
+            return self._cache.get_or_load(
+                key, lambda: self._mux_step(entry, want, step is None), size=size(entry)
+            )
         if step is None or want == entry.max_step:
-            return self._cache.get_or_load(key, lambda: self._read_last(ctx, experiment_id, entry))
-        num_steps = int(stats.steps.size) if stats is not None else None
+            return self._cache.get_or_load(
+                key, lambda: self._read_last(ctx, experiment_id, entry), size=size(entry)
+            )
+        return self._cache.get_or_load(
+            key,
+            lambda: self._read_step(ctx, experiment_id, entry, want, stats, stats_entry),
+            size=size(entry),
+        )
 
-        def load():
-            found = self._read_targeted(ctx, experiment_id, entry, want, stats, stats_entry)
-            if found is not None:
+    def _entry_size(self, entry: TagEntry):
+        per_step = self.bytes_per_step(entry) + 512
+        return lambda _value: per_step
+
+    def _mux_step(self, entry: TagEntry, want: int, latest: bool) -> MomentsAt:
+        events = self._events(entry)
+        if not events:
+            raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
+        event = (
+            events[-1] if latest else next((e for e in reversed(events) if e.step == want), None)
+        )
+        if event is None:
+            steps = sorted(int(e.step) for e in events)
+            raise errors.NotFoundError(_missing_step_message(entry, want, steps, False))
+        with self.read_gate.reserve(self._read_bytes(entry, 1)):
+            return self._decode_event(entry, event)
+
+    def _read_last(self, ctx, experiment_id: str, entry: TagEntry) -> MomentsAt:
+        with self.read_gate.reserve(self._read_bytes(entry, 1)):
+            series = self._read(ctx, experiment_id, entry.run, [entry.tag], 1).get(entry.tag)
+            if not series:
+                raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
+            return self._decode(entry, series[-1])
+
+    def last_readable(
+        self, ctx, experiment_id: str, entry: TagEntry, stats: StatsSeries | None
+    ) -> MomentsAt:
+        """The latest step whose record is readable (and has stats, if the tag has a stats
+        tag): the fallback when the latest record is bad."""
+        num = int(stats.steps.size) if stats is not None else None
+        with self.open_series(ctx, experiment_id, entry, num) as (points, _):
+            for p in reversed(points):
+                if stats is not None and stats.index_of(p.step) is None:
+                    continue
+                try:
+                    m = p.get()
+                except BadRecord:
+                    continue
+                self._cache.put(
+                    self._moments_key(experiment_id, entry, m.step),
+                    m,
+                    size=self.bytes_per_step(entry) + 512,
+                )
+                return m
+        raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no readable step")
+
+    # ------------------------------------------------------------- one step of a series
+
+    def _join(self, key, want: int) -> _Pending:
+        with self._pending_lock:
+            pend = self._pending.get(key)
+            if pend is None:
+                pend = self._pending[key] = _Pending()
+            pend.wanted[want] = pend.wanted.get(want, 0) + 1
+            return pend
+
+    def _leave(self, key, pend: _Pending, want: int) -> None:
+        with self._pending_lock:
+            left = pend.wanted.get(want, 1) - 1
+            if left > 0:
+                pend.wanted[want] = left
+            else:
+                pend.wanted.pop(want, None)
+                pend.results.pop(want, None)
+                pend.absent.pop(want, None)
+            if not pend.wanted and self._pending.get(key) is pend:
+                del self._pending[key]
+
+    def _read_step(
+        self,
+        ctx,
+        experiment_id: str,
+        entry: TagEntry,
+        want: int,
+        stats: StatsSeries | None,
+        stats_entry: TagEntry | None,
+    ) -> MomentsAt:
+        """Step ``want`` (not the latest) through the data provider.
+
+        Requests for steps of the same series wait for one read at a time; each read hands
+        every registered step it holds to its request and caches the steps near ``want``, so
+        concurrent requests for many steps cost one read, not one each.
+        """
+        group = ("series", experiment_id, entry.run, entry.tag, entry.signature)
+        pend = self._join(group, want)
+        try:
+            with pend.lock:
+                with self._pending_lock:
+                    found = pend.results.pop(want, None)
+                    absent = pend.absent.get(want)
+                if found is None:
+                    found = self._cache.get(self._moments_key(experiment_id, entry, want))
+                if found is not None:
+                    return found
+                if absent is not None:
+                    raise errors.NotFoundError(absent)
+                found = self._read_targeted(
+                    ctx, experiment_id, entry, want, stats, stats_entry, pend
+                )
+                if found is not None:
+                    return found
+                num_steps = int(stats.steps.size) if stats is not None else None
+                with self.open_series(ctx, experiment_id, entry, num_steps) as (points, sampled):
+                    found = self._hand_out(experiment_id, entry, points, want, pend, sampled)
+                    steps = [p.step for p in points]
+                if found is None:
+                    raise errors.NotFoundError(_missing_step_message(entry, want, steps, sampled))
                 return found
-            series, downsampled = self.read_series(ctx, experiment_id, entry, num_steps)
-            steps = [d.step for d in series]
-            if want not in steps:
-                raise errors.NotFoundError(_missing_step_message(entry, want, steps, downsampled))
-            return self._keep_near(experiment_id, entry, series, want)
+        finally:
+            self._leave(group, pend, want)
 
-        return self._cache.get_or_load(key, load)
+    def _hand_out(self, experiment_id, entry, points, want, pend, whole: bool | None = None):
+        """Gives each waiting request its step from ``points``; caches the steps near ``want``.
+
+        Returns the step ``want`` (None if ``points`` lacks it). ``whole``: ``points`` is all
+        the provider gives (True if that is a sample, False if every step): then a waiting
+        step not in ``points`` is recorded as absent, and its request answers 404 without
+        another read.
+        """
+        by_step = {p.step: p for p in points}
+        with self._pending_lock:
+            waiting = [s for s in pend.wanted if s != want and s not in pend.results]
+        for s in waiting:
+            p = by_step.get(s)
+            try:
+                m = p.get() if p is not None else None
+            except BadRecord:
+                m = None
+            with self._pending_lock:
+                if s not in pend.wanted:
+                    continue
+                if m is not None:
+                    pend.results[s] = m
+                elif whole is not None:
+                    pend.absent[s] = _missing_step_message(entry, s, sorted(by_step), whole)
+        p = by_step.get(want)
+        if p is None:
+            return None
+        found = p.get()
+        self._keep_near(experiment_id, entry, points, want)
+        return found
 
     def _read_targeted(
         self,
@@ -326,18 +635,19 @@ class Reader:
         want: int,
         stats: StatsSeries | None,
         stats_entry: TagEntry | None,
+        pend: _Pending,
     ) -> MomentsAt | None:
         """Step ``want`` read with a sample of the series that holds it, or None.
 
-        None (read the whole series instead) with the Python loader (its reads copy from
-        memory: the whole series costs about as much as the probes), for a series smaller than
+        None (read the whole series instead) with the Python loader, for a series smaller than
         `TARGETED_READ_MIN_BYTES`, without stats at ``want``, when the smallest sample found
         is the whole series, or when the sample read does not hold ``want`` after all (the
         moments tag's steps differ from its stats tag's, e.g. a run cut off between its two
         records); the series is then not targeted again until it changes. Every step read is
-        cached (up to a quarter of the budget, nearest ``want`` first), so scrubbing on finds
-        most neighbours in memory; a step missed later has a higher rank in the sampling
-        order, so its sample includes all that was read before.
+        handed to its waiting request or cached (up to a quarter of the budget, nearest
+        ``want`` first), so scrubbing on finds most neighbours in memory; a step missed later
+        has a higher rank in the sampling order, so its sample includes all that was read
+        before.
         """
         if not self._grpc or stats is None or stats_entry is None:
             return None
@@ -353,16 +663,14 @@ class Reader:
         k = self._sample_size(ctx, experiment_id, stats_entry, n, want)
         if k >= n or k * per_step > GRPC_READ_BUDGET:
             return None
-        data = self._provider.read_tensors(
-            ctx,
-            experiment_id=experiment_id,
-            plugin_name=PLUGIN,
-            downsample=k,
-            run_tag_filter=provider.RunTagFilter(runs=[entry.run], tags=[entry.tag]),
-        )
-        series = self._decode_all(entry, data.get(entry.run, {}).get(entry.tag) or [])
-        if not any(m.step == want for m in series):
-            self._cache.put(failed, True, size=256)
+        with self.read_gate.reserve(self._read_bytes(entry, k)):
+            series = self._read(ctx, experiment_id, entry.run, [entry.tag], k).get(entry.tag)
+            points = self._points_of(entry, series or [])
+            found = self._hand_out(experiment_id, entry, points, want, pend)
+        if found is None:
+            self._cache.put(
+                failed, True, size=256, group=("untargeted", experiment_id, entry.run, entry.tag)
+            )
             logger.info(
                 "Grad Moments: run %r tag %r: its sample of %d steps has no step %d (its steps "
                 "differ from its stats tag's); reading the whole series",
@@ -371,8 +679,7 @@ class Reader:
                 k,
                 want,
             )
-            return None
-        return self._keep_near(experiment_id, entry, series, want)
+        return found
 
     def _sample_size(self, ctx, experiment_id: str, stats_entry: TagEntry, n: int, want: int):
         """A small ``downsample`` whose sample of the stats tag (``n`` steps) holds ``want``.
@@ -398,135 +705,139 @@ class Reader:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        data = self._provider.read_tensors(
-            ctx,
-            experiment_id=experiment_id,
-            plugin_name=PLUGIN,
-            downsample=k,
-            run_tag_filter=provider.RunTagFilter(runs=[stats_entry.run], tags=[stats_entry.tag]),
+        width = metadata.stats_length(stats_entry.content)
+        with self.read_gate.reserve(k * width * 8 * (GRPC_READ_FACTOR + 1)):
+            data = self._read(ctx, experiment_id, stats_entry.run, [stats_entry.tag], k)
+            steps = frozenset(int(d.step) for d in data.get(stats_entry.tag) or [])
+        self._cache.put(
+            key, steps, group=("sample", experiment_id, stats_entry.run, stats_entry.tag, k)
         )
-        steps = frozenset(
-            int(d.step) for d in data.get(stats_entry.run, {}).get(stats_entry.tag) or []
-        )
-        self._cache.put(key, steps, size=256 + 64 * len(steps))
         return steps
 
-    def _read_last(self, ctx, experiment_id: str, entry: TagEntry) -> MomentsAt:
-        data = self._provider.read_tensors(
-            ctx,
-            experiment_id=experiment_id,
-            plugin_name=PLUGIN,
-            downsample=1,
-            run_tag_filter=provider.RunTagFilter(runs=[entry.run], tags=[entry.tag]),
-        )
-        series = data.get(entry.run, {}).get(entry.tag) or []
-        if not series:
-            raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
-        return self._decode(entry, series[-1])
+    # ------------------------------------------------------------------ whole series
 
-    def read_series(
+    @contextlib.contextmanager
+    def open_series(
         self,
         ctx,
         experiment_id: str,
         entry: TagEntry,
         num_steps: int | None,
         max_bytes: int | None = None,
-    ) -> tuple[list[MomentsAt], bool]:
-        """Every stored step of a moments tag, ascending, and whether it had to be downsampled.
+    ):
+        """``with reader.open_series(...) as (points, downsampled):`` the stored steps of a
+        moments tag, ascending, and whether they are a sample.
 
         At most ``max_bytes`` of moments are read (None: no limit but the provider's); a gRPC
         data provider (RustBoard) is asked for at most `GRPC_READ_BUDGET` bytes. A bigger
         series (``num_steps`` stored steps, None if unknown) is read as TensorBoard's sample of
-        it (``downsample``, always with the last step). Steps whose tensor does not match the
-        tag's metadata are skipped (and logged).
+        it (``downsample``, always with the last step). Steps whose tensor does not fit the
+        tag's metadata are left out (logged). The read's memory is reserved on the read gate
+        until the block ends: use the points inside it. With the Python loader the points are
+        decoded one at a time by `Point.get`.
+
+        Raises:
+          errors.NotFoundError: the series has no data.
         """
+        events = self._events(entry)
+        if events is not None:
+            count = len(events)
+            k = ALL_STEPS
+            if max_bytes is not None and self.bytes_per_step(entry) * count > max_bytes:
+                k = max(1, max_bytes // self.bytes_per_step(entry))
+            if not events:
+                raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
+            chosen = [events[i] for i in _tb_compat.downsample_indices(count, k)]
+            points = [
+                Point(int(e.step), float(e.wall_time), self._lazy(entry, e))
+                for e in chosen
+                if self._checked_proto(entry, e)
+            ]
+            points.sort(key=lambda p: p.step)
+            with self.read_gate.reserve(self._read_bytes(entry, 1)):
+                yield points, len(chosen) < count
+            return
         downsample = ALL_STEPS
         cap = GRPC_READ_BUDGET if self._grpc else None
         if max_bytes is not None:
             cap = max_bytes if cap is None else min(cap, max_bytes)
-        if cap is not None:
-            per_step = self.bytes_per_step(entry)
-            expected = num_steps if num_steps else ALL_STEPS
-            if per_step * expected > cap:
-                downsample = max(1, cap // per_step)
-        data = self._provider.read_tensors(
-            ctx,
-            experiment_id=experiment_id,
-            plugin_name=PLUGIN,
-            downsample=downsample,
-            run_tag_filter=provider.RunTagFilter(runs=[entry.run], tags=[entry.tag]),
-        )
-        series = data.get(entry.run, {}).get(entry.tag)
-        if not series:
-            raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
-        # Fewer points than asked for: that was the whole series.
-        return self._decode_all(entry, series), len(series) >= downsample
+        per_step = self.bytes_per_step(entry)
+        expected = num_steps if num_steps else _ASSUMED_STEPS
+        if cap is not None and per_step * (num_steps if num_steps else ALL_STEPS) > cap:
+            downsample = max(1, cap // per_step)
+        with self.read_gate.reserve(self._read_bytes(entry, min(downsample, expected))):
+            series = self._read(ctx, experiment_id, entry.run, [entry.tag], downsample).get(
+                entry.tag
+            )
+            if not series:
+                raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
+            # Fewer points than asked for: that was the whole series.
+            yield self._points_of(entry, series), len(series) >= downsample
 
-    def _decode_all(self, entry: TagEntry, series) -> list[MomentsAt]:
-        """Decoded data points, ascending by step; unreadable ones are skipped and logged."""
+    def _lazy(self, entry: TagEntry, event) -> Callable[[], MomentsAt]:
+        return lambda: self._decode_event(entry, event)
+
+    def _points_of(self, entry: TagEntry, series) -> list[Point]:
+        """Decoded data points, ascending by step; unreadable ones are left out (logged)."""
         out = []
         for d in series:
             try:
-                out.append(self._decode(entry, d))
-            except errors.NotFoundError as e:
-                logger.warning("Grad Moments: %s", e)
-        out.sort(key=lambda m: m.step)
+                m = self._decode(entry, d)
+            except BadRecord:
+                continue
+            out.append(Point(m.step, m.wall_time, _constant(m)))
+        out.sort(key=lambda p: p.step)
         return out
 
-    def _keep_near(self, experiment_id, entry, series: list[MomentsAt], want: int) -> MomentsAt:
-        """Caches the steps nearest ``want`` (up to a quarter of the budget); returns ``want``."""
-        found = None
+    def _keep_near(self, experiment_id, entry, points: list[Point], want: int) -> None:
+        """Caches the steps nearest ``want`` (up to a quarter of the budget, gRPC only: the
+        Python loader reads one step as cheaply from memory)."""
+        if self._mux is not None:
+            return
         budget = self._cache.budget_bytes // 4
+        size = self.bytes_per_step(entry) + 512
         used = 0
-        for m in sorted(series, key=lambda m: abs(m.step - want)):
-            if m.step == want:
-                found = m
-                continue
-            size = self.bytes_per_step(entry)
+        for p in sorted(points, key=lambda p: abs(p.step - want)):
             if used + size > budget:
                 break
             used += size
-            self._cache.put(self._moments_key(experiment_id, entry, m.step), m, size=size + 256)
-        assert found is not None
-        return found
+            try:
+                m = p.get()
+            except BadRecord:
+                continue
+            self._cache.put(self._moments_key(experiment_id, entry, m.step), m, size=size)
 
-    def cache_series(self, experiment_id: str, entry: TagEntry, series: list[MomentsAt]) -> None:
+    def cache_series(self, experiment_id: str, entry: TagEntry, points: list[Point]) -> None:
         """Caches the latest steps of a full read, up to a quarter of the budget."""
-        if series:
-            self._keep_near(experiment_id, entry, series, series[-1].step)
-            last = series[-1]
-            key = self._moments_key(experiment_id, entry, last.step)
-            self._cache.put(key, last, size=self.bytes_per_step(entry) + 256)
+        if points:
+            self._keep_near(experiment_id, entry, points, points[-1].step)
 
 
-def _stats_series(series, content: metadata.StatsContent) -> StatsSeries:
+def _constant(m: MomentsAt) -> Callable[[], MomentsAt]:
+    return lambda: m
+
+
+def _stats_series(rows, content: metadata.StatsContent) -> StatsSeries:
+    """A `StatsSeries` of checked ``(step, wall_time, 1-D array)`` rows (any order)."""
     fields = tuple(content.fields)
-    count = len(series)
-    steps = np.fromiter((d.step for d in series), dtype=np.int64, count=count)
-    walls = np.fromiter((d.wall_time for d in series), dtype=np.float64, count=count)
-    rows = [np.asarray(d.numpy).ravel() for d in series]
-    for d, r in zip(series, rows):
-        if r.size < len(fields):
-            raise ValueError(
-                f"step {d.step}: a stats tensor needs at least {len(fields)} values, got {r.size}"
-            )
-    width = max((r.size for r in rows), default=len(fields))
-    if all(r.size == width for r in rows) and count:
-        table = np.stack(rows).astype(np.float64, copy=False)
-    else:  # tensors of different lengths (not what the writer does): pad with NaN
-        table = np.full((count, width), np.nan)
-        for i, r in enumerate(rows):
-            table[i, : r.size] = r
+    width = metadata.stats_length(content)
+    count = len(rows)
+    steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=count)
+    walls = np.fromiter((r[1] for r in rows), dtype=np.float64, count=count)
     order = np.argsort(steps, kind="stable")
-    table = table[order]
-    # Column i of the table is field i of the tag's content message (see
-    # `stats.split_stats_tensor`, which does the same for one step).
-    sums = {f: table[:, i].copy() for i, f in enumerate(fields)}
+    # One table, columns contiguous: column i is field i of the content message (see
+    # `stats.split_stats_tensor`, which does the same for one step), then the counts.
+    if count:
+        columns = np.ascontiguousarray(
+            np.stack([rows[i][2] for i in order]).astype(np.float64, copy=False).T
+        )
+    else:
+        columns = np.empty((width, 0), dtype=np.float64)
     return StatsSeries(
         steps=steps[order],
         wall_times=walls[order],
-        sums=sums,
-        hist_counts=table[:, len(fields) :],
+        sums={f: columns[i] for i, f in enumerate(fields)},
+        hist_counts=columns[len(fields) :].T,
     )
 
 

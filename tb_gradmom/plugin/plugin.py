@@ -23,19 +23,23 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_gradmom import metadata, reductions, stats
-from tb_gradmom.plugin import _encode, _params, _payloads, _reader, _static
-from tb_gradmom.plugin._cache import ByteLRU
+from tb_gradmom.plugin import _encode, _params, _payloads, _reader, _static, _tb_compat
+from tb_gradmom.plugin._cache import ByteLRU, MemoryGate
 from tb_gradmom.plugin._reader import Reader
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GradMomentsPlugin", "DEFAULT_CACHE_MB"]
+__all__ = ["GradMomentsPlugin", "DEFAULT_CACHE_MB", "WORK_BUDGET_BYTES"]
 
 # Budget of the in-memory cache of decoded arrays and computed responses.
 DEFAULT_CACHE_MB = 512
+# Arrays being computed and responses being encoded, all requests together (a single request
+# that needs more runs alone): with `_reader.READ_BUDGET_BYTES`, the plugin's memory bound
+# beyond its cache (docs/http_api.md, "Speed and memory").
+WORK_BUDGET_BYTES = 128 * 1024 * 1024
 ROUTE_PREFIX = "/data/plugin/" + metadata.PLUGIN_NAME + "/"
 MAX_GRID = 4096  # the largest max_rows / max_cols a heatmap may ask for
-MAX_BINS = 1000
+MAX_BINS = reductions.MAX_BINS
 EXPORT_WHAT = ("heatmap", "histogram", "series", "moments")
 EXPORT_FORMATS = ("csv", "json", "npy")
 
@@ -83,7 +87,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         if not isinstance(cache_mb, (int, float)) or cache_mb <= 0:
             cache_mb = DEFAULT_CACHE_MB
         self._cache = ByteLRU(int(cache_mb * 1024 * 1024))
-        self._reader = Reader(self._data_provider, self._cache)
+        mux = _tb_compat.multiplexer_of(context, self._data_provider)
+        self._reader = Reader(self._data_provider, self._cache, multiplexer=mux)
+        self._work = MemoryGate(WORK_BUDGET_BYTES)
         self._static_root = _static.frontend_dir()
 
     # ------------------------------------------------------------------ TBPlugin API
@@ -172,12 +178,14 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         key = ("steps", experiment, entry.run, entry.tag, entry.signature)
 
         def load():
-            series, _ = self._reader.read_series(ctx, experiment, entry, None)
-            self._reader.cache_series(experiment, entry, series)
-            return [m.step for m in series]
+            with self._reader.open_series(ctx, experiment, entry, None) as (points, _):
+                self._reader.cache_series(experiment, entry, points)
+                return [p.step for p in points]
 
         try:
-            return self._cache.get_or_load(key, load)
+            return self._cache.get_or_load(
+                key, load, group=("steps", experiment, entry.run, entry.tag)
+            )
         except errors.NotFoundError:
             return []
 
@@ -210,10 +218,25 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         that the moments tag also reaches (a run cut off between the two records of a step
         then still shows a complete step). None means "the moments tag's last step".
         """
-        if step is not None or s is None or not s.steps.size:
+        if s is None:
+            return step
+        if step is not None:
+            if s.index_of(step) is None:
+                n = int(s.steps.size)
+                where = f"from {int(s.steps[0])} to {int(s.steps[-1])}" if n else "at all"
+                raise errors.NotFoundError(
+                    f"run {entry.run!r} tag {entry.tag!r} has no step {step}; it has {n} "
+                    f"complete steps {where} (a step whose stats record is missing, as the "
+                    "last one of a run cut off or still being written, is left out)"
+                )
             return step
         have = s.steps[s.steps <= entry.max_step]
-        if not have.size or int(have[-1]) == entry.max_step:
+        if not have.size:
+            raise errors.NotFoundError(
+                f"run {entry.run!r} tag {entry.tag!r} has no complete step (no step has both "
+                "its moments and its stats record)"
+            )
+        if int(have[-1]) == entry.max_step:
             return None
         return int(have[-1])
 
@@ -230,8 +253,17 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         the tag through the data provider, a round trip to RustBoard).
         """
         entry, st, s = looked_up or self._lookup(ctx, experiment, run, tag)
-        step = self._resolve_step(entry, s, step)
-        m = self._reader.moments_at(ctx, experiment, entry, step, s, st)
+        resolved = self._resolve_step(entry, s, step)
+        try:
+            m = self._reader.moments_at(ctx, experiment, entry, resolved, s, st)
+        except _reader.BadRecord as bad:
+            if step is not None:
+                raise
+            # The latest record is unreadable: show the latest step that is.
+            try:
+                m = self._reader.last_readable(ctx, experiment, entry, s)
+            except errors.NotFoundError:
+                raise bad from None
         n = None
         if s is not None:
             i = s.index_of(m.step)
@@ -251,13 +283,19 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             return hit
 
         def build():
-            return _encode.to_json(
-                self._heatmap_body(
-                    ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up
+            with self._work.reserve(self._heatmap_work(entry, max_rows, max_cols)):
+                return _encode.to_json(
+                    self._heatmap_body(
+                        ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up
+                    )
                 )
-            )
 
         return self._cache.get_or_load(key, build)
+
+    @staticmethod
+    def _heatmap_work(entry, max_rows, max_cols) -> int:
+        rows, cols = metadata.to_2d_shape(entry.content.stored_shape)
+        return _payloads.work_bytes(entry.content, min(rows, max_rows) * min(cols, max_cols))
 
     def _heatmap_body(
         self, ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up=None
@@ -315,12 +353,13 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         looked_up = self._lookup(ctx, experiment, run, tag)
         entry, _, s = looked_up
         if step != "all":
-            entry, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
-            try:
-                grid = _payloads.stat_grid(m.arrays, n, stat)
-                edges, counts = _payloads.histogram_one(grid, bins, scale)
-            except ValueError as e:
-                raise _bad(e) from None
+            with self._work.reserve(_payloads.work_bytes(entry.content, bins)):
+                entry, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
+                try:
+                    grid = _payloads.stat_grid(m.arrays, n, stat)
+                    edges, counts = _payloads.histogram_one(grid, bins, scale)
+                except ValueError as e:
+                    raise _bad(e) from None
             nonfinite = int(grid.size - np.count_nonzero(np.isfinite(grid)))
             return {
                 **head,
@@ -350,45 +389,59 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             max_bytes,
         )
 
+        num_steps = int(s.steps.size) if s is not None else None
+        work = _payloads.work_bytes(entry.content, bins) + _payloads._STREAM_KEEP_BYTES
+
         def build():
-            series, downsampled = self._reader.read_series(
-                ctx, experiment, entry, s.steps.size if s is not None else None, max_bytes
-            )
-            self._reader.cache_series(experiment, entry, series)
+            with (
+                self._work.reserve(work),
+                self._reader.open_series(ctx, experiment, entry, num_steps, max_bytes) as (
+                    points,
+                    downsampled,
+                ),
+            ):
+                return binned(points, downsampled)
+
+        def binned(points, downsampled):
+            self._reader.cache_series(experiment, entry, points)
+            if s is not None:  # complete steps only (as /tags lists them), not a torn one
+                points = [p for p in points if s.index_of(p.step) is not None]
             ns = []
-            for m in series:
-                i = s.index_of(m.step) if s is not None else None
+            for p in points:
+                i = s.index_of(p.step) if s is not None else None
                 ns.append(float(s.sums["batch_size"][i]) if i is not None else None)
+            valid = [n for n in ns if n is not None and math.isfinite(n) and n >= 1]
             try:
-                _payloads.check_stat(stat, entry.content.orders, ns[-1] if ns else None)
+                _payloads.check_stat(stat, entry.content.orders, valid[-1] if valid else None)
             except ValueError as e:
                 raise _bad(e) from None
 
             def compute(j):
                 try:
-                    return _payloads.stat_grid(series[j].arrays, ns[j], stat)
-                except ValueError:  # no batch size at this step: nothing to show
+                    return _payloads.stat_grid(points[j].get().arrays, ns[j], stat)
+                except (ValueError, _reader.BadRecord):  # no batch size, or unreadable
                     return np.full(entry.content.stored_shape, np.nan)
 
             edges, counts, nonfinite = _payloads.histograms_streaming(
-                compute, len(series), bins, scale
+                compute, len(points), bins, scale
             )
             if s is not None:
                 stored = int(s.steps.size)
             else:
-                stored = None if downsampled else len(series)
+                stored = None if downsampled else len(points)
             return {
                 **head,
                 "edges": edges,
                 "downsampled": downsampled,
                 "stored_steps": stored,
                 "series": [
-                    {"step": m.step, "wall_time": m.wall_time, "counts": c, "nonfinite": nf}
-                    for m, c, nf in zip(series, counts, nonfinite)
+                    {"step": p.step, "wall_time": p.wall_time, "counts": c, "nonfinite": nf}
+                    for p, c, nf in zip(points, counts, nonfinite)
                 ],
             }
 
-        return self._cache.get_or_load(key, build)
+        group = ("histogram", experiment, run, tag, stat, bins, scale, max_bytes)
+        return self._cache.get_or_load(key, build, group=group)
 
     # ------------------------------------------------------------------------ /series
 
@@ -492,7 +545,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         model = None
         ms = series.get(metadata.stats_tag(metadata.MODEL_TAG))
         if ms is not None:
-            size = int(ms.sums["num_elements"][-1]) if ms.steps.size else None
+            last = float(ms.sums["num_elements"][-1]) if ms.steps.size else math.nan
+            size = int(last) if math.isfinite(last) and 0 <= last < 2**63 else None
             model, ok = row(
                 metadata.MODEL_TAG, ms, {"layer": "", "op": "", "shape": None, "size": size}
             )
@@ -536,25 +590,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         base = f"gradmom_{_safe_name(run)}_{_safe_name(tag)}"
         if what == "heatmap":
             a = self._heatmap_args(request, max_default=1 << 20, max_limit=1 << 20)
-            body = self._heatmap_body(
-                ctx,
-                experiment,
-                a["run"],
-                a["tag"],
-                a["step"],
-                a["stat"],
-                a["max_rows"],
-                a["max_cols"],
-            )
-            name = f"{base}_{a['stat']}_step{body['step']}"
-            if fmt == "json":
-                return _encode.to_json(body), "application/json", name + ".json"
-            grid = np.asarray(body["values"], dtype=np.float64).reshape(body["rows"], body["cols"])
-            if fmt == "npy":
-                return _encode.npy_bytes(grid), "application/octet-stream", name + ".npy"
-            header = ["row", *[str(j) for j in range(grid.shape[1])]]
-            rows = ([i, *row] for i, row in enumerate(grid.tolist()))
-            return _encode.csv_table(header, rows), "text/csv", name + ".csv"
+            entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
+            with self._work.reserve(self._heatmap_work(entry, a["max_rows"], a["max_cols"])):
+                return self._export_heatmap(ctx, experiment, a, fmt, base)
         if what == "histogram":
             a = self._histogram_args(request)
             body = self.histogram_body(ctx, experiment, **a, every_step=True)
@@ -571,7 +609,35 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             header = ["step", "wall_time", "bin_lo", "bin_hi", "count"]
             return _encode.csv_table(header, rows), "text/csv", name + ".csv"
         # what == "moments": the raw stored moments at one step.
-        entry, m, n = self._moments(ctx, experiment, run, tag, _params.step(request))
+        step = _params.step(request)
+        entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
+        cells = math.prod(entry.content.stored_shape) * len(entry.content.orders)
+        with self._work.reserve(_payloads.work_bytes(entry.content, cells)):
+            return self._export_moments(ctx, experiment, run, tag, step, fmt, base)
+
+    def _export_heatmap(self, ctx, experiment, a, fmt, base):
+        body = self._heatmap_body(
+            ctx,
+            experiment,
+            a["run"],
+            a["tag"],
+            a["step"],
+            a["stat"],
+            a["max_rows"],
+            a["max_cols"],
+        )
+        name = f"{base}_{a['stat']}_step{body['step']}"
+        if fmt == "json":
+            return _encode.to_json(body), "application/json", name + ".json"
+        grid = np.asarray(body["values"], dtype=np.float64).reshape(body["rows"], body["cols"])
+        if fmt == "npy":
+            return _encode.npy_bytes(grid), "application/octet-stream", name + ".npy"
+        header = ["row", *[str(j) for j in range(grid.shape[1])]]
+        rows = ([i, *row] for i, row in enumerate(grid.tolist()))
+        return _encode.csv_table(header, rows), "text/csv", name + ".csv"
+
+    def _export_moments(self, ctx, experiment, run, tag, step, fmt, base):
+        entry, m, n = self._moments(ctx, experiment, run, tag, step)
         c = entry.content
         name = f"{base}_moments_step{m.step}"
         if fmt == "npy":
