@@ -1,7 +1,9 @@
-"""Convolutions: ``Conv2D``, ``Conv3D`` (Keras Conv1D arrives as ``ExpandDims -> Conv2D``) and
-``DepthwiseConv2dNative`` (``DepthwiseConv2D``, the depthwise half of ``SeparableConv2D``), and
-the transposed ``Conv2DBackpropInput``/``Conv3DBackpropInputV2`` (``Conv1DTranspose`` to
-``Conv3DTranspose``).
+"""Convolutions: ``Conv2D``, ``Conv3D`` (Keras Conv1D arrives as ``ExpandDims -> Conv2D``), grouped
+(``groups=G``: the input has ``G`` times the filter's in-channels), ``DepthwiseConv2dNative``
+(``DepthwiseConv2D``, the depthwise half of ``SeparableConv2D``), and the transposed
+``Conv2DBackpropInput``/``Conv3DBackpropInputV2`` (``Conv1DTranspose`` to ``Conv3DTranspose``).
+Keras wraps grouped convolutions in an XLA-compiled function call: see `tb_gradmom.rules.call`,
+which reads the call's body and hands the same `ConvSpec` to `conv_contribution`.
 
 The filter gradient of example ``j`` sums over output positions ``q``:
 ``g_j = sum_q u_{j,q} delta_{j,q}^T``, with ``u_{j,q}`` the (strided, dilated, padded) input patch
@@ -13,18 +15,26 @@ flight bounds memory. With several consumers (or a dilated convolution, which ar
 ``SpaceToBatchND``) the per-example gradients are built by im2col for a chunk of examples.
 Raising patches and output gradients to the power first (as the TF1 code did) drops every
 cross term between positions and is wrong.
+
+Groups. A filter ``[*k, c, o]`` on an input of ``G * c`` channels is ``G`` ordinary convolutions:
+group ``h`` maps input channels ``[h c, (h + 1) c)`` to output channels ``[h o/G, (h + 1) o/G)``
+with the filter's columns ``[h o/G, (h + 1) o/G)``. So the per-example gradient is the rule
+above per group (the group is one more batch axis of the matmul). A depthwise filter
+``[*k, C, m]`` is the grouped filter ``[*k, 1, C m]`` with ``G = C`` (same element order).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
 from tb_gradmom.rules.base import Contribution, RuleError, Site, power_sum, sum_over_chunks
 
-__all__ = ["conv_rule"]
+__all__ = ["conv_rule", "ConvSpec", "conv_contribution", "attr_str"]
 
 # Kernel offsets whose per-example work may be in flight at once in `power_sums`: offset k waits
 # for the sums of offset k - _IN_FLIGHT. Bounds memory (a few slices and [n, c_in, c_out] blocks)
@@ -32,83 +42,101 @@ __all__ = ["conv_rule"]
 # fast as no chain; no chain lets every block of a layer be alive at once).
 _IN_FLIGHT = 2
 
+# Per group, output channels up to this many are summed by a multiply and a reduction over the
+# positions rather than a batched matmul (a [positions, 1] x [positions, m] matmul per example
+# and group is slow).
+_ELEMENTWISE_MAX_OUT = 4
 
-def _spatial_pads(op, kernel_sizes, strides, dilations, in_sizes, out_sizes):
+
+def attr_str(op: tf.Operation, name: str) -> str:
+    value = op.get_attr(name)
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A channels-last convolution, as the rule sees it.
+
+    Attributes:
+      kernel_sizes: the spatial kernel sizes.
+      filter_shape: the shape of the consumed filter tensor (the result is reshaped to it).
+      groups: ``G``; the input has ``G * group_in`` channels, the output ``G * group_out``.
+      group_in, group_out: channels per group (depthwise: 1 and the multiplier).
+      strides, dilations: per spatial axis.
+      padding: ``"VALID"``, ``"SAME"``, ``"EXPLICIT"`` (``explicit``: (before, after) per spatial
+        axis) or ``"BEFORE"`` (``explicit``: (before, unused); after: as much as the output needs).
+      blocks: rows per example of the convolution's batch (``SpaceToBatchND`` before it, the
+        rows block-major), 1 otherwise.
+      what: ``"{type} op '{name}'"`` for messages.
+    """
+
+    kernel_sizes: tuple
+    filter_shape: tuple
+    groups: int
+    group_in: int
+    group_out: int
+    strides: tuple
+    dilations: tuple
+    padding: str
+    explicit: tuple = ()
+    blocks: int = 1
+    what: str = "convolution"
+
+
+# operands(delta, n, start, size) -> (x, d): for examples [start, start + size), the input of the
+# convolution (unpadded, [rows, *in_spatial, G * group_in]) and the gradient of its output
+# ([rows, *out_spatial, G * group_out]), in the moment dtype.
+OperandsFn = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor], tuple]
+
+
+def _spatial_pads(spec: ConvSpec, in_sizes, out_sizes):
     """Per spatial axis (before, after) padding, as ints or scalar tensors."""
-    padding = op.get_attr("padding")
-    padding = padding.decode() if isinstance(padding, bytes) else padding
-    nd = len(kernel_sizes)
-    if padding == "VALID":
+    nd = len(spec.kernel_sizes)
+    if spec.padding == "VALID":
         return [(0, 0)] * nd
-    if padding == "EXPLICIT":
-        flat = list(op.get_attr("explicit_paddings"))
-        pairs = [(flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2)]
-        return pairs[1 : 1 + nd]
-    if padding == "SAME":
+    if spec.padding == "EXPLICIT":
+        return list(spec.explicit)
+    if spec.padding in ("SAME", "BEFORE"):
         pads = []
-        for k, s, d, i, o in zip(kernel_sizes, strides, dilations, in_sizes, out_sizes):
-            total = tf.maximum((o - 1) * s + (k - 1) * d + 1 - i, 0)
-            before = total // 2
-            pads.append((before, total - before))
+        for i, (k, s, d, size, o) in enumerate(
+            zip(spec.kernel_sizes, spec.strides, spec.dilations, in_sizes, out_sizes)
+        ):
+            total = tf.maximum((o - 1) * s + (k - 1) * d + 1 - size, 0)
+            if spec.padding == "SAME":
+                before = total // 2
+                pads.append((before, total - before))
+            else:
+                before = spec.explicit[i][0]
+                pads.append((before, tf.maximum(total - before, 0)))
         return pads
-    raise RuleError(f"padding {padding!r} is not supported")
+    raise RuleError(f"padding {spec.padding!r} is not supported")
 
 
-def conv_rule(site: Site) -> Contribution:
-    """The rule for ``Conv2D``, ``Conv3D`` and ``DepthwiseConv2dNative`` filters."""
-    op = site.op
-    if site.index != 1:
-        raise RuleError("the variable is the convolution's input, not its filter")
-    # A transposed convolution z = conv_transpose(x, W) (Conv2DBackpropInput: input sizes,
-    # filter, x) is the input-gradient of the conv x = conv(z, W): its filter gradient pairs
-    # the patches of dL/dz with x, exactly as a conv pairs the patches of its input with dL/dx.
-    transposed = op.type in ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
-    fmt = op.get_attr("data_format")
-    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
-    if fmt not in ("NHWC", "NDHWC"):
-        raise RuleError(f"data_format {fmt} is not supported (only channels-last)")
-    kshape = site.view.shape
-    if not kshape.is_fully_defined():
-        raise RuleError("the filter shape is not static")
-    nd = kshape.rank - 2
-    kernel_sizes = list(kshape[:nd])
-    # Filter [*kernel, c_in, c_out], or for a depthwise conv [*kernel, c_in, multiplier] with
-    # c_in * multiplier output channels (channel c's m-th output is channel c * mult + m).
-    depthwise = op.type == "DepthwiseConv2dNative"
-    c_in, k_last = kshape[nd], kshape[nd + 1]
-    c_out = c_in * k_last if depthwise else k_last
-    strides = list(op.get_attr("strides"))
-    dilations = list(op.get_attr("dilations"))
-    if strides[0] != 1 or strides[-1] != 1 or dilations[0] != 1 or dilations[-1] != 1:
-        raise RuleError("strides or dilations over the batch or channel axis are not supported")
-    strides, dilations = strides[1:-1], dilations[1:-1]
-    out = op.outputs[0]
+def conv_contribution(
+    spec: ConvSpec,
+    operands: OperandsFn,
+    dtype: tf.DType,
+    examples: tf.Tensor,
+    evidence: str,
+    positions: int,
+) -> Contribution:
+    """The `Contribution` of a convolution's filter. ``positions``: output positions per row
+    of the convolution's batch (an estimate if not static)."""
+    nd = len(spec.kernel_sizes)
+    kernel_sizes = list(spec.kernel_sizes)
+    strides, dilations = list(spec.strides), list(spec.dilations)
+    groups, c_g, o_g = spec.groups, spec.group_in, spec.group_out
+    c_in, c_out = groups * c_g, groups * o_g
+    blocks = spec.blocks
     offsets = list(itertools.product(*[range(k) for k in kernel_sizes]))
-    # Dilated convolutions on CPU arrive as SpaceToBatchND -> conv -> BatchToSpaceND: the conv's
-    # batch holds `blocks` rows per example, block-major (row b * n + j belongs to example j).
-    blocks, batch_source = 1, op.inputs[2 if transposed else 0]
-    src = op.inputs[0]
-    while src.op.type in ("ExpandDims", "Identity"):
-        src = src.op.inputs[0]
-    if src.op.type == "SpaceToBatchND":
-        block_shape = tf.get_static_value(src.op.inputs[1])
-        if block_shape is None:
-            raise RuleError("the SpaceToBatchND block shape before the convolution is not static")
-        blocks = int(np.prod(block_shape))
-        batch_source = src.op.inputs[0]
-
-    def rows(t, n, start, size):
-        if blocks == 1:
-            return t[start : start + size]
-        t = tf.reshape(t, tf.concat([[blocks, n], tf.shape(t)[1:]], 0))[:, start : start + size]
-        return tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0))
+    n_off = len(offsets)
 
     def padded(x, d):
         """``x`` padded as the op pads it, and the output's spatial sizes."""
         xs, ds = tf.shape(x), tf.shape(d)
         in_sizes = [xs[1 + i] for i in range(nd)]
         out_sizes = [ds[1 + i] for i in range(nd)]
-        pads = _spatial_pads(op, kernel_sizes, strides, dilations, in_sizes, out_sizes)
+        pads = _spatial_pads(spec, in_sizes, out_sizes)
         if any(
             not (isinstance(b, int) and b == 0 and isinstance(a, int) and a == 0) for b, a in pads
         ):
@@ -128,48 +156,64 @@ def conv_rule(site: Site) -> Contribution:
         )
         return tf.strided_slice(x, begin, end, [1] + strides + [1])
 
-    def operands(delta, n, start, size):
-        """(the conv's input, the gradient of its output) for examples [start, start + size)."""
-        if transposed:
-            return rows(delta, n, start, size), rows(site.input(2), n, start, size)
-        return rows(site.input(0), n, start, size), rows(delta, n, start, size)
-
     def per_example(delta, n, start, size):
         x, d = operands(delta, n, start, size)
         x, out_sizes = padded(x, d)
         u = tf.stack([offset_slice(x, off, out_sizes) for off in offsets], axis=-2)
         rows_n = tf.shape(u)[0]
-        if depthwise:  # [c, Q, K, c_in] with [c, Q, c_in, mult]
-            u = tf.reshape(u, [rows_n, -1, len(offsets), c_in])
-            d = tf.reshape(d, [rows_n, -1, c_in, k_last])
-            g = tf.einsum("nqkc,nqcm->nkcm", u, d)
-        else:  # [c, Q, K * c_in] with [c, Q, c_out]
-            u = tf.reshape(u, [rows_n, -1, len(offsets) * c_in])
+        if groups == 1:  # [rows, Q, K * c_in] with [rows, Q, c_out]
+            u = tf.reshape(u, [rows_n, -1, n_off * c_in])
             g = tf.einsum("nqk,nqo->nko", u, tf.reshape(d, [rows_n, -1, c_out]))
+        elif c_g == 1:  # depthwise: [rows, Q, K, G] with [rows, Q, G, o_g]
+            u = tf.reshape(u, [rows_n, -1, n_off, groups])
+            d = tf.reshape(d, [rows_n, -1, groups, o_g])
+            g = tf.einsum("nqkg,nqgo->nkgo", u, d)
+        else:  # [rows, Q, K, G, c_g] with [rows, Q, G, o_g] -> the filter's [K, c_g, G, o_g]
+            u = tf.reshape(u, [rows_n, -1, n_off, groups, c_g])
+            d = tf.reshape(d, [rows_n, -1, groups, o_g])
+            g = tf.einsum("nqkgc,nqgo->nkcgo", u, d)
         if blocks > 1:
-            g = tf.reduce_sum(tf.reshape(g, [blocks, -1, len(offsets) * c_in, k_last]), axis=0)
-        return tf.reshape(g, [-1, *kernel_sizes, c_in, k_last])
+            g = tf.reduce_sum(tf.reshape(g, [blocks, -1, n_off * c_g * c_out]), axis=0)
+        return tf.reshape(g, [-1, *spec.filter_shape])
 
     def offset_sums(delta, n, start, size, orders):
-        """{p: [K, c_in, c_out]}: sums of g**p over examples [start, start + size), per offset."""
+        """{p: [K, G, c_g, o_g]}: sums of g**p over examples [start, start + size), per offset."""
         x, d = operands(delta, n, start, size)
         x, out_sizes = padded(x, d)
         rows_n = tf.shape(d)[0]
-        d3 = tf.reshape(d, [rows_n, -1, c_in, k_last] if depthwise else [rows_n, -1, c_out])
+        if groups == 1:
+            d3 = tf.reshape(d, [rows_n, -1, c_out])
+        elif c_g == 1 and o_g == 1:
+            d3 = tf.reshape(d, [rows_n, -1, groups])
+        elif c_g == 1 and o_g <= _ELEMENTWISE_MAX_OUT:
+            d3 = tf.reshape(d, [rows_n, -1, groups, o_g])
+        elif c_g == 1:  # [rows, G, Q, o_g]
+            d3 = tf.transpose(tf.reshape(d, [rows_n, -1, groups, o_g]), [0, 2, 1, 3])
+        else:  # [rows, G, Q, o_g]
+            d3 = tf.transpose(tf.reshape(d, [rows_n, -1, groups, o_g]), [0, 2, 1, 3])
         sums = {p: [] for p in orders}
         done = []  # per offset, its sums
         for k, off in enumerate(offsets):
             prev = done[k - _IN_FLIGHT] if k >= _IN_FLIGHT else []
             with tf.control_dependencies(prev):  # bounded memory, see _IN_FLIGHT
                 x_off = offset_slice(x, off, out_sizes)
-            x_off = tf.reshape(x_off, [rows_n, -1, c_in])
-            if depthwise:
-                g = tf.einsum("nqc,nqcm->ncm", x_off, d3)  # [rows, c_in, mult]
-            else:
+            if groups == 1:
+                x_off = tf.reshape(x_off, [rows_n, -1, c_in])
                 g = tf.linalg.matmul(x_off, d3, transpose_a=True)  # [rows, c_in, c_out]
+            elif c_g == 1 and o_g == 1:
+                g = tf.reduce_sum(tf.reshape(x_off, [rows_n, -1, groups]) * d3, axis=1)
+            elif c_g == 1 and o_g <= _ELEMENTWISE_MAX_OUT:
+                x_off = tf.reshape(x_off, [rows_n, -1, groups, 1])
+                g = tf.reduce_sum(x_off * d3, axis=1)  # [rows, G, o_g]
+            elif c_g == 1:
+                x_off = tf.transpose(tf.reshape(x_off, [rows_n, -1, groups]), [0, 2, 1])
+                g = tf.linalg.matmul(x_off[:, :, None, :], d3)  # [rows, G, 1, o_g]
+            else:
+                x_off = tf.transpose(tf.reshape(x_off, [rows_n, -1, groups, c_g]), [0, 2, 1, 3])
+                g = tf.linalg.matmul(x_off, d3, transpose_a=True)  # [rows, G, c_g, o_g]
             g_pow = {1: g}
             for p in orders:
-                sums[p].append(power_sum(g_pow, p))
+                sums[p].append(tf.reshape(power_sum(g_pow, p), [groups, c_g, o_g]))
             done.append([sums[p][-1] for p in orders])
         return {p: tf.stack(v) for p, v in sums.items()}
 
@@ -180,25 +224,134 @@ def conv_rule(site: Site) -> Contribution:
             n,
             chunk,
             orders,
-            [len(offsets), c_in, k_last],
-            site.dtype,
+            [n_off, groups, c_g, o_g],
+            dtype,
             lambda start, size: offset_sums(delta, n, start, size, orders),
             name="conv_chunks",
         )
-        return {p: tf.reshape(v, [*kernel_sizes, c_in, k_last]) for p, v in sums.items()}
+        out = {}
+        for p, v in sums.items():
+            if groups > 1 and c_g > 1:  # the filter's order: [K, c_g, G, o_g]
+                v = tf.transpose(v, [0, 2, 1, 3])
+            out[p] = tf.reshape(v, spec.filter_shape)
+        return out
 
-    positions = 1
-    for s in (op.inputs[2] if transposed else out).shape[1:-1]:
-        positions *= s if s is not None else 1024
-    elements = blocks * (positions * len(offsets) * c_in + len(offsets) * c_in * k_last)
+    elements = blocks * (positions * n_off * c_in + n_off * c_g * c_out)
     return Contribution(
-        examples=tf.shape(batch_source)[0],
-        evidence=f"the batch axis of the input of {op.type} op '{op.name}'",
+        examples=examples,
+        evidence=evidence,
         per_example=per_example,
         per_example_elements=int(elements),
         # SpaceToBatch (dilated) convolutions keep the im2col path.
         power_sums=power_sums if blocks == 1 else None,
-        # Per example, an offset's slice and its gradient (two offsets in flight).
-        power_sums_elements=int(2 * (positions * c_in + c_in * k_last)),
+        # Per example, an offset's slice and its gradient (two offsets in flight), and the
+        # output gradient regrouped once per chunk.
+        power_sums_elements=int(
+            2 * (positions * c_in + c_g * c_out) + (positions * c_out if groups > 1 else 0)
+        ),
         gradient_from_sums=blocks == 1,
+    )
+
+
+def conv_rule(site: Site) -> Contribution:
+    """The rule for ``Conv2D``, ``Conv3D`` and ``DepthwiseConv2dNative`` filters."""
+    op = site.op
+    what = f"{op.type} op '{op.name}'"
+    if site.index != 1:
+        raise RuleError("the variable is the convolution's input, not its filter")
+    # A transposed convolution z = conv_transpose(x, W) (Conv2DBackpropInput: input sizes,
+    # filter, x) is the input-gradient of the conv x = conv(z, W): its filter gradient pairs
+    # the patches of dL/dz with x, exactly as a conv pairs the patches of its input with dL/dx.
+    transposed = op.type in ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
+    fmt = attr_str(op, "data_format")
+    if fmt not in ("NHWC", "NDHWC"):
+        raise RuleError(f"data_format {fmt} is not supported (only channels-last)")
+    kshape = site.view.shape
+    if not kshape.is_fully_defined():
+        raise RuleError("the filter shape is not static")
+    nd = kshape.rank - 2
+    # Filter [*kernel, c_in, c_out], or for a depthwise conv [*kernel, c_in, multiplier] with
+    # c_in * multiplier output channels (channel c's m-th output is channel c * mult + m).
+    depthwise = op.type == "DepthwiseConv2dNative"
+    f_in, f_last = int(kshape[nd]), int(kshape[nd + 1])
+    x_in = op.inputs[2 if transposed else 0]  # the tensor whose channels meet the filter's f_in
+    channels = x_in.shape[-1] if x_in.shape.rank is not None else None
+    if depthwise:
+        groups, group_in, group_out = f_in, 1, f_last
+    else:
+        if transposed:  # the transposed op's input meets the filter's last axis
+            if channels is not None and channels != f_last:
+                raise RuleError(
+                    f"grouped transposed convolution (input channels {channels}, filter "
+                    f"{kshape.as_list()}) is not supported"
+                )
+            groups = 1
+        elif channels is None:
+            raise RuleError(
+                "the input's channel count is not static (needed to tell a grouped convolution)"
+            )
+        elif channels % f_in or f_last % (channels // f_in):
+            raise RuleError(
+                f"input channels {channels} and filter {kshape.as_list()} do not form groups"
+            )
+        else:
+            groups = channels // f_in
+        group_in, group_out = f_in, f_last // groups
+    strides = list(op.get_attr("strides"))
+    dilations = list(op.get_attr("dilations"))
+    if strides[0] != 1 or strides[-1] != 1 or dilations[0] != 1 or dilations[-1] != 1:
+        raise RuleError("strides or dilations over the batch or channel axis are not supported")
+    padding = attr_str(op, "padding")
+    explicit = ()
+    if padding == "EXPLICIT":
+        flat = list(op.get_attr("explicit_paddings"))
+        explicit = tuple((flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2))[1 : 1 + nd]
+    # Dilated convolutions on CPU arrive as SpaceToBatchND -> conv -> BatchToSpaceND: the conv's
+    # batch holds `blocks` rows per example, block-major (row b * n + j belongs to example j).
+    blocks, batch_source = 1, x_in
+    src = op.inputs[0]
+    while src.op.type in ("ExpandDims", "Identity"):
+        src = src.op.inputs[0]
+    if src.op.type == "SpaceToBatchND":
+        block_shape = tf.get_static_value(src.op.inputs[1])
+        if block_shape is None:
+            raise RuleError("the SpaceToBatchND block shape before the convolution is not static")
+        blocks = int(np.prod(block_shape))
+        batch_source = src.op.inputs[0]
+    spec = ConvSpec(
+        kernel_sizes=tuple(int(k) for k in kshape[:nd]),
+        filter_shape=tuple(int(k) for k in kshape),
+        groups=groups,
+        group_in=group_in,
+        group_out=group_out,
+        strides=tuple(strides[1:-1]),
+        dilations=tuple(dilations[1:-1]),
+        padding=padding,
+        explicit=explicit,
+        blocks=blocks,
+        what=what,
+    )
+
+    def rows(t, n, start, size):
+        if blocks == 1:
+            return t[start : start + size]
+        t = tf.reshape(t, tf.concat([[blocks, n], tf.shape(t)[1:]], 0))[:, start : start + size]
+        return tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0))
+
+    def operands(delta, n, start, size):
+        """(the conv's input, the gradient of its output) for examples [start, start + size)."""
+        if transposed:
+            return rows(delta, n, start, size), rows(site.input(2), n, start, size)
+        return rows(site.input(0), n, start, size), rows(delta, n, start, size)
+
+    positions = 1
+    for s in (op.inputs[2] if transposed else op.outputs[0]).shape[1:-1]:
+        positions *= s if s is not None else 1024
+    return conv_contribution(
+        spec,
+        operands,
+        site.dtype,
+        examples=tf.shape(batch_source)[0],
+        evidence=f"the batch axis of the input of {what}",
+        positions=positions,
     )
