@@ -23,7 +23,7 @@ setup(
     ],
     extras_require={
         "plots": ["matplotlib"],
-        "test": ["pytest", "ruff", "playwright", "matplotlib"],
+        "test": ["pytest", "ruff", "playwright", "matplotlib", "keras-hub==0.32.0"],
     },
     entry_points={
         "console_scripts": ["tb-gradmom = tb_gradmom.cli:main"],

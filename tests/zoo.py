@@ -1,0 +1,771 @@
+"""The model zoo: real architectures as data, checked exactly by `tests/test_zoo.py`.
+
+Each `Entry` builds a model in a given dtype at its smallest valid input and returns
+``(forward, variables, (x, y), per_example_loss)``:
+
+- ``forward(x)`` the model output for a batch ``x`` (a numpy array whose axis 0 is the example
+  axis; models with several inputs get them packed on the last axis and unpacked inside
+  ``forward``, so that ``x[j:j+1]`` is example ``j``'s own input for the brute-force reference);
+- ``variables`` the variables to compute moments for;
+- ``per_example_loss(out, y) -> [n]``.
+
+The loss given to ``gradients_and_moments`` is the mean of the per-example losses.
+
+Entries with BatchNormalization (most of ``keras.applications``) are called with
+``training=False`` (inference mode: the moving statistics are constants, so examples are not
+coupled and the brute-force reference on each example's own slice is the definition). Dropout is
+off in that mode too. No entry downloads anything: ``weights=None``, keras_hub backbones are built
+from tiny configs (never ``from_preset``), no tokenizers.
+
+Which entries run: ``GRADMOM_ZOO`` = ``default`` (the smallest member of every
+``keras.applications`` family and every other entry) or ``full`` (every entry, the heavy
+applications included). See `selected`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Nothing may be downloaded: make the hubs fail fast instead of reaching the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("KAGGLEHUB_CACHE", os.path.join(os.sep, "nonexistent", "kagglehub"))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from keras import ops  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model of the zoo.
+
+    Attributes:
+      id: a readable id such as ``app-resnet50``.
+      family: the group it belongs to (a ``keras.applications`` module, ``keras_hub``, ...).
+      build: ``dtype -> (forward, variables, (x, y), per_example_loss)``.
+      heavy: only in the full run (``GRADMOM_ZOO=full``).
+      fallback: the ``fallback=`` argument: ``"error"`` (every variable must go through a
+        rule) or ``"exact"`` (recurrent layers: the while loop has no rule).
+      isolate: run in a subprocess of its own (`tests/zoo_worker.py`): big models, for memory
+        and so that two of them can run at once.
+      note: how the model is called (inference mode, which inputs), for the report.
+    """
+
+    id: str
+    family: str
+    build: Callable
+    heavy: bool = False
+    fallback: str = "error"
+    isolate: bool = False
+    note: str = ""
+
+
+@contextlib.contextmanager
+def dtype_policy(dtype: str):
+    """Layers created inside are ``dtype`` (keras.applications take no ``dtype=``)."""
+    old_policy = keras.config.dtype_policy()
+    old_floatx = keras.config.floatx()
+    keras.config.set_floatx(dtype)
+    keras.config.set_dtype_policy(dtype)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(old_policy)
+        keras.config.set_floatx(old_floatx)
+
+
+def squared_error(out, y):
+    """Half the squared error, summed over every non-batch axis: ``[n]``."""
+    axes = list(range(1, len(out.shape)))
+    return 0.5 * tf.reduce_sum(tf.square(out - tf.cast(y, out.dtype)), axis=axes)
+
+
+def sparse_ce_logits(out, y):
+    """Cross-entropy of integer labels (``[n]`` or ``[n, T]``, summed over T) and logits."""
+    ce = keras.losses.sparse_categorical_crossentropy(tf.cast(y, tf.int32), out, from_logits=True)
+    return tf.reshape(ce, [tf.shape(ce)[0], -1]) if len(ce.shape) > 1 else ce
+
+
+def sparse_ce_sum_tokens(out, y):
+    ce = keras.losses.sparse_categorical_crossentropy(tf.cast(y, tf.int32), out, from_logits=True)
+    return tf.reduce_sum(ce, axis=list(range(1, len(ce.shape))))
+
+
+def sparse_ce_probs(out, y):
+    """Cross-entropy of integer labels and probabilities (the keras.io example's softmax head)."""
+    return keras.losses.sparse_categorical_crossentropy(tf.cast(y, tf.int32), out)
+
+
+def _flat_outputs(out):
+    """One ``[n, features]`` tensor from a tensor or a dict/list of tensors (sorted by key)."""
+    if isinstance(out, dict):
+        parts = [out[k] for k in sorted(out)]
+    elif isinstance(out, (list, tuple)):
+        parts = list(out)
+    else:
+        return out
+    n = tf.shape(parts[0])[0]
+    return tf.concat([tf.reshape(p, [n, -1]) for p in parts], axis=1)
+
+
+def _target_like(forward, x, rng, dtype):
+    """A fixed random target shaped like ``forward(x)``."""
+    shape = tuple(forward(x[:1]).shape[1:])
+    return rng.normal(size=(x.shape[0], *shape)).astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# keras.applications
+# ---------------------------------------------------------------------------------------------
+
+# family -> [(constructor, smallest input side, include_top builds at that side, heavy)].
+# The smallest input side is the constructors' own minimum (`obtain_input_shape`'s min_size:
+# 32, 75 for the Inception family, 71 for Xception). With include_top=True the head is
+# `classes=3` logits (classifier_activation=None) and the loss is half the squared error to a
+# fixed random target.
+#
+# Measured on this 2-core CPU machine, float64, batch 2, core at commit 7ccb12f (before the
+# graph-core rewrite), one process per model: params, variables, then seconds to build,
+# trace + first run of `gradients_and_moments` (orders 1-4), brute force (2 tape gradients),
+# and peak RSS (GB). "-": not measured. See `TIMINGS` below, filled in from those runs.
+APPLICATIONS: dict[str, list[tuple[str, int, bool, bool]]] = {
+    "convnext": [
+        ("ConvNeXtTiny", 32, True, False),
+        ("ConvNeXtSmall", 32, True, True),
+        ("ConvNeXtBase", 32, True, True),
+        ("ConvNeXtLarge", 32, True, True),
+        ("ConvNeXtXLarge", 32, True, True),
+    ],
+    "densenet": [
+        ("DenseNet121", 32, True, False),
+        ("DenseNet169", 32, True, True),
+        ("DenseNet201", 32, True, True),
+    ],
+    "efficientnet": [
+        ("EfficientNetB0", 32, True, False),
+        ("EfficientNetB1", 32, True, True),
+        ("EfficientNetB2", 32, True, True),
+        ("EfficientNetB3", 32, True, True),
+        ("EfficientNetB4", 32, True, True),
+        ("EfficientNetB5", 32, True, True),
+        ("EfficientNetB6", 32, True, True),
+        ("EfficientNetB7", 32, True, True),
+    ],
+    "efficientnet_v2": [
+        ("EfficientNetV2B0", 32, True, False),
+        ("EfficientNetV2B1", 32, True, True),
+        ("EfficientNetV2B2", 32, True, True),
+        ("EfficientNetV2B3", 32, True, True),
+        ("EfficientNetV2S", 32, True, True),
+        ("EfficientNetV2M", 32, True, True),
+        ("EfficientNetV2L", 32, True, True),
+    ],
+    "inception_resnet_v2": [("InceptionResNetV2", 75, True, False)],
+    "inception_v3": [("InceptionV3", 75, True, False)],
+    "mobilenet": [("MobileNet", 32, True, False)],
+    "mobilenet_v2": [("MobileNetV2", 32, True, False)],
+    "mobilenet_v3": [
+        ("MobileNetV3Small", 32, True, False),
+        ("MobileNetV3Large", 32, True, True),
+    ],
+    "nasnet": [
+        ("NASNetMobile", 32, True, False),
+        ("NASNetLarge", 32, True, True),
+    ],
+    "resnet": [
+        ("ResNet50", 32, True, False),
+        ("ResNet101", 32, True, True),
+        ("ResNet152", 32, True, True),
+    ],
+    "resnet_v2": [
+        ("ResNet50V2", 32, True, False),
+        ("ResNet101V2", 32, True, True),
+        ("ResNet152V2", 32, True, True),
+    ],
+    "vgg": [
+        ("VGG16", 32, True, False),
+        ("VGG19", 32, True, True),
+    ],
+    "xception": [("Xception", 71, True, False)],
+}
+
+APP_BATCH = 2
+
+
+def _application(name: str, side: int, top: bool):
+    def build(dtype):
+        keras.utils.set_random_seed(0)
+        ctor = getattr(keras.applications, name)
+        with dtype_policy(dtype):
+            if top:
+                model = ctor(
+                    weights=None,
+                    input_shape=(side, side, 3),
+                    include_top=True,
+                    classes=3,
+                    classifier_activation=None,
+                )
+            else:
+                model = ctor(
+                    weights=None, input_shape=(side, side, 3), include_top=False, pooling="avg"
+                )
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(APP_BATCH, side, side, 3)).astype(dtype)
+
+        def forward(x):
+            return model(x, training=False)
+
+        y = rng.normal(size=(APP_BATCH, *model.output_shape[1:])).astype(dtype)
+        return forward, model.trainable_variables, (x, y), squared_error
+
+    return build
+
+
+def _app_id(name: str) -> str:
+    return "app-" + name.lower()
+
+
+APPLICATION_ENTRIES = [
+    Entry(
+        _app_id(name),
+        f"applications.{family}",
+        _application(name, side, top),
+        heavy=heavy,
+        isolate=True,
+        note=f"{name} {side}x{side}, {'include_top classes=3' if top else 'no top, avg pool'}, "
+        "training=False",
+    )
+    for family, members in APPLICATIONS.items()
+    for name, side, top, heavy in members
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# keras_hub backbones from tiny configs
+# ---------------------------------------------------------------------------------------------
+
+SEQ = 5  # tokens per example
+VOCAB = 11
+HUB_BATCH = 3
+
+
+def _token_inputs(rng, n, t, vocab, keys):
+    """Packed ``[n, t, len(keys)]`` int32 inputs: token ids, segment ids, padding mask.
+
+    Every example has repeated ids; the last example has its last token padded.
+    """
+    cols = []
+    for k in keys:
+        if k == "token_ids":
+            ids = rng.integers(1, vocab, size=(n, t))
+            ids[:, 1] = ids[:, 0]
+            cols.append(ids)
+        elif k == "segment_ids":
+            seg = np.zeros((n, t), np.int64)
+            seg[:, t // 2 :] = 1
+            cols.append(seg)
+        elif k == "padding_mask":
+            mask = np.ones((n, t), np.int64)
+            mask[-1, -1] = 0
+            cols.append(mask)
+        else:
+            raise ValueError(k)
+    return np.stack(cols, axis=-1).astype("int32")
+
+
+def _unpack(x, keys):
+    return {k: x[..., i] for i, k in enumerate(keys)}
+
+
+def _hub_text(cls_name, keys, lora=0, **config):
+    def build(dtype):
+        import keras_hub
+
+        keras.utils.set_random_seed(0)
+        backbone = getattr(keras_hub.models, cls_name)(dtype=dtype, **config)
+        if lora:
+            backbone.enable_lora(lora)
+            _randomize_lora(backbone, dtype)
+        rng = np.random.default_rng(0)
+        x = _token_inputs(rng, HUB_BATCH, SEQ, config["vocabulary_size"], keys)
+
+        def forward(x):
+            return _flat_outputs(backbone(_unpack(x, keys)))
+
+        return (
+            forward,
+            backbone.trainable_variables,
+            (x, _target_like(forward, x, rng, dtype)),
+            (squared_error),
+        )
+
+    return build
+
+
+def _randomize_lora(model, dtype):
+    """LoRA's B starts at zeros (then A's gradient is 0): give every adapter random values."""
+    rng = np.random.default_rng(7)
+    for v in model.trainable_variables:
+        v.assign(0.5 * rng.normal(size=v.shape).astype(dtype))
+
+
+def _hub_image(cls_name, side, **config):
+    def build(dtype):
+        import keras_hub
+
+        keras.utils.set_random_seed(0)
+        backbone = getattr(keras_hub.models, cls_name)(
+            image_shape=(side, side, 3), dtype=dtype, **config
+        )
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(HUB_BATCH, side, side, 3)).astype(dtype)
+
+        def forward(x):
+            return _flat_outputs(backbone(x))
+
+        return (
+            forward,
+            backbone.trainable_variables,
+            (x, _target_like(forward, x, rng, dtype)),
+            (squared_error),
+        )
+
+    return build
+
+
+_TEXT = dict(vocabulary_size=VOCAB, num_layers=2, max_sequence_length=8)
+_BERTLIKE = dict(_TEXT, num_heads=2, hidden_dim=8, intermediate_dim=16, dropout=0.0)
+_DECODER = dict(_TEXT, num_query_heads=2, num_key_value_heads=1, hidden_dim=8, intermediate_dim=12)
+_DECODER.pop("max_sequence_length")
+_TOK_MASK = ("token_ids", "padding_mask")
+_TOK_SEG_MASK = ("token_ids", "segment_ids", "padding_mask")
+
+HUB_ENTRIES = [
+    Entry("hub-bert", "keras_hub", _hub_text("BertBackbone", _TOK_SEG_MASK, **_BERTLIKE)),
+    Entry("hub-distilbert", "keras_hub", _hub_text("DistilBertBackbone", _TOK_MASK, **_BERTLIKE)),
+    Entry(
+        "hub-albert",
+        "keras_hub",
+        _hub_text(
+            "AlbertBackbone",
+            _TOK_SEG_MASK,
+            **dict(_BERTLIKE, embedding_dim=4, num_groups=1, num_inner_repetitions=1),
+        ),
+        note="one shared transformer layer applied num_layers=2 times",
+    ),
+    Entry("hub-roberta", "keras_hub", _hub_text("RobertaBackbone", _TOK_MASK, **_BERTLIKE)),
+    Entry(
+        "hub-debertav3",
+        "keras_hub",
+        _hub_text("DebertaV3Backbone", _TOK_MASK, **dict(_BERTLIKE, bucket_size=4)),
+    ),
+    Entry("hub-gpt2", "keras_hub", _hub_text("GPT2Backbone", _TOK_MASK, **_BERTLIKE)),
+    Entry("hub-llama", "keras_hub", _hub_text("LlamaBackbone", _TOK_MASK, **_DECODER)),
+    Entry(
+        "hub-mistral",
+        "keras_hub",
+        _hub_text("MistralBackbone", _TOK_MASK, **dict(_DECODER, sliding_window=4)),
+    ),
+    Entry(
+        "hub-gemma",
+        "keras_hub",
+        _hub_text("GemmaBackbone", _TOK_MASK, **dict(_DECODER, head_dim=4)),
+    ),
+    Entry(
+        "hub-vit",
+        "keras_hub",
+        _hub_image(
+            "ViTBackbone", 8, patch_size=4, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16
+        ),
+    ),
+    Entry(
+        "hub-swin",
+        "keras_hub",
+        _hub_image(
+            "SwinTransformerBackbone",
+            8,
+            embed_dim=8,
+            depths=[1, 1],
+            num_heads=[2, 2],
+            window_size=2,
+            patch_size=2,
+            drop_path=0.0,
+        ),
+    ),
+    Entry(
+        "hub-gpt2-lora",
+        "lora",
+        _hub_text("GPT2Backbone", _TOK_MASK, lora=2, **_BERTLIKE),
+        note="backbone.enable_lora(2): the trainable variables are the adapters only",
+    ),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# keras.io "Text classification with Transformer"
+# ---------------------------------------------------------------------------------------------
+
+
+class TransformerBlock(keras.layers.Layer):
+    """As on keras.io (examples/nlp/text_classification_with_transformer)."""
+
+    def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.att = keras.layers.MultiHeadAttention(
+            num_heads=num_heads, key_dim=embed_dim, dtype=self.dtype_policy
+        )
+        self.ffn = keras.Sequential(
+            [
+                keras.layers.Dense(ff_dim, activation="relu", dtype=self.dtype_policy),
+                keras.layers.Dense(embed_dim, dtype=self.dtype_policy),
+            ]
+        )
+        self.layernorm1 = keras.layers.LayerNormalization(epsilon=1e-6, dtype=self.dtype_policy)
+        self.layernorm2 = keras.layers.LayerNormalization(epsilon=1e-6, dtype=self.dtype_policy)
+        self.dropout1 = keras.layers.Dropout(rate)
+        self.dropout2 = keras.layers.Dropout(rate)
+
+    def call(self, inputs, training=None):
+        attn_output = self.att(inputs, inputs)
+        attn_output = self.dropout1(attn_output, training=training)
+        out1 = self.layernorm1(inputs + attn_output)
+        ffn_output = self.ffn(out1)
+        ffn_output = self.dropout2(ffn_output, training=training)
+        return self.layernorm2(out1 + ffn_output)
+
+
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """As on keras.io: token embedding plus ``pos_emb(ops.arange(maxlen))`` (no example axis)."""
+
+    def __init__(self, maxlen, vocab_size, embed_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.token_emb = keras.layers.Embedding(
+            input_dim=vocab_size, output_dim=embed_dim, dtype=self.dtype_policy
+        )
+        self.pos_emb = keras.layers.Embedding(
+            input_dim=maxlen, output_dim=embed_dim, dtype=self.dtype_policy
+        )
+
+    def call(self, x):
+        maxlen = ops.shape(x)[-1]
+        positions = ops.arange(start=0, stop=maxlen, step=1)
+        positions = self.pos_emb(positions)
+        x = self.token_emb(x)
+        return x + positions
+
+
+def _text_classifier(batch, maxlen, vocab=9, embed_dim=4, num_heads=2, ff_dim=6):
+    def build(dtype):
+        keras.utils.set_random_seed(0)
+        with dtype_policy(dtype):
+            inputs = keras.layers.Input(shape=(maxlen,))
+            x = TokenAndPositionEmbedding(maxlen, vocab, embed_dim)(inputs)
+            x = TransformerBlock(embed_dim, num_heads, ff_dim)(x)
+            x = keras.layers.GlobalAveragePooling1D()(x)
+            x = keras.layers.Dropout(0.1)(x)
+            x = keras.layers.Dense(5, activation="relu")(x)
+            x = keras.layers.Dropout(0.1)(x)
+            outputs = keras.layers.Dense(2, activation="softmax")(x)
+            model = keras.Model(inputs=inputs, outputs=outputs)
+        rng = np.random.default_rng(1)
+        ids = rng.integers(0, vocab, size=(batch, maxlen))
+        ids[:, 1] = ids[:, 0]
+        x = ids.astype(dtype)  # the example feeds float ids (Input's default dtype)
+        y = rng.integers(0, 2, size=(batch,))
+
+        def forward(x):
+            return model(x, training=False)
+
+        return forward, model.trainable_variables, (x, y), sparse_ce_probs
+
+    return build
+
+
+KERAS_IO_ENTRIES = [
+    Entry(
+        "kerasio-text-transformer-batch-eq-seq",
+        "keras.io",
+        _text_classifier(batch=4, maxlen=4),
+        note="batch 4 == maxlen 4; training=False (dropout off)",
+    ),
+    Entry(
+        "kerasio-text-transformer-batch-ne-seq",
+        "keras.io",
+        _text_classifier(batch=3, maxlen=5),
+        note="batch 3, maxlen 5; training=False (dropout off)",
+    ),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers: LoRA, ReversibleEmbedding, PReLU, grouped convolutions, sparse lookups, RNNs
+# ---------------------------------------------------------------------------------------------
+
+
+def _sequential(layers_fn, input_shape, x_fn, loss=squared_error, y_fn=None, training=False):
+    """``layers_fn(dtype) -> [layers]`` in a Sequential; ``x_fn(rng, dtype) -> x``."""
+
+    def build(dtype):
+        keras.utils.set_random_seed(0)
+        with dtype_policy(dtype):
+            model = keras.Sequential([keras.Input(input_shape)] + layers_fn(dtype))
+        rng = np.random.default_rng(0)
+        x = x_fn(rng, dtype)
+
+        def forward(x):
+            return model(x, training=training)
+
+        y = y_fn(rng, x) if y_fn else _target_like(forward, x, rng, dtype)
+        return forward, model.trainable_variables, (x, y), loss
+
+    return build
+
+
+def _normal(*shape):
+    return lambda rng, dtype: rng.normal(size=shape).astype(dtype)
+
+
+def _labels(classes):
+    return lambda rng, x: rng.integers(0, classes, size=(x.shape[0],))
+
+
+def _dense_lora(dtype):
+    dense = keras.layers.Dense(6, activation="tanh")
+    dense.build((None, 5))
+    dense.enable_lora(2, b_initializer="random_normal")
+    return [dense, keras.layers.Dense(3)]
+
+
+def _einsum_lora(dtype):
+    ed = keras.layers.EinsumDense("abc,cd->abd", output_shape=(None, 6), bias_axes="d")
+    ed.build((None, 4, 5))
+    ed.enable_lora(2, b_initializer="random_normal")
+    return [ed, keras.layers.Activation("tanh"), keras.layers.Dense(2)]
+
+
+class TiedReversible(keras.Model):
+    """keras_hub's ReversibleEmbedding: ids -> vectors, and vectors -> logits (``reverse=True``)
+    with the same table."""
+
+    def __init__(self, vocab, dim, **kwargs):
+        super().__init__(**kwargs)
+        import keras_hub
+
+        self.emb = keras_hub.layers.ReversibleEmbedding(vocab, dim, tie_weights=True)
+        self.mix = keras.layers.Dense(dim, activation="tanh")
+
+    def call(self, ids):
+        return self.emb(self.mix(self.emb(ids)), reverse=True)
+
+
+def _reversible(dtype):
+    keras.utils.set_random_seed(0)
+    vocab, t, n = 7, 4, 3
+    with dtype_policy(dtype):
+        model = TiedReversible(vocab, 5)
+        model(np.zeros((1, t), "int32"))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab, size=(n, t)).astype("int32")
+    ids[:, 1] = ids[:, 0]
+    y = rng.integers(0, vocab, size=(n, t))
+    return model, model.trainable_variables, (ids, y), sparse_ce_sum_tokens
+
+
+def _convnext_block(dtype):
+    """ConvNeXt's block: depthwise 3x3 as ``Conv2D(groups=channels)``, LayerNorm, MLP, residual
+    with layer scale (a broadcast multiply by a variable)."""
+    keras.utils.set_random_seed(0)
+    c = 4
+    with dtype_policy(dtype):
+        inp = keras.Input((5, 5, c))
+        h = keras.layers.Conv2D(c, 3, padding="same", groups=c)(inp)
+        h = keras.layers.LayerNormalization(epsilon=1e-6)(h)
+        h = keras.layers.Dense(4 * c, activation="gelu")(h)
+        h = keras.layers.Dense(c)(h)
+        scale = LayerScale(c)
+        h = keras.layers.Add()([inp, scale(h)])
+        out = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(h))
+        model = keras.Model(inp, out)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 5, 5, c)).astype(dtype)
+    y = rng.normal(size=(3, 2)).astype(dtype)
+    return model, model.trainable_variables, (x, y), squared_error
+
+
+class LayerScale(keras.layers.Layer):
+    def __init__(self, dim, **kwargs):
+        super().__init__(**kwargs)
+        self.gamma = self.add_weight(shape=(dim,), initializer="random_normal", name="gamma")
+
+    def call(self, x):
+        return x * self.gamma
+
+
+class SparseLookup(tf.Module):
+    """``tf.nn.embedding_lookup_sparse`` on a variable: ids padded with -1 per example, the
+    non-negative ones make the SparseTensor (row = example), optionally weighted."""
+
+    def __init__(self, dtype, combiner, weighted):
+        super().__init__()
+        rng = np.random.default_rng(3)
+        self.table = tf.Variable(rng.normal(size=(9, 3)).astype(dtype), name="table")
+        self.w = tf.Variable(rng.normal(size=(3, 2)).astype(dtype), name="w")
+        self.combiner = combiner
+        self.weighted = weighted
+
+    def __call__(self, x):
+        ids = tf.cast(x[..., 0], tf.int64)
+        where = tf.where(ids >= 0)
+        sp_ids = tf.SparseTensor(where, tf.gather_nd(ids, where), tf.shape(ids, tf.int64))
+        sp_w = None
+        if self.weighted:
+            sp_w = tf.SparseTensor(where, tf.gather_nd(x[..., 1], where), tf.shape(ids, tf.int64))
+        rows = tf.nn.embedding_lookup_sparse(self.table, sp_ids, sp_w, combiner=self.combiner)
+        return tf.matmul(tf.tanh(rows), self.w)
+
+
+def _sparse_lookup(combiner, weighted):
+    def build(dtype):
+        m = SparseLookup(dtype, combiner, weighted)
+        rng = np.random.default_rng(0)
+        n, k = 4, 4
+        ids = rng.integers(0, 9, size=(n, k))
+        ids[:, 1] = ids[:, 0]  # a repeated id in every example
+        ids[1, 2:] = -1  # ragged: fewer ids in some examples
+        ids[3, 3] = -1
+        weights = rng.uniform(0.5, 2.0, size=(n, k))
+        x = np.stack([ids, weights], axis=-1).astype(dtype)
+        y = rng.normal(size=(n, 2)).astype(dtype)
+        return m, [m.table, m.w], (x, y), squared_error
+
+    return build
+
+
+def _rnn(cls_name, **kw):
+    return lambda dtype: [getattr(keras.layers, cls_name)(4, **kw), keras.layers.Dense(3)]
+
+
+def _image_normal(n, *shape):
+    return _normal(n, *shape)
+
+
+LAYER_ENTRIES = [
+    Entry(
+        "lora-dense",
+        "lora",
+        _sequential(_dense_lora, (5,), _normal(4, 5)),
+        note="Dense(6).enable_lora(2, b_initializer=random_normal): kernel frozen",
+    ),
+    Entry(
+        "lora-einsumdense-sequence",
+        "lora",
+        _sequential(_einsum_lora, (4, 5), _normal(3, 4, 5)),
+        note="EinsumDense('abc,cd->abd').enable_lora(2): kernel frozen",
+    ),
+    Entry("reversible-embedding-tied", "layers", _reversible),
+    Entry(
+        "prelu-dense",
+        "layers",
+        _sequential(
+            lambda dtype: [
+                keras.layers.Dense(5),
+                keras.layers.PReLU(alpha_initializer=keras.initializers.RandomUniform(0.1, 0.5)),
+                keras.layers.Dense(2),
+            ],
+            (4,),
+            _normal(4, 4),
+        ),
+    ),
+    Entry(
+        "prelu-conv-shared-axes",
+        "layers",
+        _sequential(
+            lambda dtype: [
+                keras.layers.Conv2D(3, 2),
+                keras.layers.PReLU(
+                    alpha_initializer=keras.initializers.RandomUniform(0.1, 0.5),
+                    shared_axes=[1, 2],
+                ),
+                keras.layers.Flatten(),
+                keras.layers.Dense(2),
+            ],
+            (4, 4, 2),
+            _normal(3, 4, 4, 2),
+        ),
+    ),
+    Entry(
+        "grouped-conv1d",
+        "layers",
+        _sequential(
+            lambda dtype: [keras.layers.Conv1D(4, 3, groups=2), keras.layers.Flatten()],
+            (7, 4),
+            _normal(3, 7, 4),
+        ),
+    ),
+    Entry(
+        "grouped-conv2d",
+        "layers",
+        _sequential(
+            lambda dtype: [
+                keras.layers.Conv2D(6, 3, groups=2, padding="same", strides=2),
+                keras.layers.Flatten(),
+                keras.layers.Dense(2),
+            ],
+            (5, 6, 4),
+            _normal(3, 5, 6, 4),
+        ),
+    ),
+    Entry(
+        "grouped-conv3d",
+        "layers",
+        _sequential(
+            lambda dtype: [keras.layers.Conv3D(4, 2, groups=2)],
+            (3, 4, 3, 4),
+            _normal(2, 3, 4, 3, 4),
+        ),
+    ),
+    Entry("convnext-block-depthwise-groups", "layers", _convnext_block),
+    Entry("embedding-lookup-sparse-mean", "tf.nn", _sparse_lookup("mean", False)),
+    Entry("embedding-lookup-sparse-sum-weighted", "tf.nn", _sparse_lookup("sum", True)),
+    Entry(
+        "lstm-classifier",
+        "recurrent",
+        _sequential(_rnn("LSTM"), (5, 3), _normal(4, 5, 3), sparse_ce_logits, _labels(3)),
+        fallback="exact",
+    ),
+    Entry(
+        "gru-classifier",
+        "recurrent",
+        _sequential(_rnn("GRU"), (5, 3), _normal(4, 5, 3), sparse_ce_logits, _labels(3)),
+        fallback="exact",
+    ),
+    Entry(
+        "simplernn-classifier",
+        "recurrent",
+        _sequential(_rnn("SimpleRNN"), (5, 3), _normal(4, 5, 3), sparse_ce_logits, _labels(3)),
+        fallback="exact",
+    ),
+]
+
+
+ENTRIES: list[Entry] = APPLICATION_ENTRIES + HUB_ENTRIES + KERAS_IO_ENTRIES + LAYER_ENTRIES
+ENTRIES_BY_ID = {e.id: e for e in ENTRIES}
+assert len(ENTRIES_BY_ID) == len(ENTRIES), "duplicate zoo ids"
+
+
+def zoo_mode() -> str:
+    mode = os.environ.get("GRADMOM_ZOO", "default").strip().lower() or "default"
+    if mode not in ("default", "full"):
+        raise ValueError(f"GRADMOM_ZOO must be 'default' or 'full', got {mode!r}")
+    return mode
+
+
+def selected(mode: str | None = None) -> list[Entry]:
+    """The entries of a run: every non-heavy entry, plus the heavy ones with ``full``."""
+    mode = mode or zoo_mode()
+    return [e for e in ENTRIES if mode == "full" or not e.heavy]

@@ -1,0 +1,351 @@
+"""Checks zoo entries (`tests/zoo.py`) against the brute-force reference.
+
+`evaluate(entry)` runs one entry in this process and returns a JSON-able result: per variable
+the path the core took (rule or fallback) and, per order, the relative error (`max_rel_err`).
+`tests/test_zoo.py` asserts on it. From the command line it runs one entry, in this process:
+
+    python -m tests.zoo_worker app-resnet50            # prints the result as JSON
+    python -m tests.zoo_worker --report [--full] [--jobs 2] [--out results.json]
+
+``--report`` runs every selected entry, each in a child process of its own, and prints a
+status table (exact / wrong number / crash / fallback) with timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import importlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tb_gradmom as gb  # noqa: E402
+from tests import reference, zoo  # noqa: E402
+
+ORDERS = (1, 2, 3, 4)
+# float64: the core and the reference differ by summation order only.
+TOLERANCE = 1e-9
+# A variable's true moment of order p "vanishes" when its largest magnitude is at most this
+# fraction of the largest true moment of order p over the whole model (an attention key bias:
+# softmax does not see it, what is left is rounding noise). Its error is then judged against the
+# model's largest moment of that order instead of its own.
+VANISH = 1e-7
+
+
+def max_rel_err(got, want, model_max: float) -> float:
+    """``max |got - want| / scale``, element-wise over one variable's moment of one order.
+
+    ``scale`` is the largest ``|want|`` of this variable, or ``model_max`` (the largest true
+    moment of the same order over every variable of the model) when the variable's own
+    moments vanish (``<= VANISH * model_max``). NaN or a shape mismatch gives ``inf``.
+    """
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    if want.size == 0:
+        return 0.0
+    own = float(np.max(np.abs(want)))
+    scale = own if own > VANISH * model_max else model_max
+    err = float(np.max(np.abs(got - want)))
+    if not np.isfinite(err):
+        return float("inf")
+    if scale == 0.0:
+        return 0.0 if err == 0.0 else float("inf")
+    return err / scale
+
+
+@contextlib.contextmanager
+def spy_prepare():
+    """Collects the `Prepared` objects that `gradients_and_moments` builds while tracing.
+
+    `tb_gradmom._core.prepare(...)` returns a `Prepared` whose ``plans[i].fallback`` is None for
+    a variable computed by a rule. If the core stops calling it by that name the list stays
+    empty and the path is reported as ``"unknown"``.
+    """
+    seen: list = []
+    try:
+        core = importlib.import_module("tb_gradmom._core")
+    except ImportError:
+        core = None
+    orig = getattr(core, "prepare", None)
+    if orig is None:
+        yield seen
+        return
+
+    def spy(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        seen.append(out)
+        return out
+
+    core.prepare = spy
+    try:
+        yield seen
+    finally:
+        core.prepare = orig
+
+
+def _paths(prepared, count: int) -> list[str]:
+    """Per variable: ``rule:<op type>``, ``fallback: <reason>`` or ``unknown``."""
+    out = []
+    for i in range(count):
+        try:
+            plan = prepared.plans[i]
+            if plan.fallback is not None:
+                out.append(f"fallback: {plan.fallback}")
+                continue
+            try:
+                op = prepared.op_type(i)
+            except Exception:  # noqa: BLE001 - reporting only
+                op = ""
+            out.append(f"rule:{op}" if op else "rule")
+        except Exception:  # noqa: BLE001 - the core's internals changed: report, do not fail
+            out.append("unknown")
+    return out
+
+
+def _name(v) -> str:
+    try:
+        return importlib.import_module("tb_gradmom._core").variable_name(v)
+    except Exception:  # noqa: BLE001
+        return getattr(v, "path", None) or getattr(v, "name", "variable")
+
+
+def evaluate(entry, dtype: str = "float64") -> dict:
+    """Builds the entry, runs `gradients_and_moments` in a `tf.function` and the reference.
+
+    Exceptions from the core propagate. Returns ``{"id", "vars": [{"name", "shape", "path",
+    "rel": {p: error}, "grad_rel"}], "timing": {...}}``.
+    """
+    t0 = time.perf_counter()
+    forward, variables, (x, y), per_example_loss = entry.build(dtype)
+    t_build = time.perf_counter() - t0
+
+    def step(x, y):
+        loss = tf.reduce_mean(per_example_loss(forward(x), y))
+        return gb.gradients_and_moments(loss, variables, orders=ORDERS, fallback=entry.fallback)
+
+    fn = tf.function(step)
+    xt, yt = tf.constant(x), tf.constant(y)
+    t0 = time.perf_counter()
+    with spy_prepare() as seen:
+        concrete = fn.get_concrete_function(xt, yt)
+    t_trace = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    grads, moments = fn(xt, yt)
+    t_run = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    ref = reference.per_example_gradients(forward, variables, per_example_loss, x, y)
+    t_ref = time.perf_counter() - t0
+
+    paths = _paths(seen[0], len(variables)) if seen else ["unknown"] * len(variables)
+    want = [reference.moments(r, ORDERS) for r in ref]
+    model_max = {
+        p: max([float(np.max(np.abs(w[p]))) for w in want if w[p].size] or [0.0]) for p in ORDERS
+    }
+    out_vars = []
+    for v, g, m, w, path in zip(variables, grads, moments, want, paths):
+        rel = {}
+        for p in ORDERS:
+            got = m.get(p) if isinstance(m, dict) else None
+            if got is None:
+                rel[p] = float("inf")
+                continue
+            if tf.as_dtype(got.dtype) != tf.as_dtype(dtype):
+                rel[p] = float("inf")
+                continue
+            rel[p] = max_rel_err(got, w[p], model_max[p])
+        grad = np.zeros(w[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g))
+        out_vars.append(
+            {
+                "name": _name(v),
+                "shape": list(v.shape),
+                "path": path,
+                "rel": rel,
+                "grad_rel": max_rel_err(grad, w[1], model_max[1]),
+            }
+        )
+    return {
+        "id": entry.id,
+        "vars": out_vars,
+        "ops": len(concrete.graph.get_operations()),
+        "params": int(sum(int(np.prod(v.shape)) for v in variables)),
+        "timing": {
+            "build": round(t_build, 2),
+            "trace": round(t_trace, 2),
+            "run": round(t_run, 2),
+            "reference": round(t_ref, 2),
+        },
+    }
+
+
+def failures(result: dict, entry) -> list[str]:
+    """The reasons a result is not exact (empty when it is)."""
+    out = []
+    for v in result["vars"]:
+        for p, e in sorted(v["rel"].items(), key=lambda kv: int(kv[0])):
+            if not e <= TOLERANCE:
+                out.append(f"{v['name']} M{p}: relative error {e:.3g} > {TOLERANCE:g}")
+        if not v["grad_rel"] <= TOLERANCE:
+            out.append(f"{v['name']} grad: relative error {v['grad_rel']:.3g} > {TOLERANCE:g}")
+        if (
+            entry.fallback == "error"
+            and v["path"] != "unknown"
+            and not v["path"].startswith("rule")
+        ):
+            out.append(f"{v['name']}: not rule-based ({v['path']})")
+    return out
+
+
+def status(result: dict, entry) -> str:
+    """A one-line verdict for the report."""
+    if result.get("error"):
+        return f"crash: {result['error']['type']}: {result['error']['first_line']}"
+    fb = [v for v in result["vars"] if v["path"].startswith("fallback")]
+    worst = max(
+        [e for v in result["vars"] for e in list(v["rel"].values()) + [v["grad_rel"]]] or [0.0]
+    )
+    word = "exact" if worst <= TOLERANCE else "wrong"
+    s = f"{word} (max rel err {worst:.2g})"
+    if fb:
+        s += f", fallback for {len(fb)}/{len(result['vars'])} variables"
+    return s
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # TF wraps errors raised while tracing: "in user code:" ... the real message is last.
+    if lines and lines[0].endswith("in user code:"):
+        return lines[-1][:500]
+    # A failed tf.debugging assert at run time: "Graph execution error:", a stack, then the
+    # assertion's message.
+    for ln in lines:
+        if ln.startswith("assertion failed:"):
+            return (lines[0] + " " + ln)[:500]
+    if lines and lines[0].startswith("Graph execution error"):
+        return (lines[0] + " " + lines[-1])[:500]
+    return (lines[0] if lines else "")[:500]
+
+
+def run_one(entry_id: str) -> dict:
+    """`evaluate` with errors captured (the child process's job)."""
+    entry = zoo.ENTRIES_BY_ID[entry_id]
+    t0 = time.perf_counter()
+    try:
+        result = evaluate(entry)
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        result = {
+            "id": entry_id,
+            "vars": [],
+            "error": {
+                "type": type(e).__name__,
+                "first_line": _first_line(e),
+                "traceback": traceback.format_exc()[-6000:],
+            },
+        }
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    result["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    return result
+
+
+def run_in_subprocess(entry_id: str, timeout: float | None = None) -> dict:
+    """`run_one` in a fresh Python (one process per entry)."""
+    timeout = timeout or float(os.environ.get("GRADMOM_ZOO_TIMEOUT", "3600"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.zoo_worker", entry_id],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=root,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return _crashed(entry_id, "Timeout", f"no result after {timeout:.0f} s", t0)
+    marker = "ZOO_RESULT "
+    for line in proc.stdout.splitlines():
+        if line.startswith(marker):
+            return json.loads(line[len(marker) :])
+    tail = (proc.stderr or "").strip().splitlines()[-15:]
+    return _crashed(
+        entry_id,
+        "WorkerDied",
+        f"exit code {proc.returncode}: {tail[-1] if tail else ''}",
+        t0,
+        "\n".join(tail),
+    )
+
+
+def _crashed(entry_id, kind, line, t0, tb=""):
+    return {
+        "id": entry_id,
+        "vars": [],
+        "error": {"type": kind, "first_line": line, "traceback": tb},
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+
+
+def _report(args) -> int:
+    entries = zoo.selected("full" if args.full else None)
+    if args.only:
+        keep = set(args.only.split(","))
+        entries = [e for e in entries if e.id in keep]
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = {e.id: pool.submit(run_in_subprocess, e.id) for e in entries}
+        results = {}
+        for e in entries:
+            r = futures[e.id].result()
+            results[e.id] = r
+            t = r.get("timing", {})
+            print(
+                f"{e.id:45s} {r['seconds']:7.1f}s rss={r.get('maxrss_mb', '-')}MB "
+                f"trace={t.get('trace', '-')} run={t.get('run', '-')} ref={t.get('reference', '-')}"
+                f"  {status(r, e)}",
+                flush=True,
+            )
+    print(f"total wall {time.perf_counter() - t0:.1f}s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("entry", nargs="?", help="a zoo id (see tests/zoo.py)")
+    parser.add_argument("--report", action="store_true", help="run every selected entry")
+    parser.add_argument("--full", action="store_true", help="with --report: heavy entries too")
+    parser.add_argument("--only", help="with --report: comma-separated ids")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", help="with --report: write every result as JSON")
+    args = parser.parse_args(argv)
+    if args.report:
+        return _report(args)
+    if not args.entry:
+        parser.error("give an entry id or --report")
+    result = run_one(args.entry)
+    print("ZOO_RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
