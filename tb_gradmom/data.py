@@ -191,16 +191,16 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
     """
     path = os.fspath(path)
     try:
+        # Not opened unless it is a regular file: opening a FIFO would wait for a writer.
+        if not stat_module.S_ISREG(os.stat(path).st_mode):
+            warnings.warn(f"{path}: not a regular file; skipped", DataWarning, stacklevel=2)
+            return
         f = open(path, "rb")
     except OSError as e:
         warnings.warn(f"{path}: cannot be read ({e}); skipped", DataWarning, stacklevel=2)
         return
     with f:
-        st = os.fstat(f.fileno())
-        if not stat_module.S_ISREG(st.st_mode):
-            warnings.warn(f"{path}: not a regular file; skipped", DataWarning, stacklevel=2)
-            return
-        size = st.st_size
+        size = os.fstat(f.fileno()).st_size
         offset = 0
         while True:
             header = f.read(12)

@@ -5,9 +5,18 @@
     tb-gradmom export --logdir runs/demo --plot curves --format csv --out numbers
 
 One file per plot, named ``<run>-<tag>-step<N>-<stat>.<ext>`` (characters other than letters,
-digits, ``.``, ``_`` and ``-`` become ``_``; the root run ``"."`` is left out of names). The
+digits, ``.``, ``_`` and ``-`` become ``_``; the root run ``"."`` is left out of names; a name
+longer than the file system allows is cut and ends with a hash of the whole name). The
 figures come from `tb_gradmom.plot` and the numbers from its ``*_data`` functions, so a CSV
 holds exactly what the figure of the same name draws.
+
+Writing is safe in a shared or hostile ``--out``: existing files are never replaced unless
+``--overwrite`` is given (checked for every file before anything is written); each file is
+written to a fresh temporary file in ``--out`` and renamed into place, so a figure is there
+whole or not at all and a symbolic link planted in ``--out`` is replaced, never followed.
+A plot the data cannot give (e.g. a variance without a batch size) is skipped with a warning
+and the others are written. ``--bins`` is capped like the tab's (`reductions.MAX_BINS`) and
+``--dpi`` at `MAX_DPI`.
 
 CSV: RFC 4180 with a header row, CRLF line ends, floats in shortest round-trip form, and
 non-finite numbers spelled ``NaN``, ``Infinity``, ``-Infinity``. JSON: the same numbers, with
@@ -16,13 +25,17 @@ non-finite ones as those strings (the convention of the plugin's HTTP API).
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
+import hashlib
 import io
 import json
 import math
 import os
 import re
 import sys
+import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +48,8 @@ from tb_gradmom import data, plot, reductions, stats
 __all__ = [
     "FORMATS",
     "ExportError",
+    "ExportWarning",
+    "MAX_DPI",
     "Job",
     "plan",
     "export",
@@ -46,10 +61,17 @@ __all__ = [
 FORMATS: tuple[str, ...] = ("png", "svg", "pdf", "csv", "json")
 IMAGE_FORMATS = ("png", "svg", "pdf")
 PROGRESS_MIN_FILES = 10  # a progress bar from this many files on
+MAX_DPI = 1200  # a one-column figure at 1200 dpi is 4080 pixels wide (~50 MB of RGBA)
+NAME_MAX = 255  # bytes in a file name (Linux, macOS, Windows); shorter if --out says so
+_HASH_CHARS = 10
 
 
 class ExportError(ValueError):
     """Bad input for an export (no match, a step that was not logged, ...): one-line message."""
+
+
+class ExportWarning(UserWarning):
+    """A plot was skipped (the data cannot give it); the others were written."""
 
 
 @dataclass(frozen=True)
@@ -75,19 +97,30 @@ def _clean(part: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", str(part)).strip("._-")
 
 
-def file_name(parts: Sequence[Any], ext: str) -> str:
+def file_name(parts: Sequence[Any], ext: str, max_bytes: int = NAME_MAX) -> str:
     """A file name from parts: each cleaned to ``[A-Za-z0-9._-]``, joined with ``-``.
 
     Args:
       parts: e.g. ``["train", "dense/kernel", "step10", "variance"]``; empty parts and the root
         run ``"."`` drop out.
       ext: the extension without dot.
+      max_bytes: the longest name allowed; a longer one keeps its beginning and ends with
+        ``-`` and the first characters of the SHA-256 of the whole stem, so different long
+        names stay different.
 
     Returns:
       e.g. ``"train-dense_kernel-step10-variance.png"``.
     """
-    stem = "-".join(c for c in (_clean(p) for p in parts if p is not None) if c)
-    return f"{stem or 'gradmom'}.{ext}"
+    stem = "-".join(c for c in (_clean(p) for p in parts if p is not None) if c) or "gradmom"
+    return _fit(stem, "." + ext, max_bytes)
+
+
+def _fit(stem: str, suffix: str, max_bytes: int) -> str:
+    if len(stem) + len(suffix) <= max_bytes:  # names are ASCII: characters are bytes
+        return stem + suffix
+    digest = hashlib.sha256(stem.encode("utf-8")).hexdigest()[:_HASH_CHARS]
+    keep = max(1, max_bytes - len(suffix) - 1 - _HASH_CHARS)
+    return f"{stem[:keep]}-{digest}{suffix}"
 
 
 def _compile(pattern: str | None, what: str):
@@ -323,16 +356,84 @@ def _figure(job: Job, runs, opts: dict):
     return plot.summary(runs, run=job.run, step=job.step)
 
 
-def _job_name(job: Job, opts: dict, fmt: str) -> str:
+def _job_name(job: Job, opts: dict, fmt: str, max_bytes: int = NAME_MAX) -> str:
     if job.plot == "curves":
-        return file_name([job.tag, "curves"], fmt)
+        return file_name([job.tag, "curves"], fmt, max_bytes)
     if job.plot == "summary":
         step = "latest" if job.step is None else f"step{job.step}"
-        return file_name([job.run, step, "summary"], fmt)
+        return file_name([job.run, step, "summary"], fmt, max_bytes)
     parts = [job.run, job.tag, f"step{job.step}", opts["stat"]]
     if job.plot == "histogram":
         parts.append("histogram")
-    return file_name(parts, fmt)
+    return file_name(parts, fmt, max_bytes)
+
+
+def _job_where(job: Job) -> str:
+    where = [f"{job.plot}"]
+    if job.run is not None:
+        where.append(f"run {job.run!r}")
+    if job.tag is not None:
+        where.append(f"tag {job.tag!r}")
+    if job.step is not None:
+        where.append(f"step {job.step}")
+    return " ".join(where)
+
+
+def _name_max(out: str) -> int:
+    try:
+        return min(NAME_MAX, int(os.pathconf(out, "PC_NAME_MAX")))
+    except (OSError, ValueError, AttributeError):
+        return NAME_MAX
+
+
+def _names(jobs: list[Job], opts: dict, fmt: str, max_bytes: int) -> list[str]:
+    """One distinct file name per job (a ``-2``, ``-3``, ... for tags that clean alike)."""
+    names, used = [], set()
+    for job in jobs:
+        name = _job_name(job, opts, fmt, max_bytes)
+        stem, ext = os.path.splitext(name)
+        k = 2
+        while name in used:
+            name = _fit(stem, f"-{k}{ext}", max_bytes)
+            k += 1
+        used.add(name)
+        names.append(name)
+    return names
+
+
+def _publish(tmp: str, path: str, overwrite: bool) -> None:
+    """Moves a finished temporary file to ``path``: replacing whatever is there (a symbolic
+    link itself, never its target) with ``overwrite``, else only if nothing is there."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # atomic and never replaces: fails if anything is at `path`
+    except FileExistsError:
+        raise ExportError(
+            f"{path} appeared while exporting; pass --overwrite to replace it"
+        ) from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV):
+            raise
+        if os.path.lexists(path):  # a file system without hard links
+            raise ExportError(f"{path} exists; pass --overwrite to replace it") from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def _write_atomic(out: str, path: str, overwrite: bool, write) -> None:
+    """Calls ``write(binary_file)`` on a new temporary file in ``out``, then publishes it."""
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".tb-gradmom-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        _publish(tmp, path, overwrite)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class _Progress:
@@ -376,26 +477,33 @@ def export(
     yscale: str = "linear",
     dpi: int = 300,
     progress: TextIO | None = None,
+    overwrite: bool = False,
 ) -> list[str]:
     """Writes one file per plot.
+
+    Each file is written whole or not at all (a temporary file in ``out``, renamed into
+    place); a symbolic link in ``out`` is replaced, never followed. A plot the data cannot
+    give is skipped with an `ExportWarning` naming its run, tag and step.
 
     Args:
       logdir: the TensorBoard logdir.
       out: the output directory (created if needed).
       run: a regular expression for run names (case-insensitive search); default all.
       tag: a regular expression for tag names; default all.
-      step: an integer, ``"latest"`` (each tag's last step) or ``"all"``.
+      step: an integer, ``"latest"`` (each tag's last complete step) or ``"all"``.
       plot_kind: one of `plot.PLOTS`.
       stat: one of `reductions.STATS` (heatmap, histogram).
       fmt: one of `FORMATS`.
       scale: ``"linear"`` or ``"log"``: colour scale of heatmaps, bins of histograms.
       cmap: one of `plot.COLORMAPS`.
-      bins: the number of histogram bins.
+      bins: the number of histogram bins, 1 to `reductions.MAX_BINS`.
       quantities: the derived quantities of curves (`stats.DERIVED` names).
-      ema: EMA decay for the noise scale in curves.
+      ema: EMA decay for the noise scale in curves, in ``[0, 1)``.
       yscale: y scale of curves (``linear``, ``log``, ``symlog``).
-      dpi: resolution of PNG files.
+      dpi: resolution of PNG files, 1 to `MAX_DPI`.
       progress: a stream for a progress bar when there are many files (e.g. ``sys.stderr``).
+      overwrite: replace files that exist in ``out``; without it an export that would replace
+        any file writes nothing and raises.
 
     Returns:
       The paths written, in order.
@@ -403,7 +511,8 @@ def export(
     Raises:
       FileNotFoundError: if the logdir does not exist.
       ValueError: (`ExportError` or from `data.load`) with a one-line message for no data, no
-        match, a step that was not logged, or an unknown option value.
+        match, a step that was not logged, an option value out of range, files that exist
+        (without ``overwrite``), or when every plot was skipped.
       ImportError: for image formats without matplotlib (says how to install it).
     """
     if fmt not in FORMATS:
@@ -414,6 +523,12 @@ def export(
         )
     if scale not in reductions.SCALES:
         raise ExportError(f"unknown scale {scale!r}; expected 'linear' or 'log'")
+    if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= reductions.MAX_BINS:
+        raise ExportError(f"--bins must be an integer from 1 to {reductions.MAX_BINS}, got {bins}")
+    if isinstance(dpi, bool) or not isinstance(dpi, int) or not 1 <= dpi <= MAX_DPI:
+        raise ExportError(f"--dpi must be an integer from 1 to {MAX_DPI}, got {dpi}")
+    if ema is not None and not (isinstance(ema, (int, float)) and 0 <= ema < 1):
+        raise ExportError(f"--ema must be a number in [0, 1), got {ema}")
     if quantities:
         bad = [q for q in quantities if q not in stats.DERIVED and q != "noise_scale_ema"]
         if bad:
@@ -435,32 +550,48 @@ def export(
     }
     out = os.fspath(out)
     os.makedirs(out, exist_ok=True)
+    names = _names(jobs, opts, fmt, _name_max(out))
+    paths = [os.path.join(out, name) for name in names]
+    if not overwrite:
+        there = [name for name in names if os.path.lexists(os.path.join(out, name))]
+        if there:
+            shown = ", ".join(there[:3]) + (", ..." if len(there) > 3 else "")
+            raise ExportError(
+                f"--out {out!r} already has {len(there)} of the {len(names)} files to write "
+                f"({shown}); nothing was written; pass --overwrite to replace them"
+            )
     bar = _Progress(len(jobs), progress)
     written: list[str] = []
-    used: set[str] = set()
-    for i, job in enumerate(jobs, 1):
-        name = _job_name(job, opts, fmt)
-        stem, ext = os.path.splitext(name)
-        k = 2
-        while name in used:  # two tags that clean to one name
-            name, k = f"{stem}-{k}{ext}", k + 1
-        used.add(name)
-        path = os.path.join(out, name)
-        if fmt in IMAGE_FORMATS:
-            fig = _figure(job, runs, opts)
-            plot.save(fig, path, dpi=dpi, fmt=fmt)
-        elif fmt == "csv":
-            _, header, rows = _numbers(job, runs, opts)
-            with open(path, "w", encoding="utf-8", newline="") as f:
-                f.write(_csv_text(header, rows))
+    for i, (job, path) in enumerate(zip(jobs, paths, strict=True), 1):
+        try:
+            write = _render(job, runs, opts, fmt, dpi)
+        except ValueError as e:
+            warnings.warn(
+                f"{_job_where(job)} skipped: {str(e).splitlines()[0] if str(e) else e!r}",
+                ExportWarning,
+                stacklevel=2,
+            )
         else:
-            payload, _, _ = _numbers(job, runs, opts)
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(_json_clean(payload), f, allow_nan=False)
-                f.write("\n")
-        written.append(path)
+            _write_atomic(out, path, overwrite, write)
+            written.append(path)
         bar.update(i)
+    if not written:
+        raise ExportError(f"every one of the {len(jobs)} plots was skipped (see the warnings)")
     return written
+
+
+def _render(job: Job, runs, opts: dict, fmt: str, dpi: int):
+    """The file's content as a function of a binary file (computed here, written later)."""
+    if fmt in IMAGE_FORMATS:
+        fig = _figure(job, runs, opts)
+        return lambda f: plot.save(fig, f, dpi=dpi, fmt=fmt)
+    payload, header, rows = _numbers(job, runs, opts)
+    if fmt == "csv":
+        text = _csv_text(header, rows)
+    else:
+        text = json.dumps(_json_clean(payload), allow_nan=False) + "\n"
+    blob = text.encode("utf-8")
+    return lambda f: f.write(blob)
 
 
 # ----------------------------------------------------------------------------- command line
@@ -469,7 +600,11 @@ def export(
 def add_arguments(parser) -> None:
     """Adds the options of ``tb-gradmom export`` to an argparse parser."""
     parser.add_argument("--logdir", required=True, help="the TensorBoard logdir")
-    parser.add_argument("--out", required=True, help="output directory (created if needed)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="output directory (created if needed; existing files are kept unless --overwrite)",
+    )
     parser.add_argument("--run", help="regular expression for run names (default: all)")
     parser.add_argument("--tag", help="regular expression for tag names (default: all)")
     parser.add_argument("--step", default="latest", help="N, 'latest' (default, per tag) or 'all'")
@@ -483,7 +618,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--format", default="png", choices=FORMATS, help="default: png")
     parser.add_argument("--scale", default="linear", choices=reductions.SCALES)
     parser.add_argument("--cmap", default="viridis", choices=plot.COLORMAPS)
-    parser.add_argument("--bins", type=int, default=30, help="histogram bins (default: 30)")
+    parser.add_argument(
+        "--bins",
+        type=int,
+        default=30,
+        help=f"histogram bins, 1 to {reductions.MAX_BINS} (default: 30)",
+    )
     parser.add_argument(
         "--quantities",
         help="comma-separated derived quantities for curves "
@@ -491,13 +631,20 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--ema", type=float, help="EMA decay for the noise scale in curves")
     parser.add_argument("--yscale", default="linear", choices=("linear", "log", "symlog"))
-    parser.add_argument("--dpi", type=int, default=300, help="PNG resolution (default: 300)")
+    parser.add_argument(
+        "--dpi", type=int, default=300, help=f"PNG resolution, 1 to {MAX_DPI} (default: 300)"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace files that exist in --out (default: refuse, and write nothing)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
 
 
 def _print_warnings(caught, stderr: TextIO) -> None:
     for w in caught:
-        if issubclass(w.category, data.DataWarning):
+        if issubclass(w.category, (data.DataWarning, ExportWarning)):
             print(f"tb-gradmom export: warning: {w.message}", file=stderr)
 
 
@@ -505,7 +652,8 @@ def run_from_args(args, stderr: TextIO | None = None, stdout: TextIO | None = No
     """Runs ``tb-gradmom export`` from parsed arguments.
 
     Errors print one line ``tb-gradmom export: error: ...`` on stderr and return 1, without a
-    traceback; data warnings (a truncated record, ...) print one line each.
+    traceback; data warnings (a truncated record, a skipped tag or step, a skipped plot)
+    print one line each.
 
     Returns:
       The exit code: 0 on success, 1 on bad input.
@@ -519,6 +667,7 @@ def run_from_args(args, stderr: TextIO | None = None, stdout: TextIO | None = No
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", data.DataWarning)
+            warnings.simplefilter("always", ExportWarning)
             paths = export(
                 args.logdir,
                 args.out,
@@ -536,6 +685,7 @@ def run_from_args(args, stderr: TextIO | None = None, stdout: TextIO | None = No
                 yscale=args.yscale,
                 dpi=args.dpi,
                 progress=None if args.quiet else stderr,
+                overwrite=getattr(args, "overwrite", False),
             )
     except (FileNotFoundError, ValueError, ImportError, OSError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -365,10 +365,13 @@ def test_progress_bar_with_many_files(logdir, tmp_path, monkeypatch):
     assert export.run_from_args(args, stderr=err, stdout=out) == 0
     assert "exporting [" in err.getvalue() and "9/9 files" in err.getvalue()
     assert len(list(tmp_path.iterdir())) == 9
-    quiet = cli.build_parser().parse_args(
-        ["export", "--logdir", logdir, "--out", str(tmp_path), "--format", "csv", "--quiet"]
-    )
+    argv = ["export", "--logdir", logdir, "--out", str(tmp_path), "--format", "csv", "--quiet"]
     err = io.StringIO()
+    # The latest steps' files exist now: refused, nothing written, unless --overwrite.
+    assert export.run_from_args(cli.build_parser().parse_args(argv), stderr=err, stdout=out) == 1
+    assert "already has 3 of the 3 files to write" in err.getvalue()
+    err = io.StringIO()
+    quiet = cli.build_parser().parse_args([*argv, "--overwrite"])
     assert export.run_from_args(quiet, stderr=err, stdout=out) == 0
     assert err.getvalue() == ""
 

@@ -3,10 +3,10 @@
 The same code serves the Python loader and RustBoard (``--load_fast=true``); nothing here
 imports TensorFlow.
 
-**What is read.** Tags are listed with ``list_tensors`` (plugin ``gradmom``). With RustBoard
-every tensor comes from ``read_tensors``. With the Python loader, whose ``read_tensors``
-decodes a tag's whole series on every call, the tensors are taken undecoded from its event
-multiplexer (`_tb_compat`) and only the steps needed are decoded.
+**What is read.** Tags are listed with ``list_tensors`` (plugin ``gradmom``). Tensors are
+taken as undecoded protos where TensorBoard allows it (`_tb_compat`): from the Python loader's
+event multiplexer, and from RustBoard's data server stub; each step is decoded only when it
+is needed. Any other data provider is read with ``read_tensors``.
 
 **Nothing read is trusted.** A content message is parsed and bounded by
 `metadata.parse_plugin_content`; a tag whose content fails is left out (logged once, naming
@@ -38,9 +38,9 @@ tag, so one bad tag never takes the others down.
   than `GRPC_READ_BUDGET` is read downsampled, and a step the sample misses answers 404 with
   the reason.
 
-**Memory.** Every read reserves its bytes (the tensors it will decode, twice over gRPC for the
-reply and its decoded copy) on a `_cache.MemoryGate` of `READ_BUDGET_BYTES` for as long as
-it holds them; what outlives the read is in the cache, counted by what it really holds.
+**Memory.** Every read reserves its bytes on a `_cache.MemoryGate` of `READ_BUDGET_BYTES` for
+as long as it holds them (a reply's tensor bytes, and the steps decoded from it); what
+outlives the read is in the cache, counted by what it really holds.
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ _TARGET_TOLERANCE = 32
 # Decoded tensors held by reads in flight, all requests together (a single read bigger than
 # this runs alone): part of the plugin's memory bound, see docs/http_api.md.
 READ_BUDGET_BYTES = 256 * 1024 * 1024
-# A gRPC read holds the reply and the arrays decoded from it at once.
-GRPC_READ_FACTOR = 2
+# A reply decoded by `read_tensors` holds its tensor bytes twice (the reply and the arrays).
+DECODED_READ_FACTOR = 2
 # Steps assumed for a series whose length is not known yet (TensorBoard's default sample for
 # this plugin, `plugin_loader.DEFAULT_SAMPLES`).
 _ASSUMED_STEPS = 500
@@ -168,6 +168,16 @@ class Point:
         return self._get()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Raw:
+    """One stored step as fetched: a tensor proto (not decoded yet) or an array."""
+
+    step: int
+    wall_time: float
+    proto: object = None
+    array: np.ndarray | None = None
+
+
 class _Pending:
     """Requests waiting on one read of a series: their steps, and what the read found."""
 
@@ -193,6 +203,7 @@ class Reader:
         self._provider = data_provider
         self._cache = cache
         self._mux = multiplexer
+        self._stub = _tb_compat.grpc_stub_of(data_provider)
         self._grpc = not _tb_compat.is_python_loader(data_provider)
         self.read_gate = read_gate if read_gate is not None else MemoryGate(READ_BUDGET_BYTES)
         self._warned: set = set()
@@ -294,45 +305,82 @@ class Reader:
 
     # ------------------------------------------------------------------ raw reading
 
-    def _read(self, ctx, experiment_id: str, run: str, tags: list[str], downsample: int):
-        """``read_tensors`` of some tags of one run: ``{tag: [TensorDatum]}``."""
+    def _fetch(
+        self, ctx, experiment_id: str, run: str, tags: list[str], downsample: int
+    ) -> dict[str, list[_Raw]]:
+        """The stored steps of some tags of one run, undecoded where TensorBoard allows it
+        (`_tb_compat`): ``{tag: [_Raw]}``, in the data provider's order and sample."""
+        if self._mux is not None:
+            out = {}
+            for tag in tags:
+                events = _tb_compat.tensor_events(self._mux, run, tag)
+                if events is None:
+                    continue
+                chosen = _tb_compat.downsample_indices(len(events), downsample)
+                out[tag] = [
+                    _Raw(int(events[i].step), float(events[i].wall_time), events[i].tensor_proto)
+                    for i in chosen
+                ]
+            return out
+        if self._stub is not None:
+            got = _tb_compat.grpc_read_tensors(
+                self._stub, experiment_id, PLUGIN, run, tags, downsample
+            )
+            return {
+                tag: [_Raw(int(s), float(w), proto) for s, w, proto in series]
+                for tag, series in got.items()
+            }
         data = self._provider.read_tensors(
             ctx,
             experiment_id=experiment_id,
             plugin_name=PLUGIN,
             downsample=downsample,
             run_tag_filter=provider.RunTagFilter(runs=[run], tags=list(tags)),
-        )
-        return data.get(run, {})
+        ).get(run, {})
+        return {
+            tag: [_Raw(int(d.step), float(d.wall_time), None, d.numpy) for d in series]
+            for tag, series in data.items()
+        }
 
-    def _events(self, entry: TagEntry) -> list | None:
-        """The Python loader's undecoded events of a series (None without a multiplexer)."""
-        if self._mux is None:
-            return None
-        return _tb_compat.tensor_events(self._mux, entry.run, entry.tag)
+    def _read_bytes(self, entry: TagEntry, points: int) -> int:
+        """Bytes a fetch of ``points`` steps of ``entry`` holds before any is decoded."""
+        if self._mux is not None:
+            return 0  # the protos are the loader's; nothing is copied
+        factor = 1 if self._stub is not None else DECODED_READ_FACTOR
+        return factor * points * self._tensor_bytes(entry)
 
-    def _checked_proto(self, entry: TagEntry, event) -> bool:
-        """Whether an event's tensor proto fits its tag (else it is logged and skipped)."""
+    def _tensor_bytes(self, entry: TagEntry) -> int:
+        if isinstance(entry.content, metadata.MomentsContent):
+            return self.bytes_per_step(entry)
+        return 4 * metadata.stats_length(entry.content)
+
+    def _array(self, entry: TagEntry, raw: _Raw) -> np.ndarray:
+        """The checked array of one fetched step (`BadRecord`, logged, if it does not fit)."""
         try:
-            metadata.check_tensor_proto(entry.content, event.tensor_proto)
-        except metadata.FormatError as e:
-            self._warn(entry.run, entry.tag, int(event.step), f"{e}; the step is skipped")
-            return False
-        return True
-
-    def _array_of_event(self, entry: TagEntry, event) -> np.ndarray:
-        """The decoded, checked array of an event (`BadRecord` if it does not fit)."""
-        step = int(event.step)
-        try:
-            metadata.check_tensor_proto(entry.content, event.tensor_proto)
-            try:
-                array = tensor_util.make_ndarray(event.tensor_proto)
-            except Exception as e:  # noqa: BLE001 - whatever a corrupt proto raises
-                raise metadata.FormatError(f"unreadable tensor ({type(e).__name__})") from None
+            if raw.proto is not None:
+                metadata.check_tensor_proto(entry.content, raw.proto)
+                try:
+                    array = tensor_util.make_ndarray(raw.proto)
+                except Exception as e:  # noqa: BLE001 - whatever a corrupt proto raises
+                    raise metadata.FormatError(f"unreadable tensor ({type(e).__name__})") from None
+            else:
+                array = np.asarray(raw.array)
             metadata.check_tensor(entry.content, array)
         except metadata.FormatError as e:
-            raise self._bad(entry, step, e) from None
+            raise self._bad(entry, raw.step, e) from None
         return array
+
+    def _fits(self, entry: TagEntry, raw: _Raw) -> bool:
+        """A cheap check of a fetched step before it is decoded (logged if it fails)."""
+        try:
+            if raw.proto is not None:
+                metadata.check_tensor_proto(entry.content, raw.proto)
+            else:
+                metadata.check_tensor(entry.content, np.asarray(raw.array))
+        except metadata.FormatError as e:
+            self._bad(entry, raw.step, e)
+            return False
+        return True
 
     def _bad(self, entry: TagEntry, step: int, e: Exception) -> BadRecord:
         self._warn(entry.run, entry.tag, step, f"{e}; the step is skipped")
@@ -369,47 +417,33 @@ class Reader:
         return out
 
     def _read_stats(self, ctx, experiment_id, entries: list[TagEntry]) -> dict:
-        out = {}
-        width = max(metadata.stats_length(e.content) for e in entries)
-        if self._mux is not None:
-            for e in entries:
-                events = self._events(e) or []
-                with self.read_gate.reserve(len(events) * width * 16):
+        run = entries[0].run
+        estimate = sum(
+            self._read_bytes(e, _ASSUMED_STEPS)
+            + 16 * _ASSUMED_STEPS * metadata.stats_length(e.content)
+            for e in entries
+        )
+        try:
+            with self.read_gate.reserve(estimate):
+                fetched = self._fetch(ctx, experiment_id, run, [e.tag for e in entries], ALL_STEPS)
+                out = {}
+                for e in entries:
                     rows = []
-                    for ev in events:
+                    for raw in fetched.get(e.tag) or []:
                         try:
-                            rows.append((ev.step, ev.wall_time, self._array_of_event(e, ev)))
+                            rows.append((raw.step, raw.wall_time, self._array(e, raw)))
                         except BadRecord:
                             continue
                     out[e] = _stats_series(rows, e.content)
-            return out
-        run = entries[0].run
-        estimate = len(entries) * _ASSUMED_STEPS * width * 8 * (GRPC_READ_FACTOR + 1)
-        try:
-            with self.read_gate.reserve(estimate):
-                data = self._read(ctx, experiment_id, run, [e.tag for e in entries], ALL_STEPS)
-                for e in entries:
-                    out[e] = self._stats_from_data(e, data.get(e.tag) or [])
-            return out
+                return out
         except Exception as err:  # noqa: BLE001 - one bad tag must not take the others down
             if len(entries) == 1:
                 self._warn(run, entries[0].tag, "(all)", f"unreadable: {type(err).__name__}")
                 return {}
-        for e in entries:  # retry one by one: only the failing tag is left out
+        out = {}
+        for e in entries:  # one by one: only the failing tag is left out
             out.update(self._read_stats(ctx, experiment_id, [e]))
         return out
-
-    def _stats_from_data(self, e: TagEntry, series) -> StatsSeries:
-        rows = []
-        for d in series:
-            array = np.asarray(d.numpy)
-            try:
-                metadata.check_tensor(e.content, array)
-            except metadata.FormatError as err:
-                self._warn(e.run, e.tag, int(d.step), f"{err}; the step is skipped")
-                continue
-            rows.append((d.step, d.wall_time, array))
-        return _stats_series(rows, e.content)
 
     def stats_for(self, ctx, experiment_id: str, entry: TagEntry | None) -> StatsSeries | None:
         if entry is None:
@@ -422,30 +456,17 @@ class Reader:
         c = entry.content
         return 4 * len(c.orders) * max(1, math.prod(c.stored_shape))
 
-    def _read_bytes(self, entry: TagEntry, points: int) -> int:
-        """Bytes a read of ``points`` steps holds (decoded arrays; over gRPC the reply too)."""
-        factor = GRPC_READ_FACTOR if self._grpc else 1
-        return factor * points * self.bytes_per_step(entry)
-
     def _moments_key(self, experiment_id, entry, step):
         return ("moments", experiment_id, entry.run, entry.tag, int(step))
 
-    def _moments_of(self, entry: TagEntry, step, wall_time, array) -> MomentsAt:
+    def _moments(self, entry: TagEntry, raw: _Raw) -> MomentsAt:
+        """One fetched step decoded and checked (`BadRecord` if it does not fit)."""
+        array = self._array(entry, raw)
         arrays = {int(p): array[i] for i, p in enumerate(entry.content.orders)}
-        return MomentsAt(step=int(step), wall_time=float(wall_time), arrays=arrays)
+        return MomentsAt(step=raw.step, wall_time=raw.wall_time, arrays=arrays)
 
-    def _decode(self, entry: TagEntry, datum) -> MomentsAt:
-        """A data provider's datum, checked (`BadRecord` if it does not fit its tag)."""
-        array = np.asarray(datum.numpy)
-        try:
-            metadata.check_tensor(entry.content, array)
-        except metadata.FormatError as e:
-            raise self._bad(entry, int(datum.step), e) from None
-        return self._moments_of(entry, datum.step, datum.wall_time, array)
-
-    def _decode_event(self, entry: TagEntry, event) -> MomentsAt:
-        array = self._array_of_event(entry, event)
-        return self._moments_of(entry, event.step, event.wall_time, array)
+    def _point(self, entry: TagEntry, raw: _Raw) -> Point:
+        return Point(raw.step, raw.wall_time, lambda: self._moments(entry, raw))
 
     def moments_at(
         self,
@@ -470,44 +491,21 @@ class Reader:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        size = self._entry_size
-        if self._mux is not None:
-            return self._cache.get_or_load(
-                key, lambda: self._mux_step(entry, want, step is None), size=size(entry)
-            )
+        size = self.bytes_per_step(entry) + 512
         if step is None or want == entry.max_step:
-            return self._cache.get_or_load(
-                key, lambda: self._read_last(ctx, experiment_id, entry), size=size(entry)
+            load = lambda: self._read_last(ctx, experiment_id, entry)  # noqa: E731
+        else:
+            load = lambda: self._read_step(  # noqa: E731
+                ctx, experiment_id, entry, want, stats, stats_entry
             )
-        return self._cache.get_or_load(
-            key,
-            lambda: self._read_step(ctx, experiment_id, entry, want, stats, stats_entry),
-            size=size(entry),
-        )
-
-    def _entry_size(self, entry: TagEntry):
-        per_step = self.bytes_per_step(entry) + 512
-        return lambda _value: per_step
-
-    def _mux_step(self, entry: TagEntry, want: int, latest: bool) -> MomentsAt:
-        events = self._events(entry)
-        if not events:
-            raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
-        event = (
-            events[-1] if latest else next((e for e in reversed(events) if e.step == want), None)
-        )
-        if event is None:
-            steps = sorted(int(e.step) for e in events)
-            raise errors.NotFoundError(_missing_step_message(entry, want, steps, False))
-        with self.read_gate.reserve(self._read_bytes(entry, 1)):
-            return self._decode_event(entry, event)
+        return self._cache.get_or_load(key, load, size=lambda _value: size)
 
     def _read_last(self, ctx, experiment_id: str, entry: TagEntry) -> MomentsAt:
-        with self.read_gate.reserve(self._read_bytes(entry, 1)):
-            series = self._read(ctx, experiment_id, entry.run, [entry.tag], 1).get(entry.tag)
+        with self.read_gate.reserve(self._read_bytes(entry, 1) + self.bytes_per_step(entry)):
+            series = self._fetch(ctx, experiment_id, entry.run, [entry.tag], 1).get(entry.tag)
             if not series:
                 raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
-            return self._decode(entry, series[-1])
+            return self._moments(entry, series[-1])
 
     def last_readable(
         self, ctx, experiment_id: str, entry: TagEntry, stats: StatsSeries | None
@@ -639,7 +637,8 @@ class Reader:
     ) -> MomentsAt | None:
         """Step ``want`` read with a sample of the series that holds it, or None.
 
-        None (read the whole series instead) with the Python loader, for a series smaller than
+        None (read the whole series instead) with the Python loader (its steps are taken
+        undecoded from memory: the whole series costs nothing), for a series smaller than
         `TARGETED_READ_MIN_BYTES`, without stats at ``want``, when the smallest sample found
         is the whole series, or when the sample read does not hold ``want`` after all (the
         moments tag's steps differ from its stats tag's, e.g. a run cut off between its two
@@ -663,9 +662,9 @@ class Reader:
         k = self._sample_size(ctx, experiment_id, stats_entry, n, want)
         if k >= n or k * per_step > GRPC_READ_BUDGET:
             return None
-        with self.read_gate.reserve(self._read_bytes(entry, k)):
-            series = self._read(ctx, experiment_id, entry.run, [entry.tag], k).get(entry.tag)
-            points = self._points_of(entry, series or [])
+        with self.read_gate.reserve(self._read_bytes(entry, k) + self._hold_bytes(entry)):
+            series = self._fetch(ctx, experiment_id, entry.run, [entry.tag], k).get(entry.tag)
+            points = [self._point(entry, r) for r in series or [] if self._fits(entry, r)]
             found = self._hand_out(experiment_id, entry, points, want, pend)
         if found is None:
             self._cache.put(
@@ -680,6 +679,11 @@ class Reader:
                 want,
             )
         return found
+
+    def _hold_bytes(self, entry: TagEntry) -> int:
+        """Decoded steps a read holds at once beyond its reply: a few handed out or cached
+        (those are counted by their requests and the cache); one being decoded."""
+        return 2 * self.bytes_per_step(entry)
 
     def _sample_size(self, ctx, experiment_id: str, stats_entry: TagEntry, n: int, want: int):
         """A small ``downsample`` whose sample of the stats tag (``n`` steps) holds ``want``.
@@ -705,10 +709,9 @@ class Reader:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        width = metadata.stats_length(stats_entry.content)
-        with self.read_gate.reserve(k * width * 8 * (GRPC_READ_FACTOR + 1)):
-            data = self._read(ctx, experiment_id, stats_entry.run, [stats_entry.tag], k)
-            steps = frozenset(int(d.step) for d in data.get(stats_entry.tag) or [])
+        with self.read_gate.reserve(self._read_bytes(stats_entry, k)):
+            got = self._fetch(ctx, experiment_id, stats_entry.run, [stats_entry.tag], k)
+            steps = frozenset(r.step for r in got.get(stats_entry.tag) or [])
         self._cache.put(
             key, steps, group=("sample", experiment_id, stats_entry.run, stats_entry.tag, k)
         )
@@ -732,66 +735,36 @@ class Reader:
         data provider (RustBoard) is asked for at most `GRPC_READ_BUDGET` bytes. A bigger
         series (``num_steps`` stored steps, None if unknown) is read as TensorBoard's sample of
         it (``downsample``, always with the last step). Steps whose tensor does not fit the
-        tag's metadata are left out (logged). The read's memory is reserved on the read gate
-        until the block ends: use the points inside it. With the Python loader the points are
-        decoded one at a time by `Point.get`.
+        tag's metadata are left out (logged). Each point is decoded by `Point.get` (then not
+        kept: use it and let it go). The read's memory is reserved on the read gate until the
+        block ends.
 
         Raises:
           errors.NotFoundError: the series has no data.
         """
-        events = self._events(entry)
-        if events is not None:
-            count = len(events)
-            k = ALL_STEPS
-            if max_bytes is not None and self.bytes_per_step(entry) * count > max_bytes:
-                k = max(1, max_bytes // self.bytes_per_step(entry))
-            if not events:
-                raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
-            chosen = [events[i] for i in _tb_compat.downsample_indices(count, k)]
-            points = [
-                Point(int(e.step), float(e.wall_time), self._lazy(entry, e))
-                for e in chosen
-                if self._checked_proto(entry, e)
-            ]
-            points.sort(key=lambda p: p.step)
-            with self.read_gate.reserve(self._read_bytes(entry, 1)):
-                yield points, len(chosen) < count
-            return
         downsample = ALL_STEPS
         cap = GRPC_READ_BUDGET if self._grpc else None
         if max_bytes is not None:
             cap = max_bytes if cap is None else min(cap, max_bytes)
         per_step = self.bytes_per_step(entry)
-        expected = num_steps if num_steps else _ASSUMED_STEPS
         if cap is not None and per_step * (num_steps if num_steps else ALL_STEPS) > cap:
             downsample = max(1, cap // per_step)
-        with self.read_gate.reserve(self._read_bytes(entry, min(downsample, expected))):
-            series = self._read(ctx, experiment_id, entry.run, [entry.tag], downsample).get(
+        expected = min(downsample, num_steps if num_steps else _ASSUMED_STEPS)
+        reserve = self._read_bytes(entry, expected) + self._hold_bytes(entry)
+        with self.read_gate.reserve(reserve):
+            series = self._fetch(ctx, experiment_id, entry.run, [entry.tag], downsample).get(
                 entry.tag
             )
             if not series:
                 raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
+            points = [self._point(entry, r) for r in series if self._fits(entry, r)]
+            points.sort(key=lambda p: p.step)
             # Fewer points than asked for: that was the whole series.
-            yield self._points_of(entry, series), len(series) >= downsample
-
-    def _lazy(self, entry: TagEntry, event) -> Callable[[], MomentsAt]:
-        return lambda: self._decode_event(entry, event)
-
-    def _points_of(self, entry: TagEntry, series) -> list[Point]:
-        """Decoded data points, ascending by step; unreadable ones are left out (logged)."""
-        out = []
-        for d in series:
-            try:
-                m = self._decode(entry, d)
-            except BadRecord:
-                continue
-            out.append(Point(m.step, m.wall_time, _constant(m)))
-        out.sort(key=lambda p: p.step)
-        return out
+            yield points, len(series) >= downsample
 
     def _keep_near(self, experiment_id, entry, points: list[Point], want: int) -> None:
-        """Caches the steps nearest ``want`` (up to a quarter of the budget, gRPC only: the
-        Python loader reads one step as cheaply from memory)."""
+        """Caches the steps nearest ``want`` (up to a quarter of the budget; not with the
+        Python loader, from whose memory one step is read as cheaply)."""
         if self._mux is not None:
             return
         budget = self._cache.budget_bytes // 4
@@ -811,10 +784,6 @@ class Reader:
         """Caches the latest steps of a full read, up to a quarter of the budget."""
         if points:
             self._keep_near(experiment_id, entry, points, points[-1].step)
-
-
-def _constant(m: MomentsAt) -> Callable[[], MomentsAt]:
-    return lambda: m
 
 
 def _stats_series(rows, content: metadata.StatsContent) -> StatsSeries:

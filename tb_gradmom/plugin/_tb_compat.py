@@ -1,16 +1,21 @@
 """What the plugin uses of TensorBoard beyond its data provider API, in one place.
 
-With the Python loader (``--load_fast=false``) TensorBoard's `MultiplexerDataProvider`
-decodes a tag's *whole* series on every ``read_tensors`` call, even for ``downsample=1``
-(250 MB for 500 steps of a 64K-cell variable, to serve one step). Its event multiplexer,
-which TensorBoard hands to plugins as the (deprecated, still documented)
-``TBContext.multiplexer``, holds the same events undecoded: reading them there lets the plugin
-decode only the steps it needs, after checking each tensor proto
-(`metadata.check_tensor_proto`). The sample a ``downsample=k`` read would return is
-reproduced by `downsample_indices`, so both ways of reading give the same steps.
+Both of TensorBoard's data providers decode every tensor of a ``read_tensors`` reply with
+`tensor_util.make_ndarray`, unchecked, and fail the whole reply if one cannot be decoded:
 
-RustBoard (``--load_fast=true``) has no multiplexer: the plugin then reads through the data
-provider only. Everything here is checked against TensorBoard by
+* With the Python loader (``--load_fast=false``) `MultiplexerDataProvider` decodes a tag's
+  *whole* series on every call, even for ``downsample=1`` (250 MB for 500 steps of a
+  64K-cell variable, to serve one step). Its event multiplexer, which TensorBoard hands to
+  plugins as the (deprecated, still documented) ``TBContext.multiplexer``, holds the same
+  events undecoded (`tensor_events`); `downsample_indices` reproduces the sample a
+  ``downsample=k`` read returns.
+* With RustBoard (``--load_fast=true``) `GrpcDataProvider` sends the request the plugin could
+  send itself to the data server's stub (`grpc_read_tensors`), which returns the tensor protos.
+
+So the plugin takes tensor protos undecoded and decodes only the steps it needs, each after
+`metadata.check_tensor_proto`: one bad step (or one proto declaring 2^40 values) is skipped
+without failing its series or allocating for it. Any other provider is read through
+``read_tensors``. Everything here is checked against TensorBoard by
 ``tests/test_robustness.py::test_tensorboard_internals_the_plugin_relies_on``, which fails
 loudly when TensorBoard changes them.
 """
@@ -19,9 +24,17 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["is_python_loader", "multiplexer_of", "tensor_events", "downsample_indices"]
+__all__ = [
+    "is_python_loader",
+    "multiplexer_of",
+    "tensor_events",
+    "downsample_indices",
+    "grpc_stub_of",
+    "grpc_read_tensors",
+]
 
 _PYTHON_PROVIDER = "MultiplexerDataProvider"
+_GRPC_PROVIDER = "GrpcDataProvider"
 
 
 def is_python_loader(data_provider) -> bool:
@@ -71,3 +84,49 @@ def downsample_indices(count: int, k: int) -> list[int]:
     indices.sort()
     indices.append(count - 1)
     return indices
+
+
+def grpc_stub_of(data_provider):
+    """The data server stub behind RustBoard's `GrpcDataProvider`, or None."""
+    if type(data_provider).__name__ != _GRPC_PROVIDER:
+        return None
+    stub = getattr(data_provider, "_stub", None)
+    return stub if callable(getattr(stub, "ReadTensors", None)) else None
+
+
+def grpc_read_tensors(
+    stub, experiment_id: str, plugin_name: str, run: str, tags, downsample: int
+) -> dict:
+    """``read_tensors`` of some tags of one run without decoding: ``{tag: [(step, wall_time,
+    TensorProto)]}``, as `GrpcDataProvider.read_tensors` builds the request.
+
+    Raises:
+      tensorboard.errors.NotFoundError, InvalidArgumentError: as the data provider would.
+    """
+    import grpc
+    from tensorboard import errors
+    from tensorboard.data.proto import data_provider_pb2
+
+    req = data_provider_pb2.ReadTensorsRequest()
+    req.experiment_id = experiment_id
+    req.plugin_filter.plugin_name = plugin_name
+    req.run_tag_filter.runs.names[:] = [run]
+    req.run_tag_filter.tags.names[:] = sorted(tags)
+    req.downsample.num_points = downsample
+    try:
+        res = stub.ReadTensors(req)
+    except grpc.RpcError as e:
+        code = e.code() if callable(getattr(e, "code", None)) else None
+        if code == grpc.StatusCode.NOT_FOUND:
+            raise errors.NotFoundError(e.details()) from None
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            raise errors.InvalidArgumentError(e.details()) from None
+        raise
+    out = {}
+    for run_entry in res.runs:
+        if run_entry.run_name != run:
+            continue
+        for tag_entry in run_entry.tags:
+            d = tag_entry.data
+            out[tag_entry.tag_name] = list(zip(d.step, d.wall_time, d.value))
+    return out

@@ -148,8 +148,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             for tag, entry in sorted(ri.moments.items()):
                 st = ri.stats_for(tag)
                 s = series.get(st.tag) if st is not None else None
-                if s is not None:
-                    steps = s.steps.tolist()
+                if s is not None:  # complete steps: stats beyond the moments' last are torn
+                    steps = s.steps[s.steps <= entry.max_step].tolist()
                 else:
                     steps = self._moment_steps(ctx, experiment, entry)
                 c = entry.content
@@ -276,8 +276,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         looked_up = self._lookup(ctx, experiment, run, tag)
         entry, _, s = looked_up
         resolved = self._resolve_step(entry, s, step)
-        resolved = entry.max_step if resolved is None else resolved
-        key = ("heatmap", experiment, run, tag, resolved, stat, max_rows, max_cols)
+        # "latest" is keyed apart: when its record is unreadable it shows an earlier step.
+        which = ("latest", entry.max_step) if resolved is None else resolved
+        key = ("heatmap", experiment, run, tag, which, stat, max_rows, max_cols)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
