@@ -8,11 +8,16 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from tb_gradmom import _fallback, _graph
+from tb_gradmom import _axes, _fallback, _graph, _loss
 from tb_gradmom._errors import BatchSizeError, PerExampleLossError, UnsupportedOpError
 from tb_gradmom.rules import REGISTRY, RuleError, supported_ops
 from tb_gradmom.rules.base import Site, power_sum, sum_over_chunks
-from tb_gradmom.rules.derived import DERIVED_OPS, derived_contribution, local_factor
+from tb_gradmom.rules.derived import (
+    DERIVED_OPS,
+    derived_contribution,
+    local_factor,
+    vjp_contribution,
+)
 
 __all__ = [
     "gradients_and_moments",
@@ -100,7 +105,7 @@ def _unsupported_message(name: str, op: tf.Operation, why: str | None) -> str:
     )
 
 
-def _plan(variable, name: str, graph, on_path, memo: dict, fallback: str) -> _Plan:
+def _plan(variable, name: str, graph, on_path, ex, fallback: str) -> _Plan:
     dtype = _moment_dtype(variable.dtype)
     handle = _graph.internal_handle(graph, variable)
     sites = []
@@ -109,7 +114,7 @@ def _plan(variable, name: str, graph, on_path, memo: dict, fallback: str) -> _Pl
         for raw in _graph.find_sites(handle, on_path):
             try:
                 found, c = _site_contributions(
-                    raw, name, dtype, variable.shape, on_path, memo, depth=0
+                    raw, name, dtype, variable.shape, on_path, ex, depth=0
                 )
             except UnsupportedOpError as e:
                 if fallback == "error":
@@ -123,42 +128,103 @@ def _plan(variable, name: str, graph, on_path, memo: dict, fallback: str) -> _Pl
     return _Plan(variable, name, dtype, sites, coupled=coupled)
 
 
-# A chain of derived parameters longer than this is not followed (BatchNorm needs 3).
-_MAX_DERIVED_DEPTH = 6
+# A chain of derived parameters longer than this is not followed (BatchNorm needs 3, LoRA 3).
+_MAX_DERIVED_DEPTH = 12
+
+# Convolutions whose batch axis the conv rule takes as the examples (after SpaceToBatchND, the
+# blocks of a dilated convolution).
+_CONV_OPS = frozenset(
+    {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv3DBackpropInputV2"}
+)
 
 
-def _site_contributions(raw, name, dtype, var_shape, on_path, memo, depth):
+def _check_conv_batch(op, ex) -> str | None:
+    """Why the conv rule must not fire at ``op`` (its batch axis not proven to be the
+    examples, alone or as SpaceToBatchND's blocks x examples), or None."""
+    data = op.inputs[2] if op.type in ("Conv2DBackpropInput", "Conv3DBackpropInputV2") else None
+    if data is None:
+        data = op.inputs[0]
+    src = data
+    while src.op.type in ("ExpandDims", "Identity"):
+        src = src.op.inputs[0]
+    if src.op.type == "SpaceToBatchND":
+        src = src.op.inputs[0]
+    st = ex.of(src)
+    if st == _axes.Axis(0):
+        return None
+    why = f" (stopped at {ex.why(src)})" if st == _axes.UNKNOWN else ""
+    return (
+        f"the batch axis of '{src.name}', the input of {op.type} op '{op.name}', is not proven "
+        f"to hold the examples alone: {_axes.describe(st)}{why}"
+    )
+
+
+def _derived_outputs(op, ex, on_path):
+    """The outputs of ``op`` (on the loss's path) if none of them holds examples: then the op
+    computes a *derived parameter* from the variable, else None."""
+    outs = [t for t in op.outputs if any(c in on_path for c in t.consumers())]
+    if not outs:
+        return None
+    states = [ex.of(t) for t in outs]
+    if all(st in (_axes.FREE, _axes.REDUCED) for st in states):
+        return outs
+    return None
+
+
+def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
     """``([(Site, Contribution)], coupled)`` for one consumer of a variable (or of a parameter
     derived from it). ``coupled``: a batch statistic enters on the way (BatchNorm)."""
     op = raw.op
-    if op.type in DERIVED_OPS and depth < _MAX_DERIVED_DEPTH and raw.view.dtype != tf.resource:
-        others = [x for i, x in enumerate(op.inputs) if i != raw.index]
-        levels = [_graph.batch_free(x, memo) for x in others]
-        if levels and all(lv is not None for lv in levels):
-            derived = op.outputs[0]
-            factor = local_factor(op, raw.index, dtype)
-            found, coupled = [], _graph.REDUCED in levels
+    derived_outs = None
+    if raw.view.dtype != tf.resource:
+        derived_outs = _derived_outputs(op, ex, on_path)
+    if derived_outs is not None:
+        if depth >= _MAX_DERIVED_DEPTH:
+            raise UnsupportedOpError(
+                _unsupported_message(name, op, "the chain of derived parameters is too long"),
+                reason=f"{op.type} op '{op.name}': derived-parameter chain longer than "
+                f"{_MAX_DERIVED_DEPTH}",
+            )
+        if any(x is raw.view for x in op.inputs[: raw.index]):
+            return [], False  # the same tensor at an earlier input: that site covers both
+        others = [x for i, x in enumerate(op.inputs) if x is not raw.view]
+        coupled = any(ex.of(x) == _axes.REDUCED for x in others)
+        elementwise = op.type in DERIVED_OPS and raw.view.dtype != tf.resource
+        elementwise = elementwise and sum(1 for x in op.inputs if x is raw.view) == 1
+        found = []
+        for derived in derived_outs:
+            factor = local_factor(op, raw.index, dtype) if elementwise else None
             for inner_raw in _graph.consumers_past_views(derived, on_path, raw.read):
                 inner, c = _site_contributions(
-                    inner_raw, name, dtype, derived.shape, on_path, memo, depth + 1
+                    inner_raw, name, dtype, derived.shape, on_path, ex, depth + 1
                 )
                 coupled = coupled or c
                 for site, contribution in inner:
                     try:
-                        found.append(
-                            (site, derived_contribution(raw.view, derived, factor, contribution))
-                        )
+                        if elementwise:
+                            chained = derived_contribution(raw.view, derived, factor, contribution)
+                        else:
+                            chained = vjp_contribution(
+                                raw.view, derived, others, dtype, contribution
+                            )
                     except RuleError as e:
                         raise UnsupportedOpError(
                             _unsupported_message(name, op, str(e)),
                             reason=f"{op.type} op '{op.name}': {e}",
                         ) from None
-            return found, coupled
+                    found.append((site, chained))
+        return found, coupled
     rule = REGISTRY.get(op.type)
     if rule is None:
         raise UnsupportedOpError(
             _unsupported_message(name, op, None), reason=f"{op.type} op '{op.name}' has no rule"
         )
+    if op.type in _CONV_OPS:
+        why = _check_conv_batch(op, ex)
+        if why is not None:
+            raise UnsupportedOpError(
+                _unsupported_message(name, op, why), reason=f"{op.type} op '{op.name}': {why}"
+            )
     site = Site(
         op=op,
         index=raw.index,
@@ -166,6 +232,7 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, memo, depth):
         output=op.outputs[0],
         dtype=dtype,
         var_shape=var_shape,
+        axes=ex,
     )
     try:
         return [(site, rule(site))], False
@@ -203,17 +270,6 @@ def _warn_fallback(plans, ids) -> None:
     )
 
 
-def _no_loss_vector_message(plans, ids, scalar) -> str:
-    names = ", ".join(f"'{plans[i].name}' ({plans[i].fallback})" for i in ids)
-    return (
-        f"the exact fallback for {names} needs the per-example losses, and the scalar loss "
-        f"'{scalar.name}' (op {scalar.op.type}) is not a mean or sum over a tensor of "
-        "per-example values that gradmom can find. Pass the [n] vector of per-example losses "
-        "as `loss` (e.g. keras.losses.*(reduction=None) or tf.nn.*_cross_entropy_with_logits "
-        "before tf.reduce_mean), or fallback='error' to find out which op has no rule."
-    )
-
-
 def _warn_coupled(plans) -> None:
     names = tuple(p.name for p in plans if p.coupled)
     if not names or names in _WARNED:
@@ -231,23 +287,29 @@ def _warn_coupled(plans) -> None:
     )
 
 
-def _batch_size(batch_size, loss_vector, plans, fallback_ids=()) -> tuple[tf.Tensor | None, list]:
+def _batch_size(batch_size, loss_values, plans, ex) -> tuple[tf.Tensor | None, list]:
     """The batch size, and ``(tensor, message)`` pairs of evidence to check against it at run
-    time (the asserts are built with the moments, so a step that logs nothing runs none)."""
+    time (the asserts are built with the moments, so a step that logs nothing runs none).
+
+    ``loss_values``: ``(tensor, Axis)`` of the per-example losses, or None. The batch size is a
+    constant whenever the step's inputs have a static batch axis (``ex.n_static``)."""
     evidence = []  # (scalar int tensor, description)
-    if loss_vector is not None:
-        if loss_vector.shape.rank == 1:
-            evidence.append((tf.size(loss_vector), "the per-example loss vector"))
-        else:
-            evidence.append(
-                (tf.shape(loss_vector)[0], f"the first axis of the losses '{loss_vector.name}'")
+    if loss_values is not None:
+        values, ax = loss_values
+        evidence.append(
+            (
+                tf.shape(values)[ax.axis] // ax.partners,
+                f"the examples' {ax} of the per-example losses '{values.name}'",
             )
+        )
     for plan in plans:
         for _, c in plan.sites:
             evidence.append((c.examples, c.evidence + f" (variable '{plan.name}')"))
+    if ex.n_static is not None:
+        evidence.insert(
+            0, (tf.constant(ex.n_static, tf.int32), "the static batch axis of the step's inputs")
+        )
     if batch_size is not None:
-        if isinstance(batch_size, int) and batch_size < 1:
-            raise BatchSizeError(f"batch_size must be a positive integer, got {batch_size}")
         evidence.insert(0, (tf.convert_to_tensor(batch_size, tf.int32), "batch_size="))
     if not evidence:
         return None, []
@@ -303,7 +365,7 @@ def gradients_and_moments(
     loss,
     var_list: Sequence,
     orders: Sequence[int] = (1, 2),
-    reduction: str = "mean",
+    reduction: str | None = None,
     *,
     batch_size: int | tf.Tensor | None = None,
     chunk_size: int | None = None,
@@ -566,10 +628,58 @@ class Prepared:
         return sites[0][0].op.type if sites else ""
 
 
+def _check_loss_vector(loss: tf.Tensor, ex) -> _axes.Axis:
+    """The examples' axis of a ``[n]`` loss given by the user: proven, or trusted with a warning
+    when the analysis cannot see through an op; never values that mix the examples."""
+    st = ex.of(loss)
+    if st == _axes.Axis(0):
+        return st
+    if st in (_axes.FREE, _axes.REDUCED):
+        raise PerExampleLossError(
+            f"the loss vector '{loss.name}' does not hold one loss per example: it "
+            f"{'depends on no example' if st == _axes.FREE else 'mixes the examples (a statistic over the batch)'}. "
+            "Pass the [n] vector of per-example losses, before any reduction over the batch."
+        )
+    if st == _axes.UNKNOWN:
+        _warn_unproven(f"the loss vector '{loss.name}' (stopped at {ex.why(loss)})")
+        return _axes.Axis(0)
+    raise PerExampleLossError(
+        f"the loss vector '{loss.name}' holds the examples on its {st}, not as one entry per "
+        "example. Pass the [n] vector of per-example losses."
+    )
+
+
+def _reduction(form, reduction: str | None, loss) -> str:
+    """The reduction found in the graph, checked against the one the caller named."""
+    if reduction is None or reduction == form.mode:
+        return form.mode
+    if not form.structural:  # only a constant's value said: the caller knows better
+        return reduction
+    found = "a mean" if form.mode == "mean" else "a sum"
+    raise ValueError(
+        f"reduction={reduction!r} was passed, but the loss '{loss.name}' is {found} of "
+        f"per-example losses (read from the graph). Pass reduction={form.mode!r}, or leave "
+        "reduction out to use what the graph says."
+    )
+
+
+def _warn_unproven(what: str) -> None:
+    key = ("unproven", what)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(
+        f"tb_gradmom: cannot prove where the examples are in {what}; they are taken to be "
+        "on its first axis. The moments are exact if each entry of that axis depends on one "
+        "example only. Layers past that op use the exact fallback.",
+        stacklevel=4,
+    )
+
+
 def prepare(
     loss,
     var_list: Sequence,
-    reduction: str = "mean",
+    reduction: str | None = None,
     *,
     batch_size=None,
     name: str = "gradmom",
@@ -600,8 +710,10 @@ def prepare(
             "train_step decorated with @tf.function) or in a tf.compat.v1 graph. Eager tensors "
             "carry no graph to read the layers' inputs from."
         )
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    if reduction not in (None, "mean", "sum"):
+        raise ValueError(
+            f"reduction must be None (read from the graph), 'mean' or 'sum', got {reduction!r}"
+        )
     if fallback not in ("exact", "error"):
         raise ValueError(f"fallback must be 'exact' or 'error', got {fallback!r}")
     orders = _check_orders(orders if orders is not None else (fused_orders or (1, 2)))
@@ -614,27 +726,35 @@ def prepare(
 
     with tf.name_scope(name) as scope:
         loss = tf.convert_to_tensor(loss)
-        if loss.shape.rank == 1:
-            loss_vector, scalar, mode = loss, tf.reduce_mean(loss), "mean"
-        elif loss.shape.rank == 0:
-            loss_vector, scalar, mode = None, loss, reduction
-        else:
+        if loss.shape.rank not in (0, 1):
             raise ValueError(
                 f"loss must be a scalar or a [n] vector of per-example losses, got shape "
                 f"{loss.shape}; reduce the other axes per example first"
             )
+        ex = _axes.Examples(loss.graph)
+        if loss.shape.rank == 1:
+            loss_vector, scalar, mode = loss, tf.reduce_mean(loss), "mean"
+            loss_values = (loss, _check_loss_vector(loss, ex))
+            form = None
+        else:
+            loss_vector, scalar = None, loss
+            form = _loss.analyse(loss, ex, replica.num_replicas_in_sync if replica else 1)
+            mode = _reduction(form, reduction, loss)
+            if not form.proven:
+                _warn_unproven(f"the per-example losses {form.note}")
+            loss_values = (form.values, form.terms[0].axis)
         graph = scalar.graph
         on_path = _graph.ancestors(scalar)
-        memo: dict = {}
-        plans = [_plan(v, nm, graph, on_path, memo, fallback) for v, nm in zip(variables, names)]
+        plans = [_plan(v, nm, graph, on_path, ex, fallback) for v, nm in zip(variables, names)]
         _warn_coupled(plans)
         fallback_ids = [i for i, plan in enumerate(plans) if plan.fallback is not None]
-        values = factor = None
-        if fallback_ids and loss_vector is None:
-            found = _fallback.find_loss_vector(scalar, memo)
-            if found is None:
-                raise PerExampleLossError(_no_loss_vector_message(plans, fallback_ids, scalar))
-            values, factor = found
+        if fallback_ids:
+            _fallback.refuse_broken(
+                [plans[i].variable for i in fallback_ids],
+                [plans[i].name for i in fallback_ids],
+                graph,
+                on_path,
+            )
 
         outputs, index = [], {}
         for plan in plans:
@@ -656,9 +776,7 @@ def prepare(
         grads = [None if i in fused_ids else next(rest) for i in range(len(variables))]
         out_grads = all_grads[len(asked) :]
 
-        n, checks = _batch_size(
-            batch_size, loss_vector if values is None else values, plans, fallback_ids
-        )
+        n, checks = _batch_size(batch_size, loss_values, plans, ex)
         needs_n = mode == "sum" or any(plan.sites or plan.fallback for plan in plans)
         if n is None and needs_n:
             raise BatchSizeError(
@@ -694,12 +812,12 @@ def prepare(
         if fallback_ids:
             with tf.name_scope("fallback"):
                 _warn_fallback(plans, fallback_ids)
-                if values is None:
+                if form is None:
                     vector = loss_vector
                 elif replica is not None:  # sums of (dL_r/dtheta_j)**p, see _distributed_moments
-                    vector = _fallback.per_example_losses(values, factor, n, "sum")
+                    vector = _loss.per_example_losses(form, n, "sum")
                 else:
-                    vector = _fallback.per_example_losses(values, factor, n, mode)
+                    vector = _loss.per_example_losses(form, n, mode)
                 higher = tuple(p for p in orders if p > 1)
                 if higher:
                     chunk = _fallback.DEFAULT_CHUNK if chunk_size is None else int(chunk_size)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom import _graph
+from tb_gradmom import _axes, _graph
+from tb_gradmom._errors import UnsupportedOpError
 from tb_gradmom.rules.base import power_sum
 
 try:  # the implementation behind tf.vectorized_map, with a static chunk of iterations
@@ -28,7 +29,7 @@ try:  # the implementation behind tf.vectorized_map, with a static chunk of iter
 except ImportError:  # pragma: no cover - older or newer layouts
     _pfor = None
 
-__all__ = ["find_loss_vector", "power_sums", "DEFAULT_CHUNK"]
+__all__ = ["refuse_broken", "power_sums", "DEFAULT_CHUNK"]
 
 # Examples per vectorised chunk: each holds about `chunk` backward passes of the whole batch.
 DEFAULT_CHUNK = 32
@@ -38,91 +39,54 @@ _FUNCTION_OPS = frozenset(
 )
 
 
-def find_loss_vector(scalar: tf.Tensor, memo: dict):
-    """``(values, factor)`` with ``scalar == factor * sum(values) (+ terms without examples)``,
-    ``values`` holding examples on its first axis; None when the graph is not of that form.
-
-    Follows what losses look like in a graph: ``tf.reduce_mean`` / ``reduce_sum`` over every
-    axis, Keras' ``sum / size`` (``DivNoNan``), scaling by constants (loss scaling, the
-    ``1/replicas`` of a distribution strategy), and sums with terms that do not depend on the
-    examples (regularisation losses: they add the same gradient to every example and are
-    left out of the per-example losses, as they are in the rules).
-    """
-    t, factor = scalar, None
-
-    def scale(f):
-        nonlocal factor
-        factor = f if factor is None else factor * f
-
-    for _ in range(64):
-        op = t.op
-        if op.type in ("Identity", "Cast") and op.inputs:
-            t = op.inputs[0]
-            continue
-        if op.type == "Neg":
-            scale(-1.0)
-            t = op.inputs[0]
-            continue
-        if op.type == "Mul":
-            a, b = op.inputs
-            if _is_scalar_free(b, memo):
-                scale(b)
-                t = a
-                continue
-            if _is_scalar_free(a, memo):
-                scale(a)
-                t = b
-                continue
-            return None
-        if op.type in ("RealDiv", "DivNoNan", "Div"):
-            a, b = op.inputs
-            if not _is_scalar_free(b, memo):
-                return None
-            scale(1.0 / b)
-            t = a
-            continue
-        if op.type in ("AddV2", "Add", "AddN", "Sub"):
-            live = [
-                (i, x)
-                for i, x in enumerate(op.inputs)
-                if _graph.batch_free(x, memo) != _graph.CONSTANT
-            ]
-            if len(live) != 1:
-                return None
-            i, t = live[0]
-            if op.type == "Sub" and i == 1:
-                scale(-1.0)
-            continue
-        if op.type in ("Sum", "Mean"):
-            values = op.inputs[0]
-            rank = values.shape.rank
-            axes = tf.get_static_value(op.inputs[1])
-            if rank is None or rank < 1 or axes is None:
-                return None
-            axes = {int(a) % rank for a in axes.reshape(-1)}
-            if axes != set(range(rank)):
-                return None
-            if op.type == "Mean":
-                scale(1.0 / tf.cast(tf.size(values), values.dtype))
-            return values, factor
-        return None
+def _broken(op: tf.Operation, depth: int = 0) -> str | None:
+    """Why pfor must not vectorise the backward pass through ``op``, or None."""
+    if op.type in ("Conv2D", "Conv3D") and len(op.inputs) >= 2:
+        c_in, k_in = op.inputs[0].shape[-1], op.inputs[1].shape[-2]
+        if c_in is None or k_in is None or c_in != k_in:
+            return "a grouped convolution, whose filter gradient pfor vectorises wrongly"
+    if op.type in ("PartitionedCall", "StatefulPartitionedCall") and depth < 8:
+        try:
+            xla = op.get_attr("_XlaMustCompile")
+        except (ValueError, TypeError):
+            xla = False
+        body = _axes.function_graph(op)
+        if body is not None:
+            for inner in body.get_operations():
+                why = _broken(inner, depth + 1)
+                if why is not None:
+                    return why
+        elif xla:
+            return "an XLA-compiled function that gradmom cannot look into"
     return None
 
 
-def _is_scalar_free(t: tf.Tensor, memo: dict) -> bool:
-    return t.shape.rank == 0 and _graph.batch_free(t, memo) is not None
-
-
-def per_example_losses(values, factor, n, mode: str) -> tf.Tensor:
-    """The ``[n]`` vector ``l`` with ``mean(l)`` (``mode="mean"``) or ``sum(l)`` equal to the
-    scalar loss (up to the example-free terms)."""
-    rank = values.shape.rank
-    s = tf.reduce_sum(values, axis=list(range(1, rank))) if rank > 1 else values
-    if factor is not None:
-        s = s * tf.cast(factor, s.dtype)
-    if mode == "mean":
-        s = s * tf.cast(n, s.dtype)
-    return s
+def refuse_broken(variables, names, graph, on_path) -> None:
+    """Raise `UnsupportedOpError` when the fallback's backward pass for these variables would
+    cross an op that TensorFlow's vectorisation gets wrong (wrong numbers, no error): a
+    grouped convolution (Keras wraps them in an XLA-compiled function)."""
+    for v, name in zip(variables, names):
+        handle = _graph.internal_handle(graph, v)
+        if handle is None:
+            continue
+        seen, stack = set(), [c for c in handle.consumers() if c in on_path]
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            why = _broken(op)
+            if why is not None:
+                raise UnsupportedOpError(
+                    f"variable '{name}' has no exact rule and needs the exact fallback, but its "
+                    f"per-example gradients would pass through {op.type} op '{op.name}' ({why}): "
+                    "the fallback would return wrong numbers, so gradmom refuses. Leave "
+                    f"'{name}' out of the logged variables (summary.moments(log_only=...)) or "
+                    "open an issue with the layer that builds this op.",
+                    reason=f"{op.type} op '{op.name}': {why}",
+                )
+            for out in op.outputs:
+                stack.extend(c for c in out.consumers() if c in on_path)
 
 
 def power_sums(

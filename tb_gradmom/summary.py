@@ -44,7 +44,7 @@ def moments(
     var_list: Sequence,
     orders: Sequence[int] = (1, 2),
     name: str | None = None,
-    reduction: str = "mean",
+    reduction: str | None = None,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
     per_variable_scalars: bool = True,
     *,

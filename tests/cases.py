@@ -323,6 +323,169 @@ def _labels(x_shape, classes):
     return make
 
 
+class TokenAndPosition(keras.layers.Layer):
+    """keras.io's "text classification with Transformer": ``tok(ids) + pos(arange(T))``."""
+
+    def __init__(self, maxlen, vocab, dim, dtype):
+        super().__init__(dtype=dtype)
+        self.tok = keras.layers.Embedding(vocab, dim, dtype=dtype)
+        self.pos = keras.layers.Embedding(maxlen, dim, dtype=dtype)
+
+    def call(self, x):
+        positions = keras.ops.arange(0, keras.ops.shape(x)[-1], 1)
+        return self.tok(x) + self.pos(positions)
+
+
+def _token_and_position(maxlen=5, vocab=7, dim=4, heads=2):
+    """Position table (no examples in its ids), attention, a Dense on sequences, pooling."""
+
+    def build(dtype):
+        keras.utils.set_random_seed(21)
+        inp = keras.Input((maxlen,), dtype="int32")
+        h = TokenAndPosition(maxlen, vocab, dim, dtype)(inp)
+        att = keras.layers.MultiHeadAttention(heads, 3, dtype=dtype)(h, h)
+        h = keras.layers.LayerNormalization(dtype=dtype)(keras.layers.Add(dtype=dtype)([h, att]))
+        h = keras.layers.Dense(dim, activation="tanh", dtype=dtype)(h)
+        h = keras.layers.GlobalAveragePooling1D(dtype=dtype)(h)
+        out = keras.layers.Dense(2, dtype=dtype)(h)
+        model = keras.Model(inp, out)
+        return model, model.trainable_variables
+
+    return build
+
+
+class PositionIds(keras.layers.Layer):
+    """keras_hub style: a learned table looked up with ``position_ids`` of shape ``[1, T]``."""
+
+    def __init__(self, length, dim, dtype):
+        super().__init__(dtype=dtype)
+        self.length = length
+        self.table = self.add_weight((length, dim), initializer="random_normal", name="table")
+
+    def call(self, x):
+        ids = keras.ops.expand_dims(keras.ops.arange(self.length), 0)  # [1, T]
+        return x + keras.ops.take(self.table, ids, axis=0)
+
+
+class ClassToken(keras.layers.Layer):
+    """ViT: a learned token broadcast to the batch and prepended to the patches."""
+
+    def __init__(self, dim, dtype):
+        super().__init__(dtype=dtype)
+        self.token = self.add_weight((1, 1, dim), initializer="random_normal", name="token")
+
+    def call(self, x):
+        n = keras.ops.shape(x)[0]
+        token = keras.ops.tile(keras.ops.cast(self.token, x.dtype), [n, 1, 1])
+        return keras.ops.concatenate([token, x], axis=1)
+
+
+def _vit_like(dtype):
+    keras.utils.set_random_seed(22)
+    inp = keras.Input((4, 3), dtype=dtype)
+    h = keras.layers.Dense(3, dtype=dtype)(inp)
+    h = ClassToken(3, dtype)(h)
+    h = PositionIds(5, 3, dtype)(h)
+    h = keras.layers.Dense(4, activation="tanh", dtype=dtype)(h)
+    out = keras.layers.Dense(2, dtype=dtype)(h[:, 0])
+    model = keras.Model(inp, out)
+    return model, model.trainable_variables
+
+
+class Windows(keras.layers.Layer):
+    """Swin-style window attention's layout: ``[n, H, W, C]`` folded into ``[n * windows,
+    w * w, C]`` (examples x windows on the leading axis), a projection, and back."""
+
+    def __init__(self, window, units, dtype):
+        super().__init__(dtype=dtype)
+        self.window = window
+        self.proj = keras.layers.EinsumDense("bwc,cd->bwd", (None, units), dtype=dtype)
+        self.dense = keras.layers.Dense(units, dtype=dtype)
+
+    def call(self, x):
+        n, h, w, c = (keras.ops.shape(x)[i] for i in range(4))
+        s = self.window
+        t = keras.ops.reshape(x, (-1, h // s, s, w // s, s, c))
+        t = keras.ops.transpose(t, (0, 1, 3, 2, 4, 5))
+        t = keras.ops.reshape(t, (-1, s * s, c))
+        t = keras.ops.tanh(self.proj(t))
+        t = self.dense(t)  # a Dense on the windows: MatMul on [n * windows * s * s, c]
+        u = t.shape[-1]
+        t = keras.ops.reshape(t, (-1, h // s, w // s, s, s, u))
+        t = keras.ops.transpose(t, (0, 1, 3, 2, 4, 5))
+        return keras.ops.reshape(t, (-1, h, w, u))
+
+
+def _windows(dtype):
+    keras.utils.set_random_seed(23)
+    inp = keras.Input((4, 4, 3), dtype=dtype)
+    h = Windows(2, 3, dtype)(inp)
+    out = keras.layers.Dense(2, dtype=dtype)(keras.layers.Flatten(dtype=dtype)(h))
+    model = keras.Model(inp, out)
+    return model, model.trainable_variables
+
+
+def _lora(kind, rank=2):
+    """Keras LoRA: only the adapters ``A``, ``B`` are trainable; the kernel is ``W0 + s A B``."""
+
+    def build(dtype):
+        keras.utils.set_random_seed(24)
+        if kind == "dense":
+            inp = keras.Input((3,), dtype=dtype)
+            layer = keras.layers.Dense(4, dtype=dtype)
+        elif kind == "dense-sequence":
+            inp = keras.Input((5, 3), dtype=dtype)
+            layer = keras.layers.Dense(4, dtype=dtype)
+        else:
+            inp = keras.Input((5, 3), dtype=dtype)
+            layer = keras.layers.EinsumDense("btc,cd->btd", (5, 4), bias_axes="d", dtype=dtype)
+        h = layer(inp)
+        floatx = keras.config.floatx()
+        keras.config.set_floatx(dtype)  # enable_lora creates its weights in floatx
+        try:
+            layer.enable_lora(rank, lora_alpha=3.0)
+        finally:
+            keras.config.set_floatx(floatx)
+        # random adapters (B starts at zero), so that every path carries a gradient
+        for v in (layer.lora_kernel_a, layer.lora_kernel_b):
+            v.assign(np.random.default_rng(7).normal(size=v.shape).astype(dtype))
+        h = keras.layers.Activation("tanh", dtype=dtype)(h)
+        out = keras.layers.Dense(2, dtype=dtype)(
+            h if kind == "dense" else keras.layers.Flatten(dtype=dtype)(h)
+        )
+        model = keras.Model(inp, out)
+        return model, [layer.lora_kernel_a, layer.lora_kernel_b]
+
+    return build
+
+
+class WeightNorm(keras.layers.Layer):
+    """A kernel rebuilt from other variables: ``W = g * v / |v|`` (weight normalisation)."""
+
+    def __init__(self, units, dtype):
+        super().__init__(dtype=dtype)
+        self.units = units
+
+    def build(self, shape):
+        self.v = self.add_weight((shape[-1], self.units), initializer="random_normal", name="v")
+        self.g = self.add_weight((self.units,), initializer="ones", name="g")
+
+    def call(self, x):
+        norm = keras.ops.sqrt(keras.ops.sum(self.v * self.v, axis=0))
+        return keras.ops.matmul(x, self.v * (self.g / norm))
+
+
+def _prelu_weightnorm(dtype):
+    keras.utils.set_random_seed(25)
+    inp = keras.Input((4,), dtype=dtype)
+    h = keras.layers.Dense(5, dtype=dtype)(inp)
+    h = keras.layers.PReLU(alpha_initializer="random_normal", dtype=dtype)(h)
+    h = WeightNorm(3, dtype)(h)
+    out = keras.layers.Dense(2, dtype=dtype)(keras.layers.PReLU(dtype=dtype)(h))
+    model = keras.Model(inp, out)
+    return model, model.trainable_variables
+
+
 CASES: list[Case] = [
     Case("mlp", _keras(dense(7, "tanh"), dense(3), input_shape=(4,)), _xy((5, 4), (5, 3))),
     Case(
@@ -482,6 +645,23 @@ CASES: list[Case] = [
     Case("embedding-repeated-ids", _embedding, _ids((4, 5), 7, (4, 2))),
     Case("embedding-tied-output", _tied, _ids((4, 4), 6, (4, 6))),
     Case("embedding-resource-gather", _sparse_read, _ids((3, 6), 8, (3, 3))),
+    # Where the examples are must be proven, never guessed from shapes: position tables with no
+    # examples in their ids, folded windows, LoRA's A @ B, class tokens, weight norm, and batch
+    # sizes that coincide with the sequence length, the vocabulary, the width or 1.
+    Case("token-and-position-batch-eq-seq", _token_and_position(), _ids((5, 5), 7, (5, 2))),
+    Case("token-and-position-batch-ne-seq", _token_and_position(), _ids((3, 5), 7, (3, 2))),
+    Case("token-and-position-batch-eq-vocab", _token_and_position(), _ids((7, 5), 7, (7, 2))),
+    Case("token-and-position-batch-eq-width", _token_and_position(), _ids((4, 5), 7, (4, 2))),
+    Case("token-and-position-batch-1", _token_and_position(), _ids((1, 5), 7, (1, 2)), "sum"),
+    Case("vit-class-token-position-ids", _vit_like, _xy((5, 4, 3), (5, 2))),
+    Case("vit-class-token-batch-eq-tokens", _vit_like, _xy((5, 4, 3), (5, 2)), "vector"),
+    Case("swin-windows-batch-eq-windows", _windows, _xy((4, 4, 4, 3), (4, 2))),
+    Case("swin-windows", _windows, _xy((3, 4, 4, 3), (3, 2)), "sum"),
+    Case("lora-dense", _lora("dense"), _xy((2, 3), (2, 2))),
+    Case("lora-dense-sequence", _lora("dense-sequence"), _xy((5, 5, 3), (5, 2))),
+    Case("lora-einsum-dense", _lora("einsum"), _xy((3, 5, 3), (3, 2)), "vector"),
+    Case("prelu-weight-norm", _prelu_weightnorm, _xy((3, 4), (3, 2))),
+    Case("prelu-weight-norm-batch-eq-width", _prelu_weightnorm, _xy((5, 4), (5, 2)), "sum"),
     # The exact fallback: while loops (Keras LSTM/GRU) and ops without a rule.
     Case(
         "lstm-classifier-fallback",

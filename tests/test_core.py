@@ -81,20 +81,24 @@ def test_moments_match_brute_force(case, dtype):
     variables, grads, moments, ref = _run(case, dtype)
     assert len(moments) == len(variables)
     expected_all = [reference.moments(per_ex, ORDERS) for per_ex in ref]
-    floor = {p: 1e-3 * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in ORDERS}
+    # float32: a moment that vanishes (the key bias) is TF's own rounding noise, measured up to
+    # 3.3e-7 for M_1 (TensorFlow's gradient itself) against a largest M_1 of 8.75 in the model.
+    rel = 1e-3 if dtype == "float64" else 1e-2
+    floor = {p: rel * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in ORDERS}
     for v, g, m, per_ex, expected in zip(variables, grads, moments, ref, expected_all):
         name = gradmom._core.variable_name(v)
         assert set(m) == set(ORDERS)
+        # moments follow the variable's dtype (LoRA adapters are float32 in a float64 model)
+        vdtype = "float64" if tf.as_dtype(v.dtype) == tf.float64 else "float32"
         for p in ORDERS:
-            want_dtype = tf.float64 if dtype == "float64" else tf.float32
-            assert m[p].dtype == want_dtype
-            _assert_close(m[p], expected[p], TOLERANCE[dtype], f"{case.id} {name} M{p}", floor[p])
+            assert m[p].dtype == tf.as_dtype(vdtype)
+            _assert_close(m[p], expected[p], TOLERANCE[vdtype], f"{case.id} {name} M{p}", floor[p])
         # grads are those of the loss as given (of the mean for a vector loss)
         scale = per_ex.shape[0] if case.loss == "sum" else 1
         # IndexedSlices for gathers, as tf.gradients gives them
         g = tf.convert_to_tensor(g)
         _assert_close(
-            g, expected[1] * scale, TOLERANCE[dtype], f"{case.id} {name} grad", floor[1] * scale
+            g, expected[1] * scale, TOLERANCE[vdtype], f"{case.id} {name} grad", floor[1] * scale
         )
 
 
@@ -130,14 +134,13 @@ def test_old_tf1_conv_rule_counterexample():
     w = tf.Variable(tf.ones([1, 1, 1, 1], tf.float64))
 
     @tf.function
-    def step():
-        x = tf.ones([1, 1, 2, 1], tf.float64)
+    def step(x):
         z = tf.nn.conv2d(x, w, strides=1, padding="VALID")
         c = tf.constant([[[[1.0], [-1.0]]]], tf.float64)  # dl/dz at the two positions
         loss = tf.reduce_sum(z * c)
         return gradmom.gradients_and_moments(loss, [w], orders=(2,), reduction="sum")[1]
 
-    m2 = step()[0][2].numpy()
+    m2 = step(tf.ones([1, 1, 2, 1], tf.float64))[0][2].numpy()
     np.testing.assert_allclose(m2, 0.0, atol=1e-12)
 
 
@@ -179,28 +182,28 @@ def test_eager_call_raises_with_advice():
 
 
 def test_unsupported_op_names_variable_op_and_supported_list():
-    w = tf.Variable(tf.ones([3, 2]), name="odd_kernel")
+    w = tf.Variable(tf.ones([3]), name="odd_kernel")
 
     @tf.function
     def step(x):
-        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, tf.sin(w)), axis=1))
+        loss = tf.reduce_mean(tf.reduce_sum(tf.pow(tf.abs(x) + 1.0, w), axis=1))
         return gradmom.gradients_and_moments(loss, [w], fallback="error")
 
     with pytest.raises(gradmom.UnsupportedOpError) as info:
         step(tf.ones([4, 3]))
     msg = str(info.value)
     assert "'odd_kernel'" in msg
-    assert "Sin" in msg and "op '" in msg
+    assert "Pow" in msg and "op '" in msg
     assert "Supported ops:" in msg and "MatMul" in msg and "Conv2D" in msg
     assert "fallback='exact'" in msg
 
 
 def test_fallback_warns_once_naming_variables_and_ops():
-    w = tf.Variable(tf.ones([3, 2]), name="wavy")
-    v = tf.Variable(tf.ones([2]), name="plain_bias")
+    w = tf.Variable(tf.ones([3]), name="wavy")
+    v = tf.Variable(tf.ones([3]), name="plain_bias")
 
     def step(x):
-        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, tf.sin(w)) + v, axis=1))
+        loss = tf.reduce_mean(tf.reduce_sum(tf.pow(tf.abs(x) + 1.0, w) + v, axis=1))
         return gradmom.gradients_and_moments(loss, [w, v])[1]
 
     import warnings
@@ -211,31 +214,39 @@ def test_fallback_warns_once_naming_variables_and_ops():
         tf.function(step)(tf.ones([4, 3]))  # traced again: no second warning
     msgs = [str(c.message) for c in caught if "no exact rule" in str(c.message)]
     assert len(msgs) == 1, msgs
-    assert "'wavy' (Sin op '" in msgs[0] and "plain_bias" not in msgs[0]
+    assert "'wavy' (Pow op '" in msgs[0] and "plain_bias" not in msgs[0]
     assert "fallback='error'" in msgs[0]
 
 
 @pytest.mark.filterwarnings("ignore:tb_gradmom. no exact rule")
 @pytest.mark.parametrize(
-    "make_loss",
+    "make_loss, op",
     [
-        lambda per_example: tf.reduce_max(per_example),
-        lambda per_example: tf.sqrt(tf.reduce_mean(per_example)),
+        (lambda per_example: tf.reduce_max(per_example), "Max"),
+        (lambda per_example: tf.sqrt(tf.reduce_mean(per_example)), "Sqrt"),
+        (lambda per_example: tf.norm(per_example), "Sqrt"),
+        (lambda per_example: tf.reduce_prod(per_example), "Prod"),
+        (lambda per_example: tf.reduce_mean(per_example - tf.reduce_mean(per_example)) ** 2, "Pow"),
+        (lambda per_example: tf.reduce_sum(tf.reduce_max(per_example[:, None], axis=0)), "Max"),
     ],
-    ids=["max", "sqrt-of-mean"],
+    ids=["max", "sqrt-of-mean", "norm", "product", "square-of-mean", "sum-of-max-over-batch"],
 )
-def test_fallback_without_findable_per_example_losses_says_what_to_pass(make_loss):
+def test_loss_that_is_not_a_mean_or_sum_is_refused(make_loss, op):
+    """With a rule (MatMul) or the fallback (Pow), a loss that is not a mean or a sum of
+    per-example losses raises, naming the op and the vector to pass: never a wrong number."""
     w = tf.Variable(tf.ones([3, 2]), name="wavy")
+    v = tf.Variable(tf.ones([3]), name="powered")
 
     @tf.function
     def step(x):
-        per_example = tf.reduce_sum(tf.matmul(x, tf.sin(w)) ** 2, axis=1)
-        return gradmom.gradients_and_moments(make_loss(per_example), [w])
+        per_example = tf.reduce_sum(tf.matmul(x, w) ** 2, axis=1)
+        per_example += tf.reduce_sum(tf.pow(tf.abs(x) + 1.0, v), axis=1)
+        return gradmom.gradients_and_moments(make_loss(per_example), [w, v])
 
     with pytest.raises(gradmom.PerExampleLossError) as info:
         step(tf.ones([4, 3]))
     msg = str(info.value)
-    assert "'wavy'" in msg and "Sin" in msg
+    assert f"{op})" in msg or f", {op}" in msg, msg
     assert "per-example losses" in msg and "[n] vector" in msg
 
 
@@ -307,7 +318,9 @@ def test_bad_arguments():
 
     with pytest.raises(ValueError, match="orders must be integers from 1 to 4"):
         step(orders=(2, 5))
-    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
+    with pytest.raises(
+        ValueError, match=r"reduction must be None \(read from the graph\), 'mean' or 'sum'"
+    ):
         step(reduction="avg")
     with pytest.raises(TypeError, match=r"var_list\[0\] is a str"):
         step(var_list=["w"])
@@ -434,3 +447,58 @@ def test_batchnorm_training_couples_upstream_layers_and_warns_once():
     for v, m, expected in zip(variables, moments, expected_all):
         for p in (1, 2, 3):
             _assert_close(m[p], expected[p], 1e-10, f"{v.path} M{p}", floor[p])
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        "token-and-position-batch-eq-seq",
+        "token-and-position-batch-1",
+        "vit-class-token-position-ids",
+        "swin-windows-batch-eq-windows",
+        "lora-dense",
+        "lora-dense-sequence",
+        "lora-einsum-dense",
+        "prelu-weight-norm",
+        "custom-ops-fallback",
+    ],
+)
+def test_architecture_cases_take_exact_rules(case_id):
+    """Position tables, class tokens, windows, LoRA, PReLU, weight norm, ``tf.sin(W)`` and a
+    custom gradient: every variable by a rule (derived parameters chained back), no fallback."""
+    case = CASES_BY_ID[case_id]
+    _run(case, "float64", fallback="error")  # raises UnsupportedOpError on any fallback
+
+
+def test_embedding_lookup_sparse_is_exact_or_refused():
+    """``tf.nn.embedding_lookup_sparse``: the sparse ids' values have no examples' axis (their
+    rows are the non-zeros). The result is never a wrong number."""
+    rng = np.random.default_rng(3)
+    table = tf.Variable(rng.normal(size=(6, 3)), name="table")
+    w = tf.Variable(rng.normal(size=(3, 2)), name="w")
+    ids = tf.sparse.from_dense(tf.constant([[1, 2, 0], [4, 4, 5], [0, 3, 0], [5, 1, 2]], tf.int64))
+    y = tf.constant(rng.normal(size=(4, 2)))
+
+    @tf.function
+    def step(sp, y):
+        h = tf.nn.embedding_lookup_sparse(table, sp, None, combiner="sum")
+        per_example = tf.reduce_sum((tf.matmul(h, w) - y) ** 2, axis=1)
+        return gradmom.gradients_and_moments(tf.reduce_mean(per_example), [table, w], orders=(2,))
+
+    try:
+        _, moments = step(ids, y)
+    except gradmom.GradMomentsError as e:
+        assert "table" in str(e) or "loss" in str(e)
+        return
+    dense = tf.sparse.to_dense(ids).numpy()
+    per = []
+    for j in range(4):
+        with tf.GradientTape() as tape:
+            # from_dense dropped the zeros: example j looks up its non-zero ids
+            rows = tf.gather(table, [i for i in dense[j] if i != 0])
+            h = tf.reduce_sum(rows, axis=0, keepdims=True)
+            lj = tf.reduce_sum((tf.matmul(h, w) - y[j : j + 1]) ** 2)
+        per.append([tf.convert_to_tensor(g).numpy() for g in tape.gradient(lj, [table, w])])
+    for i in range(2):
+        ref = np.mean(np.stack([p[i] for p in per]) ** 2, axis=0)
+        np.testing.assert_allclose(moments[i][2].numpy(), ref, rtol=1e-9, atol=1e-12)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from tb_gradmom.rules.base import Contribution, RuleError, Site
 from tb_gradmom.rules.bias import bias_rule
 from tb_gradmom.rules.call import call_rule
+from tb_gradmom.rules.concat import concat_rule
 from tb_gradmom.rules.conv import conv_rule
 from tb_gradmom.rules.einsum import batch_matmul_rule, einsum_rule
 from tb_gradmom.rules.embedding import gather_rule
@@ -33,6 +34,7 @@ REGISTRY = {
     "BatchMatMulV2": batch_matmul_rule,
     "BatchMatMulV3": batch_matmul_rule,
     "Einsum": einsum_rule,
+    "ConcatV2": concat_rule,
     # Keras' grouped convolutions: an XLA-compiled function call wrapping Conv2D/Conv3D
     "PartitionedCall": call_rule,
     "StatefulPartitionedCall": call_rule,

@@ -32,6 +32,9 @@ class Site:
       output: the op's output whose gradient the rule needs.
       dtype: the dtype in which moments are computed (float32, or float64 for float64 models).
       var_shape: the variable's shape (``view`` is the resource handle for ``ResourceGather``).
+      axes: the analysis of where the examples are (`tb_gradmom._axes.Examples`): a rule fires
+        only where it proves the axis it treats as the examples, and raises `RuleError`
+        otherwise.
     """
 
     op: tf.Operation
@@ -40,17 +43,30 @@ class Site:
     output: tf.Tensor
     dtype: tf.DType
     var_shape: tf.TensorShape | None = None
+    axes: object = None
 
     def input(self, i: int) -> tf.Tensor:
         """The op's i-th input, cast to the moment dtype."""
         return tf.cast(self.op.inputs[i], self.dtype)
+
+    def example_axis(self, t: tf.Tensor, what: str):
+        """The proven `Axis` of the examples in ``t``, or `RuleError` naming ``what`` it is."""
+        from tb_gradmom._axes import Axis, describe
+
+        st = self.axes.of(t)
+        if isinstance(st, Axis):
+            return st
+        why = f" (stopped at {self.axes.why(t)})" if st == "unknown" else ""
+        raise RuleError(
+            f"the examples' axis of {what} '{t.name}' is not proven: {describe(st)}{why}"
+        )
 
 
 # per_example(delta, n, start, size) -> [size, *view.shape] per-example gradients of `view`
 PerExampleFn = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
 # power_sums(delta, n, orders, chunk) -> {p: sum_j g_j ** p}, shaped like `view`; `chunk`: the
 # most examples to process at once (None: all), for rules whose fast path materialises per example
-PowerSumsFn = Callable[[tf.Tensor, tf.Tensor, tuple], dict]
+PowerSumsFn = Callable[[tf.Tensor, tf.Tensor, tuple, int | None], dict]
 
 
 @dataclass(frozen=True)

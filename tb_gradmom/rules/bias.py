@@ -1,16 +1,18 @@
 """Biases and element-wise scales: ``BiasAdd``, ``AddV2``/``Add``, ``Sub`` and ``Mul``.
 
-For ``z = x + b`` with ``b`` broadcast over the non-batch axes ``S`` (positions, pixels, the
-sequence), the per-example gradient sums over them: ``g_j = sum_S delta_j``. For ``z = x * w``
-it is ``g_j = sum_S x_j * delta_j`` (the scale of LayerNormalization); for ``z = x - b`` it is
-``-sum_S delta_j``. The sum over ``S`` is taken per example *before* the power.
+For ``z = x + b`` with ``b`` broadcast over the non-example axes ``S`` (positions, pixels, the
+sequence, and the entries folded with the examples on their axis), the per-example gradient sums
+over them: ``g_j = sum_S delta_j``. For ``z = x * w`` it is ``g_j = sum_S x_j * delta_j`` (the
+scale of LayerNormalization); for ``z = x - b`` it is ``-sum_S delta_j``. The sum over ``S`` is
+taken per example *before* the power. The examples' axis of ``z`` is proven by
+`tb_gradmom._axes`; the parameter must be broadcast over it.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom._graph import grouped_source
+from tb_gradmom._axes import examples_first, per_example_masked
 from tb_gradmom.rules.base import Contribution, RuleError, Site, power_sum
 
 __all__ = ["bias_rule"]
@@ -32,62 +34,87 @@ def bias_rule(site: Site) -> Contribution:
         raise RuleError("the variable's consumed shape is not static")
     if out.shape.rank is None:
         raise RuleError("the op's output rank is not static")
-    other_index = 1 - site.index
-    group_src = None
-    if out.shape.rank == 2:
-        group_src = grouped_source(op.inputs[other_index], after_matmul=True)
-
-    # Align the parameter's shape to the output's, right to left (numpy broadcasting).
-    rank = 3 if group_src is not None else out.shape.rank
+    rank = out.shape.rank
     if rank == 0:
-        raise RuleError("the op's output is a scalar, with no batch axis")
+        raise RuleError("the op's output is a scalar, with no examples' axis")
+    ax = site.example_axis(out, f"the output of {op.type} op '{op.name}'")
     if vshape.rank > rank:
         raise RuleError(f"the parameter has rank {vshape.rank}, above the output's rank {rank}")
     aligned = [1] * (rank - vshape.rank) + list(vshape)
-    if aligned[0] != 1:
-        raise RuleError(
-            "the parameter is not broadcast over the batch axis (its first axis has size "
-            f"{aligned[0]}), so its gradient has no per-example split at this op"
-        )
-    sum_axes = [i for i in range(1, rank) if aligned[i] == 1]
+    other_index = 1 - site.index
+    if aligned[ax.axis] != 1:
+        if aligned[ax.axis] != out.shape[ax.axis]:
+            raise RuleError(
+                "the parameter is not broadcast over the examples' axis (its size there is "
+                f"{aligned[ax.axis]}), so its gradient has no per-example split at this op"
+            )
+        return _tiled(site, op, out, ax, aligned, other_index)
+    # After examples_first: [n, partners, *out dims without the examples' axis].
+    rest = [i for i in range(rank) if i != ax.axis]
+    sum_axes = [1] + [2 + r for r, i in enumerate(rest) if aligned[i] == 1]
 
-    def contributions(delta, n):
+    def contributions(delta):
         c = delta
         if op.type == "Mul":
-            other = tf.cast(op.inputs[other_index], site.dtype)
-            c = c * other
+            c = c * tf.cast(op.inputs[other_index], site.dtype)
         elif op.type == "Sub" and site.index == 1:
             c = -c
-        if group_src is not None:
-            c = tf.reshape(c, [n, -1, tf.shape(c)[-1]])
         return c
 
-    def reduce(c):
-        g = tf.reduce_sum(c, axis=sum_axes) if sum_axes else c
+    plain = ax.pure and ax.axis == 0  # no rearranging: sum the broadcast axes in place
+    plain_axes = [i for i in rest if aligned[i] == 1]
+
+    def rows(c, n):
+        return c if plain else examples_first(c, ax, n)
+
+    def total(c):
+        axes = plain_axes if plain else sum_axes
+        g = tf.reduce_sum(c, axis=axes) if axes else c
         return tf.reshape(g, [-1, *vshape])
 
+    def reduce(c, n):
+        return total(rows(c, n))
+
     def per_example(delta, n, start, size):
-        return reduce(contributions(delta, n)[start : start + size])
+        return total(rows(contributions(delta), n)[start : start + size])
 
     def power_sums(delta, n, orders, chunk=None):
-        g_pow = {1: reduce(contributions(delta, n))}
+        g_pow = {1: reduce(contributions(delta), n)}
         return {p: power_sum(g_pow, p) for p in sorted(orders)}
 
-    if group_src is not None:
-        examples = tf.shape(group_src)[0]
-        evidence = (
-            f"the leading axis of '{group_src.name}', reshaped before {op.type} op '{op.name}'"
-        )
-    else:
-        examples = tf.shape(out)[0]
-        evidence = f"the first axis of the output of {op.type} op '{op.name}'"
-    per_ex = 1
-    for s in out.shape[1:]:
+    per_ex = ax.partners
+    for i in rest:
+        s = out.shape[i]
         per_ex *= s if s is not None else 1024
     return Contribution(
-        examples=examples,
-        evidence=evidence,
+        examples=tf.shape(out)[ax.axis] // ax.partners,
+        evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=int(per_ex),
         power_sums=power_sums,
+    )
+
+
+def _tiled(site: Site, op, out, ax, aligned, other_index) -> Contribution:
+    """A parameter tiled to the batch (``[n, ...]``, a copy per example): example ``j``'s
+    gradient is its own copy's, the others zero (`per_example_masked`)."""
+    vshape = site.view.shape
+    keep = [i for i, a in enumerate(aligned) if a == 1 and out.shape[i] != 1]
+
+    def per_example(delta, n, start, size):
+        c = delta
+        if op.type == "Mul":
+            c = c * tf.cast(op.inputs[other_index], site.dtype)
+        elif op.type == "Sub" and site.index == 1:
+            c = -c
+        if keep:
+            c = tf.reduce_sum(c, axis=keep, keepdims=True)
+        c = tf.reshape(c, aligned)
+        return tf.reshape(per_example_masked(c, ax, n, start, size), [-1, *vshape])
+
+    return Contribution(
+        examples=tf.shape(out)[ax.axis] // ax.partners,
+        evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
+        per_example=per_example,
+        per_example_elements=int(vshape.num_elements()),
     )

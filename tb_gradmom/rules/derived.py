@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tb_gradmom.rules.base import Contribution, RuleError
 
-__all__ = ["DERIVED_OPS", "local_factor", "derived_contribution"]
+__all__ = ["DERIVED_OPS", "local_factor", "derived_contribution", "vjp_contribution"]
 
 DERIVED_OPS = frozenset({"Mul", "AddV2", "Add", "Sub"})
 
@@ -83,4 +83,50 @@ def derived_contribution(
         + int(tf.TensorShape(dshape).num_elements()),
         power_sums=power_sums,
         power_sums_elements=inner.power_sums_elements,
+    )
+
+
+def vjp_contribution(
+    view: tf.Tensor, derived: tf.Tensor, stop: list, dtype: tf.DType, inner: Contribution
+) -> Contribution:
+    """The contribution to ``view`` of ``inner``, a contribution to ``derived = f(view, r)`` for
+    any differentiable op ``f`` whose other inputs ``r`` hold no examples (a gather of a position
+    table by constant ids, LoRA's ``A @ B``, a concatenation or reshape of parameters):
+    ``g_j(view) = J_f^T g_j(derived)``, the vector-Jacobian product of ``f`` at this step's values,
+    applied to each example's gradient of ``derived`` (vectorised over a chunk of examples by
+    ``pfor``; ``f`` holds no examples, so its backward pass is small). ``stop``: the other inputs,
+    held fixed (their own dependence on the variable is another site of it)."""
+    from tb_gradmom._fallback import _pfor
+
+    vshape, dshape = view.shape, derived.shape
+    if not (vshape.is_fully_defined() and dshape.is_fully_defined()):
+        raise RuleError("the shapes of a parameter derived from the variable are not static")
+    if _pfor is None:  # pragma: no cover
+        raise RuleError("this TensorFlow has no parallel_for.pfor")
+    dshape_l, vshape_l = list(dshape), list(vshape)
+
+    def per_example(delta, n, start, size):
+        g = tf.reshape(inner.per_example(delta, n, start, size), [-1, *dshape_l])
+        g = tf.cast(g, derived.dtype)
+
+        def loop_fn(i):
+            (gv,) = tf.gradients(
+                derived,
+                view,
+                grad_ys=tf.gather(g, i),
+                stop_gradients=stop,
+                unconnected_gradients="zero",
+            )
+            return tf.cast(tf.convert_to_tensor(gv), dtype)
+
+        rows = _pfor(loop_fn, tf.shape(g)[0], fallback_to_while_loop=True)
+        return tf.reshape(rows, [-1, *vshape_l])
+
+    return Contribution(
+        examples=inner.examples,
+        evidence=inner.evidence,
+        per_example=per_example,
+        per_example_elements=inner.per_example_elements
+        + int(dshape.num_elements())
+        + int(vshape.num_elements()),
     )

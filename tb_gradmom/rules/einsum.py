@@ -2,16 +2,21 @@
 
 Keras 3 ``EinsumDense`` (the query/key/value/output projections of ``MultiHeadAttention``)
 appears as ``Reshape -> BatchMatMulV2`` of ``x: [n, ..., d_in]`` with ``W: [d_in, d_out]``; its
-per-example gradient sums over every non-batch position: ``g_j = sum_t x_{j,t}^T delta_{j,t}``.
-A plain ``Einsum`` ``"X,W->Z"`` whose output starts with the batch letter ``b`` (absent from
-``W``) has per-example gradient ``einsum("X,Z->bW", x, delta)``: the positions are summed inside
-the einsum, per example, before the power. Both are materialised for a chunk of examples.
+per-example gradient sums over every non-example position: ``g_j = sum_t x_{j,t}^T
+delta_{j,t}``. A plain ``Einsum`` ``"X,W->Z"`` whose output carries the examples on a letter
+``b`` absent from ``W`` has per-example gradient ``einsum("X,Z->bW", x, delta)``: the positions
+are summed inside the einsum, per example, before the power. Both are materialised for a chunk
+of examples. The examples' axis (possibly folded with windows, as in Swin's window attention,
+or with positions) is proven by `tb_gradmom._axes`; the folded entries are summed per example.
 """
 
 from __future__ import annotations
 
+import string
+
 import tensorflow as tf
 
+from tb_gradmom._axes import Axis, examples_first
 from tb_gradmom.rules.base import Contribution, RuleError, Site
 
 __all__ = ["batch_matmul_rule", "einsum_rule"]
@@ -27,24 +32,28 @@ def batch_matmul_rule(site: Site) -> Contribution:
     wshape = site.view.shape
     if wshape.rank != 2 or not wshape.is_fully_defined():
         raise RuleError("the variable must be a static matrix broadcast over the batch")
-    x_t = op.inputs[0]
+    x_t, out = op.inputs[0], op.outputs[0]
     if x_t.shape.rank is None or x_t.shape.rank < 3:
         raise RuleError("the other operand has no batch axis beyond the matrix axes")
+    site.example_axis(x_t, f"the input of {op.type} op '{op.name}'")
+    ax = site.example_axis(out, f"the output of {op.type} op '{op.name}'")
+    if ax.axis == out.shape.rank - 1:
+        raise RuleError("the examples are on the output's columns")
     adj_x, adj_y = op.get_attr("adj_x"), op.get_attr("adj_y")
     d_in, d_out = (wshape[1], wshape[0]) if adj_y else (wshape[0], wshape[1])
 
     def per_example(delta, n, start, size):
-        x = site.input(0)[start : start + size]
+        x = site.input(0)
         if adj_x:
             x = tf.linalg.matrix_transpose(x)
-        x3 = tf.reshape(x, [tf.shape(x)[0], -1, d_in])
-        d3 = tf.reshape(delta[start : start + size], [tf.shape(x)[0], -1, d_out])
+        x3 = tf.reshape(examples_first(x, ax, n)[start : start + size], [size, -1, d_in])
+        d3 = tf.reshape(examples_first(delta, ax, n)[start : start + size], [size, -1, d_out])
         g = tf.einsum("nti,nto->nio", x3, d3)
         return tf.linalg.matrix_transpose(g) if adj_y else g
 
     return Contribution(
-        examples=tf.shape(x_t)[0],
-        evidence=f"the first axis of the input of {op.type} op '{op.name}'",
+        examples=tf.shape(out)[ax.axis] // ax.partners,
+        evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=int(d_in * d_out),
     )
@@ -62,34 +71,46 @@ def _parse(equation: str) -> tuple[str, str, str]:
 
 
 def einsum_rule(site: Site) -> Contribution:
-    """A two-operand ``Einsum`` whose output's first axis is the batch of the other operand."""
+    """A two-operand ``Einsum`` whose output carries the examples of the other operand."""
     op = site.op
     equation = op.get_attr("equation")
     equation = equation.decode() if isinstance(equation, bytes) else equation
     subs = _parse(equation)
     var_subs, other_subs, out_subs = subs[site.index], subs[1 - site.index], subs[2]
-    batch = out_subs[:1]
-    if not batch or batch in var_subs or batch not in other_subs:
+    out = op.outputs[0]
+    ax = site.example_axis(out, f"the output of {op.type} op '{op.name}'")
+    batch = out_subs[ax.axis]
+    if batch in var_subs or batch not in other_subs:
         raise RuleError(
-            f"equation {equation!r}: the output's first axis must come from the other operand "
-            "only (the batch)"
+            f"equation {equation!r}: the examples' letter {batch!r} of the output must come "
+            "from the other operand only"
         )
     missing = [c for c in var_subs if c not in other_subs and c not in out_subs]
     if missing:
         raise RuleError(f"equation {equation!r}: the variable's axes {missing} are summed away")
     if not site.view.shape.is_fully_defined():
         raise RuleError("the variable's consumed shape is not static")
-    grad_eq = f"{other_subs},{out_subs}->{batch}{var_subs}"
-    axis = other_subs.index(batch)
     other_t = op.inputs[1 - site.index]
+    other_ax = Axis(other_subs.index(batch), ax.outer, ax.inner)
+    if site.axes.of(other_t) != other_ax:
+        raise RuleError(
+            f"equation {equation!r}: the examples of the other operand are not on its "
+            f"letter {batch!r}"
+        )
+    free = [c for c in string.ascii_letters if c not in var_subs + other_subs + out_subs]
+    z, q = free[0], free[1]
+    other_rest = other_subs.replace(batch, "")
+    out_rest = out_subs.replace(batch, "")
+    grad_eq = f"{z}{q}{other_rest},{z}{q}{out_rest}->{z}{var_subs}"
 
     def per_example(delta, n, start, size):
-        other = tf.gather(site.input(1 - site.index), tf.range(start, start + size), axis=axis)
-        return tf.einsum(grad_eq, other, delta[start : start + size])
+        other = examples_first(site.input(1 - site.index), other_ax, n)[start : start + size]
+        d = examples_first(delta, ax, n)[start : start + size]
+        return tf.einsum(grad_eq, other, d)
 
     return Contribution(
-        examples=tf.shape(other_t)[axis],
-        evidence=f"axis {axis} of the other operand of {op.type} op '{op.name}'",
+        examples=tf.shape(out)[ax.axis] // ax.partners,
+        evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=int(site.view.shape.num_elements()),
     )

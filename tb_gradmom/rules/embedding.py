@@ -5,12 +5,17 @@ example looks ``v`` up: ``g_j[v] = sum_{t: ids[j,t] = v} delta_{j,t}``. Repeated
 example are summed *before* the power. The rule segment-sums ``delta`` over the unique
 ``(example, id)`` pairs, raises those sums to the power, and segment-sums them by id: memory
 ``O(tokens * dim)``, never ``O(n * vocab * dim)``.
+
+The examples' axis of the ids is proven by `tb_gradmom._axes`. Ids with no examples (a position
+table looked up with ``arange(T)`` or ``position_ids [1, T]``) make the looked-up rows a
+*derived parameter*: the core chains their per-example gradients back to the table.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from tb_gradmom._axes import examples_first
 from tb_gradmom.rules.base import Contribution, RuleError, Site, power
 
 __all__ = ["gather_rule"]
@@ -39,12 +44,14 @@ def gather_rule(site: Site) -> Contribution:
         row_size *= s
     indices = op.inputs[1]
     if indices.shape.rank == 0:
-        raise RuleError("a single looked-up id has no batch axis")
+        raise RuleError("a single looked-up id has no examples' axis")
+    ax = site.example_axis(indices, f"the ids of {op.type} op '{op.name}'")
 
     def pairs(delta, n, start, size):
         """Per (example, id) pair of examples [start, start + size): ids, local example, sums."""
-        ids = tf.reshape(tf.cast(indices, tf.int64), [n, -1])[start : start + size]
-        d = tf.reshape(delta, [n, -1, row_size])[start : start + size]
+        ids = examples_first(tf.cast(indices, tf.int64), ax, n)
+        ids = tf.reshape(ids, [n, -1])[start : start + size]
+        d = tf.reshape(examples_first(delta, ax, n), [n, -1, row_size])[start : start + size]
         per = tf.shape(ids, out_type=tf.int64)[1]
         example = tf.repeat(tf.range(tf.cast(size, tf.int64)), per)
         key = example * vocab + tf.reshape(ids, [-1])
@@ -66,8 +73,8 @@ def gather_rule(site: Site) -> Contribution:
         return tf.reshape(dense, [-1, vocab, *row])
 
     return Contribution(
-        examples=tf.shape(indices)[0],
-        evidence=f"the first axis of the ids of {op.type} op '{op.name}'",
+        examples=tf.shape(indices)[ax.axis] // ax.partners,
+        evidence=f"the examples' {ax} of the ids of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=vocab * row_size,
         power_sums=power_sums,

@@ -4,16 +4,17 @@ Rows of ``A`` are examples (``Z = A W``, ``A: [n, d_in]``): the per-example grad
 ``g_j = a_j delta_j^T``, so ``sum_j g_j**p = (A**p)^T (delta**p)``: one extra matmul per order,
 no per-example tensor (the factorised form; Dangel et al. 2020, BackPACK, "batch_l2"/"variance").
 
-Rows grouped by example (Keras 3 Dense on ``[n, T, d_in]`` reshapes to ``[n * T, d_in]``):
-``g_j = sum_t a_{j,t} delta_{j,t}^T`` is materialised per chunk of examples with an einsum,
-then raised to the power: positions are summed before the power.
+Rows grouped by example (Keras 3 Dense on ``[n, T, d_in]`` reshapes to ``[n * T, d_in]``; a
+time-major or windowed layout folds the examples with other entries): the example axis of the
+rows is proven by `tb_gradmom._axes`, ``g_j = sum_t a_{j,t} delta_{j,t}^T`` is materialised per
+chunk of examples with an einsum, then raised to the power: positions are summed before it.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom._graph import grouped_source
+from tb_gradmom._axes import Axis, examples_first
 from tb_gradmom.rules.base import Contribution, RuleError, Site
 
 __all__ = ["matmul_rule"]
@@ -29,7 +30,12 @@ def matmul_rule(site: Site) -> Contribution:
     ta = op.get_attr("transpose_a")
     tb = op.get_attr("transpose_b")
     if site.index == 1:
-        # Z = A_eff W_eff with A_eff = op(a): rows of A_eff and of Z are examples.
+        # Z = A_eff W_eff with A_eff = op(a): rows of A_eff and of Z hold the examples.
+        other = op.inputs[0]
+        ax = site.example_axis(other, f"the input of {op.type} op '{op.name}'")
+        if ax.axis != (1 if ta else 0):
+            raise RuleError(f"the examples are on the contracted axis of '{other.name}'")
+
         def rows() -> tf.Tensor:
             a = site.input(0)
             return _t(a) if ta else a
@@ -38,11 +44,13 @@ def matmul_rule(site: Site) -> Contribution:
             return delta
 
         transpose_out = tb
-        group_src = (
-            None if ta else grouped_source(op.inputs[0], d_in=site.view.shape[-1 if tb else 0])
-        )
     elif site.index == 0:
-        # Z = W_eff B_eff; Z^T = B_eff^T W_eff^T: columns of B_eff and of Z are examples.
+        # Z = W_eff B_eff; Z^T = B_eff^T W_eff^T: columns of B_eff and of Z hold the examples.
+        other = op.inputs[1]
+        ax = site.example_axis(other, f"the input of {op.type} op '{op.name}'")
+        if ax.axis != (0 if tb else 1):
+            raise RuleError(f"the examples are on the contracted axis of '{other.name}'")
+
         def rows() -> tf.Tensor:
             b = site.input(1)
             return b if tb else _t(b)
@@ -51,9 +59,9 @@ def matmul_rule(site: Site) -> Contribution:
             return _t(delta)
 
         transpose_out = not ta
-        group_src = None
     else:  # pragma: no cover - MatMul has two inputs
         raise RuleError(f"unexpected input index {site.index}")
+    row_axis = Axis(0, ax.outer, ax.inner)
 
     def finish(g: tf.Tensor) -> tf.Tensor:
         # g: [..., d_rows_in, d_rows_out] in the rows form; back to the consumed tensor's layout.
@@ -61,10 +69,13 @@ def matmul_rule(site: Site) -> Contribution:
             return tf.linalg.matrix_transpose(g)
         return g
 
-    if group_src is None:
+    d_in, d_out = site.view.shape[-2], site.view.shape[-1]
+    evidence = f"the examples' {ax} of '{other.name}', the input of {op.type} op '{op.name}'"
 
-        def examples() -> tf.Tensor:
-            return tf.shape(rows())[0]
+    def examples() -> tf.Tensor:
+        return tf.shape(other)[ax.axis] // ax.partners
+
+    if ax.pure:
 
         def per_example(delta, n, start, size):
             a = rows()[start : start + size]
@@ -84,27 +95,23 @@ def matmul_rule(site: Site) -> Contribution:
                 out[p] = finish(tf.matmul(a_pow[p], d_pow[p], transpose_a=True))
             return out
 
-        d_in, d_out = site.view.shape[-2], site.view.shape[-1]
         return Contribution(
             examples=examples(),
-            evidence=f"rows of the input of {op.type} op '{op.name}'",
+            evidence=evidence,
             per_example=per_example,
             per_example_elements=int((d_in or 1) * (d_out or 1)),
             power_sums=power_sums,
         )
 
-    # Grouped rows: A = reshape(src, [n * T, d_in]).
+    # Rows grouped by example: [outer, n, inner] rows -> [n, outer * inner, d].
     def per_example_grouped(delta, n, start, size):
-        a = rows()
-        d = delta_rows(delta)
-        a3 = tf.reshape(a, [n, -1, tf.shape(a)[-1]])[start : start + size]
-        d3 = tf.reshape(d, [n, -1, tf.shape(d)[-1]])[start : start + size]
+        a3 = examples_first(rows(), row_axis, n)[start : start + size]
+        d3 = examples_first(delta_rows(delta), row_axis, n)[start : start + size]
         return finish(tf.einsum("nti,nto->nio", a3, d3))
 
-    d_in, d_out = site.view.shape[-2], site.view.shape[-1]
     return Contribution(
-        examples=tf.shape(group_src)[0],
-        evidence=f"the leading axis of '{group_src.name}', reshaped into {op.type} op '{op.name}'",
+        examples=examples(),
+        evidence=evidence,
         per_example=per_example_grouped,
         per_example_elements=int((d_in or 1) * (d_out or 1)),
         power_sums=None,

@@ -1,0 +1,298 @@
+"""The loss, checked rather than trusted: is the scalar a mean or a sum of per-example losses?
+
+Every moment rests on ``L = (1/n) sum_j l_j`` (a mean) or ``L = sum_j l_j`` (a sum) with ``l_j``
+depending on example ``j`` alone. `analyse` proves that from the graph: it follows the scalar
+down through constant factors (``0.5 *``, Keras' ``sum / size``, a loss scale, ``1/replicas``),
+sums of terms (several outputs with loss weights; regularisation terms, which hold no example
+and are left out of the per-example losses) to ``Sum``/``Mean`` reductions of tensors whose
+examples' axis `tb_gradmom._axes` proves. A ``Max``, a norm, a product, or a reduction of values
+that mix the examples is refused with an error that says which vector to pass.
+
+The reduction is read off the same walk: a ``Mean`` over the examples or a division by a count
+that holds the batch size makes a mean; no such division makes a sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from tb_gradmom import _axes
+from tb_gradmom._errors import PerExampleLossError
+
+__all__ = ["LossForm", "analyse", "per_example_losses"]
+
+_VIEWS = frozenset({"Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "EnsureShape"})
+_LINEAR_REDUCTIONS = frozenset({"Sum", "Mean"})
+_NOT_SUMS = {
+    "Max": "a maximum",
+    "Min": "a minimum",
+    "Prod": "a product",
+    "EuclideanNorm": "a Euclidean norm",
+    "Sqrt": "a square root",
+    "Square": "a square",
+    "Pow": "a power",
+    "Log": "a logarithm",
+    "Exp": "an exponential",
+    "LogSumExp": "a log-sum-exp",
+}
+
+
+@dataclass
+class Term:
+    """``factor * sum(values)``: ``values`` holds examples on ``axis`` (assumed 0 if unproven)."""
+
+    values: tf.Tensor
+    factors: list  # scalar tensors (or floats) multiplied together
+    axis: _axes.Axis
+    # the exponent of the batch size in the factors: -1 after a division by a count that
+    # holds it (a mean), 0 without
+    n_power: int
+    divisors: list = field(default_factory=list)  # static int divisors (constant-folded sizes)
+
+
+@dataclass
+class LossForm:
+    """``scalar == sum_k factor_k * sum(values_k)`` up to terms that hold no examples."""
+
+    terms: list
+    mode: str  # "mean" or "sum"
+    structural: bool  # the mode follows from the graph's structure (not from a constant's value)
+    proven: bool  # every term's examples' axis is proven
+    note: str = ""  # why not proven
+
+    @property
+    def values(self) -> tf.Tensor:
+        return self.terms[0].values
+
+
+def _fail(scalar, op, what: str) -> PerExampleLossError:
+    return PerExampleLossError(
+        f"the scalar loss '{scalar.name}' is not a mean or a sum of per-example losses: it "
+        f"goes through {what} (op '{op.name}', {op.type}), so its gradient has no per-example "
+        "split. Pass the [n] vector of per-example losses as `loss` instead (for example "
+        "keras.losses.*(reduction=None)(y, y_pred), or "
+        "tf.nn.softmax_cross_entropy_with_logits(...) before any reduction over the batch)."
+    )
+
+
+def _scalar_factor(t: tf.Tensor, ex) -> bool:
+    return t.shape.rank == 0 and ex.of(t) in (_axes.FREE, _axes.REDUCED)
+
+
+def analyse(scalar: tf.Tensor, ex, replicas: int = 1) -> LossForm:
+    """The form of a scalar loss; raises `PerExampleLossError` when it is not a mean or a sum
+    of per-example losses."""
+    terms: list[Term] = []
+    stack = [(scalar, [], 0, [])]
+    steps = 0
+    while stack:
+        t, factors, n_power, divisors = stack.pop()
+        steps += 1
+        if steps > 10_000:
+            raise _fail(scalar, t.op, "a graph too deep to follow")
+        op = t.op
+        ty = op.type
+        if ty in _VIEWS and op.inputs and t.shape.rank == 0:
+            stack.append((op.inputs[0], factors, n_power, divisors))
+            continue
+        if ty in ("Identity", "Cast") and op.inputs:
+            stack.append((op.inputs[0], factors, n_power, divisors))
+            continue
+        if ty == "Neg":
+            stack.append((op.inputs[0], factors + [-1.0], n_power, divisors))
+            continue
+        if ty in ("Mul", "MulNoNan"):
+            a, b = op.inputs
+            for f, rest in ((b, a), (a, b)):
+                if _scalar_factor(f, ex) and t.shape.rank == 0:
+                    stack.append((rest, factors + [f], n_power, divisors + _replicas(f, replicas)))
+                    break
+            else:
+                raise _fail(scalar, op, "a product of terms that depend on the examples")
+            continue
+        if ty in ("RealDiv", "DivNoNan", "Div"):
+            a, b = op.inputs
+            if not _scalar_factor(b, ex):
+                raise _fail(scalar, op, "a division by a value that depends on the examples")
+            holds, divs = _count_in(b, ex)
+            stack.append((a, factors + [_Reciprocal(b)], n_power + holds, divisors + divs))
+            continue
+        if ty in ("AddV2", "Add", "AddN", "Sub"):
+            for i, x in enumerate(op.inputs):
+                st = ex.of(x)
+                if st == _axes.FREE:
+                    continue  # regularisation: the same for every example, left out
+                sign = [-1.0] if ty == "Sub" and i == 1 else []
+                stack.append((x, factors + sign, n_power, divisors))
+            continue
+        if ty in _LINEAR_REDUCTIONS:
+            values = op.inputs[0]
+            if t.shape.rank != 0 and t.shape.num_elements() != 1:
+                raise _fail(scalar, op, "a reduction that keeps axes")
+            factors = list(factors)
+            if ty == "Mean":
+                factors.append(_Reciprocal(tf.size(values)))
+            term = _term(scalar, values, op, factors, n_power, divisors, ex)
+            if term is not None:
+                terms.append(term)
+            continue
+        if ex.of(t) == _axes.FREE:
+            continue
+        what = _NOT_SUMS.get(ty, f"an op gradmom cannot see through ({ty})")
+        raise _fail(scalar, op, what)
+    if not terms:
+        raise PerExampleLossError(
+            f"the scalar loss '{scalar.name}' does not depend on the examples: gradmom found "
+            "no mean or sum over a batch in it. Pass the [n] vector of per-example losses."
+        )
+    return _form(scalar, terms, ex, replicas)
+
+
+@dataclass(frozen=True)
+class _Reciprocal:
+    """``1 / t`` as a factor."""
+
+    t: tf.Tensor
+
+
+def _count_in(b: tf.Tensor, ex) -> tuple[int, list]:
+    """Whether divisor ``b`` holds the batch size symbolically (1) or not (0), and its value
+    when it is a static positive integer (for the value-based check of `_form`)."""
+    val = ex.sym_value(_strip_cast(b))
+    if isinstance(val, _axes.Sym):
+        return 1, []
+    if isinstance(val, int):
+        return 0, [val] if val > 0 else []
+    static = tf.get_static_value(b)
+    if static is not None:
+        v = float(np.asarray(static))
+        if v.is_integer() and v > 0:
+            return 0, [int(v)]
+    return 0, []
+
+
+def _replicas(f: tf.Tensor, replicas: int) -> list:
+    """``[replicas]`` when factor ``f`` is ``1 / replicas`` (Keras scales each replica's loss
+    so: a division of the global mean), else ``[]``."""
+    if replicas <= 1:
+        return []
+    v = tf.get_static_value(f)
+    if v is not None and abs(float(np.asarray(v)) * replicas - 1.0) < 1e-9:
+        return [replicas]
+    return []
+
+
+def _strip_cast(t):
+    while t.op.type in ("Cast", "Identity"):
+        t = t.op.inputs[0]
+    return t
+
+
+def _term(scalar, values, op, factors, count, divisors, ex) -> Term | None:
+    """The term ``factors * sum(values)``, after following linear reductions over the examples
+    (``reduce_sum(x, axis=0)`` before the total) back to values that hold them. ``op``: the
+    reduction to a scalar; ``count``: divisions so far by counts that hold the batch size."""
+    mean = op.type == "Mean"
+    for _ in range(16):
+        st = ex.of(values)
+        if isinstance(st, _axes.Axis):
+            return Term(values, factors, st, _exponent(count + (1 if mean else 0)), divisors)
+        if st == _axes.FREE:
+            return None
+        if st == _axes.UNKNOWN:
+            return Term(values, factors, None, _exponent(count + (1 if mean else 0)), divisors)
+        inner = values.op
+        if inner.type in _LINEAR_REDUCTIONS and isinstance(ex.of(inner.inputs[0]), _axes.Axis):
+            # values = reduce(x) over some axes, the examples' among them: a sum over x (a
+            # mean divides by the reduced count, which holds the batch size)
+            mean = False
+            if inner.type == "Mean":
+                factors = factors + [_Reciprocal(_ratio(inner.inputs[0], values))]
+                count += 1 if _holds_n(inner, ex) else 0
+            values = inner.inputs[0]
+            continue
+        raise _fail(
+            scalar,
+            inner,
+            f"values that mix the examples ('{values.name}' is {_axes.describe(st)}: a "
+            "maximum, norm or statistic over the batch)",
+        )
+    raise _fail(scalar, op, "reductions too deep to follow")
+
+
+def _ratio(big: tf.Tensor, small: tf.Tensor) -> tf.Tensor:
+    return tf.cast(tf.size(big), tf.float64) / tf.cast(tf.size(small), tf.float64)
+
+
+def _holds_n(op, ex) -> bool:
+    st = ex.of(op.inputs[0])
+    rank = op.inputs[0].shape.rank
+    axes = tf.get_static_value(op.inputs[1])
+    if not isinstance(st, _axes.Axis) or axes is None or rank is None:
+        return False
+    return st.axis in {int(a) % rank for a in np.asarray(axes).reshape(-1)}
+
+
+def _exponent(count: int) -> int:
+    """The exponent of the batch size in the factors: minus the divisions by counts holding it."""
+    return -count
+
+
+def _form(scalar, terms: list[Term], ex, replicas: int) -> LossForm:
+    modes = set()
+    structural = True
+    for term in terms:
+        if term.n_power < 0:
+            modes.add("mean")
+            continue
+        if term.divisors and ex.n_static is not None:
+            total = int(np.prod(term.divisors))
+            big_n = ex.n_static * replicas
+            if total % big_n == 0:
+                modes.add("mean")
+                structural = False
+                continue
+        if term.divisors:
+            structural = False
+        modes.add("sum")
+    if len(modes) > 1:
+        raise PerExampleLossError(
+            f"the scalar loss '{scalar.name}' adds a mean over the examples and a sum over "
+            "them: there is no one per-example loss to split it into. Pass the [n] vector of "
+            "per-example losses as `loss`."
+        )
+    unproven = [t for t in terms if t.axis is None]
+    note = ""
+    if unproven:
+        note = "; ".join(f"'{t.values.name}' (stopped at {ex.why(t.values)})" for t in unproven)
+    for t in unproven:
+        t.axis = _axes.Axis(0)
+    return LossForm(terms, modes.pop(), structural, not unproven, note)
+
+
+def _factor_value(f, dtype):
+    if isinstance(f, _Reciprocal):
+        return 1.0 / tf.cast(f.t, dtype)
+    if isinstance(f, float | int):
+        return tf.constant(f, dtype)
+    return tf.cast(f, dtype)
+
+
+def per_example_losses(form: LossForm, n, mode: str | None = None) -> tf.Tensor:
+    """The ``[n]`` vector ``l`` with ``mean(l)`` (``mode="mean"``) or ``sum(l)`` equal to the
+    scalar loss (up to the terms that hold no examples)."""
+    mode = mode or form.mode
+    total = None
+    for term in form.terms:
+        v = _axes.examples_first(term.values, term.axis, n)
+        rank = v.shape.rank
+        s = tf.reduce_sum(v, axis=list(range(1, rank))) if rank and rank > 1 else v
+        for f in term.factors:
+            s = s * _factor_value(f, s.dtype)
+        total = s if total is None else total + tf.cast(s, total.dtype)
+    if mode == "mean":
+        total = total * tf.cast(n, total.dtype)
+    return total
