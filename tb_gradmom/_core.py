@@ -159,6 +159,24 @@ def _check_conv_batch(op, ex) -> str | None:
     )
 
 
+_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
+def _check_call_batch(op, ex) -> str | None:
+    """A call wrapping a convolution: its data inputs and output hold the examples on axis 0."""
+    for t in [*op.inputs, *op.outputs]:
+        if t.dtype == tf.resource:
+            continue
+        st = ex.of(t)
+        if st != _axes.Axis(0):
+            why = f" (stopped at {ex.why(t)})" if st == _axes.UNKNOWN else ""
+            return (
+                f"'{t.name}' of {op.type} op '{op.name}' is not proven to hold the examples "
+                f"on its batch axis alone: {_axes.describe(st)}{why}"
+            )
+    return None
+
+
 def _derived_outputs(op, ex, on_path):
     """The outputs of ``op`` (on the loss's path) if none of them holds examples: then the op
     computes a *derived parameter* from the variable, else None."""
@@ -219,8 +237,8 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
         raise UnsupportedOpError(
             _unsupported_message(name, op, None), reason=f"{op.type} op '{op.name}' has no rule"
         )
-    if op.type in _CONV_OPS:
-        why = _check_conv_batch(op, ex)
+    if op.type in _CONV_OPS or op.type in _CALL_OPS:
+        why = _check_conv_batch(op, ex) if op.type in _CONV_OPS else _check_call_batch(op, ex)
         if why is not None:
             raise UnsupportedOpError(
                 _unsupported_message(name, op, why), reason=f"{op.type} op '{op.name}': {why}"
