@@ -118,3 +118,120 @@ def test_callback_variables_subset_and_bad_arguments(tmp_path):
     assert first.path in tags and model.trainable_weights[1].path not in tags
     with pytest.raises(ValueError, match="every_n_steps must be a positive integer"):
         gradmom.keras.GradMoments(tmp_path, every_n_steps=0)
+
+
+# --- every reduction a Keras loss or a user's loss function can have ---------------------------
+
+
+def _sum_loss(y, y_pred):
+    per = keras.losses.sparse_categorical_crossentropy(y, y_pred, from_logits=True)
+    return keras.ops.sum(per)  # a user's loss returning the SUM over the batch
+
+
+def _max_loss(y, y_pred):
+    per = keras.losses.sparse_categorical_crossentropy(y, y_pred, from_logits=True)
+    return keras.ops.max(per)
+
+
+LOSSES = {
+    # (compile kwargs, per-example loss of example j on its own)
+    "mean": (
+        dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+        lambda out, y, w: sparse_ce(out, y),
+    ),
+    "sum-reduction": (
+        dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")),
+        lambda out, y, w: sparse_ce(out, y),
+    ),
+    "custom-sum-function": (dict(loss=_sum_loss), lambda out, y, w: sparse_ce(out, y)),
+    "sample-weights": (
+        dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+        lambda out, y, w: sparse_ce(out, y) * w,
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(LOSSES))
+def test_callback_is_exact_for_every_reduction(tmp_path, kind):
+    """The reduction is read from the graph: a loss function returning the batch SUM is logged
+    as the moments of its per-example terms (not n or n**2 times them), sample weights enter
+    the per-example losses, Keras' "sum" reduction is a sum."""
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(12)
+    model = _sequential()
+    compile_kw, per_example = LOSSES[kind]
+    model.compile(optimizer=keras.optimizers.SGD(0.0), **compile_kw)
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(8, 4)).astype("float32")
+    y = rng.integers(0, 3, size=8)
+    w = rng.uniform(0.5, 2.0, size=8).astype("float32")
+    fit_kw = dict(sample_weight=w) if kind == "sample-weights" else {}
+    cb = gradmom.keras.GradMoments(str(tmp_path), every_n_steps=1)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[cb], **fit_kw)
+    run = data.load(str(tmp_path))["."]
+    variables = model.trainable_variables
+
+    per = []
+    for j in range(8):
+        with tf.GradientTape() as tape:
+            out = model(x[j : j + 1])
+            lj = per_example(out, y[j : j + 1], w[j : j + 1])[0]
+        per.append([tf.convert_to_tensor(g).numpy() for g in tape.gradient(lj, variables)])
+    for i, v in enumerate(variables):
+        g = np.stack([p[i] for p in per]).astype(np.float64)
+        rec = run[v.path][0]
+        assert rec.batch_size == 8
+        for p in (1, 2):
+            ref = np.mean(g**p, axis=0)
+            err = np.max(np.abs(rec.moments[p] - ref))
+            assert err <= 2e-5 * max(np.max(np.abs(ref)), 1e-6), (kind, v.path, p, err)
+
+
+def test_callback_multi_output_loss_weights(tmp_path):
+    """Two outputs, two losses, loss weights: l_j = a * l1_j + b * l2_j."""
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(13)
+    inp = keras.Input((4,))
+    h = keras.layers.Dense(5, activation="tanh")(inp)
+    out1 = keras.layers.Dense(3, name="cls")(h)
+    out2 = keras.layers.Dense(1, name="reg")(h)
+    model = keras.Model(inp, [out1, out2])
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=[keras.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"],
+        loss_weights=[0.3, 2.0],
+    )
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(6, 4)).astype("float32")
+    y1 = rng.integers(0, 3, size=6)
+    y2 = rng.normal(size=(6, 1)).astype("float32")
+    cb = gradmom.keras.GradMoments(str(tmp_path), every_n_steps=1)
+    model.fit(x, [y1, y2], batch_size=6, epochs=1, verbose=0, callbacks=[cb])
+    run = data.load(str(tmp_path))["."]
+    variables = model.trainable_variables
+    per = []
+    for j in range(6):
+        with tf.GradientTape() as tape:
+            o1, o2 = model(x[j : j + 1])
+            lj = 0.3 * sparse_ce(o1, y1[j : j + 1])[0] + 2.0 * tf.reduce_mean((o2 - y2[j]) ** 2)
+        per.append([tf.convert_to_tensor(g).numpy() for g in tape.gradient(lj, variables)])
+    for i, v in enumerate(variables):
+        g = np.stack([p[i] for p in per]).astype(np.float64)
+        rec = run[v.path][0]
+        for p in (1, 2):
+            ref = np.mean(g**p, axis=0)
+            err = np.max(np.abs(rec.moments[p] - ref))
+            assert err <= 2e-5 * max(np.max(np.abs(ref)), 1e-6), (v.path, p, err)
+
+
+def test_callback_refuses_a_max_loss(tmp_path):
+    """A loss that is not a mean or a sum of per-example losses: an error, not a number."""
+    keras.utils.set_random_seed(14)
+    model = _sequential()
+    model.compile(optimizer="sgd", loss=_max_loss)
+    x, y = _data()
+    cb = gradmom.keras.GradMoments(str(tmp_path), every_n_steps=1)
+    with pytest.raises(gradmom.PerExampleLossError, match=r"maximum.*\[n\] vector"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
