@@ -409,12 +409,14 @@ def gradients_and_moments(
             return moments
 
     Args:
-      loss: a scalar, the mean (``reduction="mean"``) or the sum (``"sum"``) of the per-example
-        losses of the batch; or a ``[n]`` vector of per-example losses (then ``grads`` are those
-        of its mean, and ``reduction`` is ignored).
+      loss: a scalar, a mean or a sum of the per-example losses of the batch (checked in the
+        graph: `PerExampleLossError` otherwise); or a ``[n]`` vector of per-example losses
+        (then ``grads`` are those of its mean, and ``reduction`` is ignored).
       var_list: ``tf.Variable``s or Keras variables (``model.trainable_variables``).
       orders: the moment orders to compute, integers from 1 to 4.
-      reduction: ``"mean"`` or ``"sum"``: how a scalar ``loss`` combines the examples.
+      reduction: None (default: read from the graph: a division by a count that holds the batch
+        size is a mean, none is a sum), or ``"mean"``/``"sum"`` where a constant divisor is
+        ambiguous; one that contradicts the graph's structure raises ``ValueError``.
       batch_size: the number of examples ``n``. Inferred from the graph by default (the
         per-example loss vector or the batch axis of the layers' inputs); when given it is
         checked against the graph like every other piece of evidence.
@@ -447,8 +449,8 @@ def gradients_and_moments(
       RuntimeError: when called eagerly.
       UnsupportedOpError: with ``fallback="error"``, a requested variable is consumed by an op
         without an exact rule.
-      PerExampleLossError: the fallback is needed and ``loss`` is a scalar whose per-example
-        losses cannot be found in the graph.
+      PerExampleLossError: ``loss`` is not a mean or a sum of per-example losses (a maximum, a
+        norm, a product, values that mix the examples).
       BatchSizeError: the batch size cannot be inferred or the graph disagrees about it.
     """
     orders = _check_orders(orders)

@@ -78,7 +78,8 @@ def moments(
       orders: moment orders to log, 1 to 4. Orders 1 and 2 are always logged: every statistic
         needs them.
       name: a name scope for the added ops.
-      reduction: ``"mean"`` or ``"sum"``, how a scalar loss combines the examples.
+      reduction: None (read from the graph), or ``"mean"``/``"sum"``: see
+        `gradients_and_moments`.
       max_elements: variables with more elements are stored block-pooled to at most this many
         cells per order (statistics stay exact).
       per_variable_scalars: also write per-variable scalars (not only the model's).
