@@ -548,3 +548,134 @@ def test_histogram_and_curves_figures(logdir):
     assert fig.axes[-1].get_xlabel() == "step"
     fig = plot.summary(logdir, run=".")
     assert fig.axes[0].get_title() == ". · latest step · variance unbiased"
+
+
+# ----------------------------------------------------------------------------- safety
+
+
+def _csv_export(logdir, out, *extra):
+    return ["export", "--logdir", logdir, "--out", str(out), "--format", "csv", *extra]
+
+
+def test_export_refuses_to_overwrite_unless_asked(logdir, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert cli.main(_csv_export(logdir, out, "--quiet")) == 0
+    written = {p.name: p.read_bytes() for p in out.iterdir()}
+    victim = out / sorted(written)[0]
+    victim.write_text("mine")
+    capsys.readouterr()
+    code, stdout, err = _run(_csv_export(logdir, out), capsys)
+    assert code == 1 and stdout == ""
+    assert re.fullmatch(
+        r"tb-gradmom export: error: --out '.*' already has 3 of the 3 files to write "
+        r"\(.*\); nothing was written; pass --overwrite to replace them\n",
+        err,
+    ), err
+    assert victim.read_text() == "mine"  # nothing touched
+    code, _, _ = _run(_csv_export(logdir, out, "--overwrite"), capsys)
+    assert code == 0 and victim.read_bytes() == written[victim.name]
+    assert sorted(p.name for p in out.iterdir()) == sorted(written)  # no temporary left
+
+
+def test_export_never_follows_a_symlink_out_of_out(logdir, tmp_path, capsys):
+    out, outside = tmp_path / "o", tmp_path / "outside"
+    out.mkdir()
+    outside.mkdir()
+    target = outside / "precious.txt"
+    target.write_text("keep")
+    name = export.file_name(["eval/a", "conv/kernel", "step10", "variance"], "csv")
+    (out / name).symlink_to(target)
+    dangling = export.file_name(["dense/kernel", "step10", "variance"], "csv")
+    (out / dangling).symlink_to(outside / "does-not-exist.txt")
+    code, _, err = _run(_csv_export(logdir, out), capsys)
+    assert code == 1 and "already has 2 of the 3 files" in err  # a dangling link counts too
+    assert target.read_text() == "keep" and not (outside / "does-not-exist.txt").exists()
+    code, _, err = _run(_csv_export(logdir, out, "--overwrite"), capsys)
+    assert code == 0, err
+    # The links were replaced by files; their targets were not written.
+    assert not (out / name).is_symlink() and (out / name).read_text().startswith("row,col,")
+    assert not (out / dangling).is_symlink()
+    assert target.read_text() == "keep" and sorted(p.name for p in outside.iterdir()) == [
+        "precious.txt"
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--bins", "3000000"], "--bins must be an integer from 1 to 1000, got 3000000"),
+        (["--bins", "0"], "--bins must be an integer from 1 to 1000, got 0"),
+        (["--dpi", "100000"], "--dpi must be an integer from 1 to 1200, got 100000"),
+        (["--ema", "1.5", "--plot", "curves"], r"--ema must be a number in \[0, 1\), got 1.5"),
+    ],
+)
+def test_export_options_are_bounded(logdir, tmp_path, capsys, extra, message):
+    out = tmp_path / "o"
+    code, _, err = _run(_csv_export(logdir, out, "--plot", "histogram", *extra), capsys)
+    assert code == 1 and re.search(message, err), err
+    assert not out.exists() or not list(out.iterdir())
+
+
+def test_bins_are_capped_in_reductions_and_plot(logdir):
+    from tb_gradmom import reductions
+
+    assert reductions.MAX_BINS == 1000
+    reductions.histogram(np.arange(5.0), bins=1000)
+    with pytest.raises(ValueError, match="<= 1000"):
+        reductions.histogram(np.arange(5.0), bins=1001)
+    with pytest.raises(ValueError, match="<= 1000"):
+        plot.histogram_data(logdir, "conv/kernel", bins=3_000_000)
+
+
+def test_long_names_are_shortened_and_stay_distinct():
+    a = export.file_name(["run", "x" * 400 + "a", "step1", "variance"], "png")
+    b = export.file_name(["run", "x" * 400 + "b", "step1", "variance"], "png")
+    assert len(a) <= 255 and len(b) <= 255 and a != b
+    assert a.startswith("run-xxxx") and a.endswith(".png")
+    assert export.file_name(["run", "x" * 400], "csv", max_bytes=40).__len__() <= 40
+    short = export.file_name(["run", "dense/kernel"], "csv")
+    assert short == "run-dense_kernel.csv"  # short names are unchanged
+
+
+def test_export_of_a_tag_longer_than_a_file_name(tmp_path, capsys):
+    """A 1000-character tag (and one that differs only at its end): whole files, distinct."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import test_robustness as tr
+
+    tags = ["layer/" + "w" * 1000 + "/a", "layer/" + "w" * 1000 + "/b"]
+    events = [e for t in tags for e in tr.variable_events("r", t)]
+    tr._write(str(tmp_path / "logs" / "r"), events)
+    out = tmp_path / "o"
+    code, _, err = _run(_csv_export(str(tmp_path / "logs"), out, "--quiet"), capsys)
+    assert code == 0, err
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == 2 and all(len(n) <= 255 for n in names)
+    for n in names:
+        assert (out / n).read_text().startswith("row,col,variance")
+
+
+def test_export_writes_a_figure_whole_or_not_at_all(logdir, tmp_path, monkeypatch, capsys):
+    """A failure while a file is written leaves neither a partial file nor a temporary one;
+    the files written before it are complete."""
+    calls = []
+    real = export._render
+
+    def failing(job, runs, opts, fmt, dpi):
+        write = real(job, runs, opts, fmt, dpi)
+        calls.append(job)
+        if len(calls) < 2:
+            return write
+
+        def half(f):
+            f.write(b"row,col,var")  # a partial file...
+            raise OSError(28, "No space left on device")  # ...then the disk fills up
+
+        return half
+
+    monkeypatch.setattr(export, "_render", failing)
+    out = tmp_path / "o"
+    code, _, err = _run(_csv_export(logdir, out, "--quiet"), capsys)
+    assert code == 1 and "No space left on device" in err
+    names = [p.name for p in out.iterdir()]
+    assert len(names) == 1 and not names[0].startswith(".")  # the first file, no temporary
+    assert (out / names[0]).read_bytes().count(b"\r\n") == 5  # header and 4 rows

@@ -794,7 +794,7 @@ def test_read_records_never_allocates_a_claimed_length(tmp_path):
 # --------------------------------------------------------------------------- the plugin
 
 
-ROUTES = [
+ROUTES_FULL = [
     ("heatmap", {}),
     ("heatmap", {"step": 1}),
     ("heatmap", {"step": 2}),
@@ -805,6 +805,16 @@ ROUTES = [
     ("export", {"what": "moments", "step": 1}),
     ("export", {"what": "histogram", "step": "all", "format": "json"}),
     ("export", {"what": "heatmap", "format": "npy"}),
+]
+# Over RustBoard each request waits on gRPC round trips (~44 ms each, benchmarks/README.md):
+# the routes that decide survival only.
+ROUTES_SHORT = [
+    ("heatmap", {}),
+    ("heatmap", {"step": 1}),
+    ("heatmap", {"step": 2}),
+    ("heatmap", {"stat": "mean"}),
+    ("histogram", {"step": "all"}),
+    ("export", {"what": "histogram", "step": "all", "format": "json"}),
 ]
 
 
@@ -817,21 +827,21 @@ class _ListHandler(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _serve(plugin_get, runs_of_interest, file_probes) -> dict:
+def _serve(plugin_get, runs_of_interest, file_probes, routes=ROUTES_FULL) -> dict:
     """Every request of the suite, through ``plugin_get(route, params) -> (status, body)``."""
-    out = {"tags": plugin_get("tags", {}), "routes": {}}
+    out = {"tags": plugin_get("tags", {}), "routes": {}, "route_list": routes}
     for run in runs_of_interest:
         out["routes"][(run, "summary")] = plugin_get("summary", {"run": run})
         out["routes"][(run, "series-model")] = plugin_get("series", {"run": run})
     for p in all_probes():
-        for route, q in ROUTES:
+        for route, q in routes:
             key = (p.tag, route, json.dumps(q, sort_keys=True))
             out["routes"][key] = plugin_get(route, {"run": RUN, "tag": p.tag, **q})
     for run in (GOOD, RUN, "model", "torn"):
         out["routes"][(run, OK)] = plugin_get("heatmap", {"run": run, "tag": OK})
     for i, *_ in TORN:
         tag = f"t_{i}/kernel"
-        for route, q in ROUTES:
+        for route, q in routes:
             key = (tag, route, json.dumps(q, sort_keys=True))
             out["routes"][key] = plugin_get(route, {"run": "torn", "tag": tag, **q})
     for i, *_ in ACCEPTED:
@@ -850,7 +860,10 @@ def _json(resp):
 
 
 def _plugin_survives(p: Probe, served, logs) -> bool:
-    statuses = [served["routes"][(p.tag, r, json.dumps(q, sort_keys=True))][0] for r, q in ROUTES]
+    statuses = [
+        served["routes"][(p.tag, r, json.dumps(q, sort_keys=True))][0]
+        for r, q in served["route_list"]
+    ]
     if any(s not in (200, 400, 404) for s in statuses):
         return False
     tags = _json(served["tags"])["runs"].get(RUN, {})
@@ -915,7 +928,7 @@ def _check_plugin(served, logs, loader: str, file_probes) -> list[str]:
         def key(r, q, tag=tag):
             return (tag, r, json.dumps(q, sort_keys=True))
 
-        statuses = [served["routes"][key(r, q)][0] for r, q in ROUTES]
+        statuses = [served["routes"][key(r, q)][0] for r, q in served["route_list"]]
         t = tags["runs"]["torn"].get(tag)
         latest = _json(served["routes"][key("heatmap", {})])
         hist = _json(served["routes"][key("histogram", {"step": "all"})])
@@ -1039,7 +1052,7 @@ def test_plugin_rustboard(tmp_path):
             r = client.get(P + route, query_string=q)
             return r.status_code, r.get_data()
 
-        served = _serve(plugin_get, [GOOD, RUN, "model", "torn"], files)
+        served = _serve(plugin_get, [GOOD, RUN, "model", "torn"], files, ROUTES_SHORT)
     finally:
         log.removeHandler(handler)
         stdin = getattr(ingester, "_stdin_handle", None)
@@ -1099,6 +1112,34 @@ def test_export_skips_every_probe_and_writes_the_rest(logdir, tmp_path, capsys):
         torn_ok += mine == want
     print(f"\nprobe class torn (export): tried {len(TORN)}, survived {torn_ok}")
     assert not failed and torn_ok == len(TORN)
+
+
+def test_export_event_file_probes(logdirs, loaded, tmp_path, capsys):
+    """Each damaged event file: the export writes what `data.load` reads of it, nothing else."""
+    from tb_gradmom import cli
+
+    runs, _ = loaded
+    files = set()
+    for i, root in enumerate(logdirs):
+        out = tmp_path / f"o{i}"
+        argv = ["export", "--logdir", root, "--out", str(out), "--run", "^file_", "--format", "csv"]
+        code = cli.main(argv)
+        err = capsys.readouterr().err
+        assert code == 0 and "Traceback" not in err, err
+        files |= set(os.listdir(out))
+    survived = 0
+    for how in FILE_PROBES:
+        run = f"file_{how}"
+        recs = runs.get(run, {}).get(OK, [])
+        want = (
+            {export.file_name([run, OK, f"step{recs[-1].step}", "variance"], "csv")}
+            if recs
+            else set()
+        )
+        prefix = export.file_name([run, OK], "x")[:-2] + "-"
+        survived += {f for f in files if f.startswith(prefix)} == want
+    print(f"\nprobe class event-files (export): tried {len(FILE_PROBES)}, survived {survived}")
+    assert survived == len(FILE_PROBES)
 
 
 def csv_rows(text):

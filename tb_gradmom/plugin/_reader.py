@@ -59,7 +59,7 @@ from tensorboard.util import tensor_util
 
 from tb_gradmom import metadata
 from tb_gradmom.plugin import _tb_compat
-from tb_gradmom.plugin._cache import ByteLRU, MemoryGate
+from tb_gradmom.plugin._cache import ByteLRU, MemoryGate, nbytes
 
 logger = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ class Reader:
         except metadata.FormatError as e:
             self._warn(run, tag, f"(last {max_step})", f"{e}; the tag is skipped")
             return None
-        self._cache.put(key, parsed, size=2 * len(raw) + 1024, group=None)
+        self._cache.put(key, parsed, size=nbytes(raw) + nbytes(parsed))
         return parsed
 
     # ------------------------------------------------------------------ raw reading
@@ -491,14 +491,13 @@ class Reader:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        size = self.bytes_per_step(entry) + 512
         if step is None or want == entry.max_step:
             load = lambda: self._read_last(ctx, experiment_id, entry)  # noqa: E731
         else:
             load = lambda: self._read_step(  # noqa: E731
                 ctx, experiment_id, entry, want, stats, stats_entry
             )
-        return self._cache.get_or_load(key, load, size=lambda _value: size)
+        return self._cache.get_or_load(key, load)
 
     def _read_last(self, ctx, experiment_id: str, entry: TagEntry) -> MomentsAt:
         with self.read_gate.reserve(self._read_bytes(entry, 1) + self.bytes_per_step(entry)):
@@ -521,11 +520,7 @@ class Reader:
                     m = p.get()
                 except BadRecord:
                     continue
-                self._cache.put(
-                    self._moments_key(experiment_id, entry, m.step),
-                    m,
-                    size=self.bytes_per_step(entry) + 512,
-                )
+                self._cache.put(self._moments_key(experiment_id, entry, m.step), m)
                 return m
         raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no readable step")
 
@@ -667,9 +662,7 @@ class Reader:
             points = [self._point(entry, r) for r in series or [] if self._fits(entry, r)]
             found = self._hand_out(experiment_id, entry, points, want, pend)
         if found is None:
-            self._cache.put(
-                failed, True, size=256, group=("untargeted", experiment_id, entry.run, entry.tag)
-            )
+            self._cache.put(failed, True, group=("untargeted", experiment_id, entry.run, entry.tag))
             logger.info(
                 "Grad Moments: run %r tag %r: its sample of %d steps has no step %d (its steps "
                 "differ from its stats tag's); reading the whole series",
@@ -778,7 +771,7 @@ class Reader:
                 m = p.get()
             except BadRecord:
                 continue
-            self._cache.put(self._moments_key(experiment_id, entry, m.step), m, size=size)
+            self._cache.put(self._moments_key(experiment_id, entry, m.step), m)
 
     def cache_series(self, experiment_id: str, entry: TagEntry, points: list[Point]) -> None:
         """Caches the latest steps of a full read, up to a quarter of the budget."""
