@@ -56,6 +56,7 @@ def batch_matmul_rule(site: Site) -> Contribution:
         evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=int(d_in * d_out),
+        gradient_from_sums=True,  # materialised anyway: their sum is the weight gradient
     )
 
 
@@ -113,4 +114,5 @@ def einsum_rule(site: Site) -> Contribution:
         evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=int(site.view.shape.num_elements()),
+        gradient_from_sums=True,
     )

@@ -115,4 +115,6 @@ def matmul_rule(site: Site) -> Contribution:
         per_example=per_example_grouped,
         per_example_elements=int((d_in or 1) * (d_out or 1)),
         power_sums=None,
+        # the per-example gradients are materialised anyway: their sum is the weight gradient
+        gradient_from_sums=True,
     )
