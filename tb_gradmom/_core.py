@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from tb_gradmom import _axes, _fallback, _graph, _loss
+from tb_gradmom import _axes, _fallback, _graph, _loss, _validate
 from tb_gradmom._errors import BatchSizeError, PerExampleLossError, UnsupportedOpError
 from tb_gradmom.rules import REGISTRY, RuleError, supported_ops
 from tb_gradmom.rules.base import Site, power_sum, sum_over_chunks
@@ -65,12 +65,18 @@ def _tf_variable(variable, position: int):
 
 
 def _check_orders(orders) -> tuple[int, ...]:
-    if isinstance(orders, int):
+    if _validate._is_int(orders):
         orders = (orders,)
     try:
-        out = tuple(sorted({int(p) for p in orders}))
-    except (TypeError, ValueError):
+        items = list(orders)
+    except TypeError:
         raise ValueError(f"orders must be integers from 1 to 4, got {orders!r}") from None
+    if any(not _validate._is_int(p) for p in items):
+        raise ValueError(
+            f"orders must be integers from 1 to {_MAX_ORDER}, got {orders!r} (not rounded: "
+            "pass e.g. orders=(1, 2))"
+        )
+    out = tuple(sorted({int(p) for p in items}))
     if not out or any(p < 1 or p > _MAX_ORDER for p in out):
         raise ValueError(f"orders must be integers from 1 to {_MAX_ORDER}, got {orders!r}")
     return out
@@ -683,6 +689,26 @@ def _reduction(form, reduction: str | None, loss) -> str:
     )
 
 
+def _warn_disconnected(variables, names, grads, fused_ids) -> None:
+    """Once per set: variables whose gradient is structurally zero (the loss does not depend on
+    them) or that are not floating point; their moments are zeros."""
+    lines = []
+    for i, (v, nm, g) in enumerate(zip(variables, names, grads)):
+        if not v.dtype.is_floating:
+            lines.append(f"'{nm}' ({v.dtype.name}, not floating point)")
+        elif g is None and i not in fused_ids:
+            lines.append(f"'{nm}' (the loss does not depend on it)")
+    key = ("disconnected", *lines)
+    if not lines or key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(
+        "tb_gradmom: " + "; ".join(lines) + " get zero moments and a None gradient. Leave them "
+        "out of var_list (e.g. model.trainable_variables holds only what the loss uses).",
+        stacklevel=4,
+    )
+
+
 def _warn_unproven(what: str) -> None:
     key = ("unproven", what)
     if key in _WARNED:
@@ -736,6 +762,9 @@ def prepare(
         )
     if fallback not in ("exact", "error"):
         raise ValueError(f"fallback must be 'exact' or 'error', got {fallback!r}")
+    batch_size = _validate.int_tensor_or_int("batch_size", batch_size, positive=True)
+    chunk_size = _validate.optional_positive_int("chunk_size", chunk_size)
+    loss_scale = _validate.float_scalar("loss_scale", loss_scale)
     orders = _check_orders(orders if orders is not None else (fused_orders or (1, 2)))
     var_list = list(var_list)
     if not var_list:
@@ -795,6 +824,7 @@ def prepare(
         rest = iter(all_grads[: len(asked)])
         grads = [None if i in fused_ids else next(rest) for i in range(len(variables))]
         out_grads = all_grads[len(asked) :]
+        _warn_disconnected(variables, names, grads, fused_ids)
 
         n, checks = _batch_size(batch_size, loss_values, plans, ex)
         needs_n = mode == "sum" or any(plan.sites or plan.fallback for plan in plans)

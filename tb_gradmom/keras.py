@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
+from tb_gradmom import _core, _validate
 from tb_gradmom import summary as _summary
 
 __all__ = ["GradMoments"]
@@ -60,13 +61,16 @@ class GradMoments(keras.callbacks.Callback):
         fallback: str = "exact",
     ):
         super().__init__()
-        if int(every_n_steps) < 1:
-            raise ValueError(f"every_n_steps must be a positive integer, got {every_n_steps}")
+        self.every_n_steps = _validate.positive_int("every_n_steps", every_n_steps)
         self.log_dir = os.fspath(log_dir)
-        self.every_n_steps = int(every_n_steps)
-        self.orders = tuple(orders)
+        if os.path.exists(self.log_dir) and not os.path.isdir(self.log_dir):
+            raise ValueError(
+                f"log_dir '{self.log_dir}' is a file, not a directory; pass a directory for "
+                "the run's event files (it is created if missing)"
+            )
+        self.orders = _core._check_orders(orders)
         self.variables = None if variables is None else list(variables)
-        self.max_elements = int(max_elements)
+        self.max_elements = _validate.positive_int("max_elements", max_elements)
         self.per_variable_scalars = bool(per_variable_scalars)
         self.log_learning_rate = bool(log_learning_rate)
         if fallback not in ("exact", "error"):

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
-from tb_gradmom import _core, metadata
+from tb_gradmom import _core, _validate, metadata
 
 __all__ = ["moments", "DEFAULT_MAX_ELEMENTS", "SCALARS"]
 
@@ -102,8 +102,9 @@ def moments(
       ``Summary``.
     """
     orders = tuple(sorted(set(_core._check_orders(orders)) | {1, 2}))
-    if int(max_elements) < 1:
-        raise ValueError(f"max_elements must be a positive integer, got {max_elements}")
+    max_elements = _validate.positive_int("max_elements", max_elements)
+    step = _validate.int_tensor_or_int("step", step)
+    learning_rate = _validate.float_scalar("learning_rate", learning_rate)
     inside = tf.inside_function()
     should = tf.summary.should_record_summaries() if inside else None
     # Under tf.distribute TF records on replica 0 only, but every replica must compute (and

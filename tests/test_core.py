@@ -502,3 +502,48 @@ def test_embedding_lookup_sparse_is_exact_or_refused():
     for i in range(2):
         ref = np.mean(np.stack([p[i] for p in per]) ** 2, axis=0)
         np.testing.assert_allclose(moments[i][2].numpy(), ref, rtol=1e-9, atol=1e-12)
+
+
+def test_arguments_are_checked_at_the_call_naming_the_argument():
+    """Not rounded, not converted: 2.7 is not an order, True is not a count."""
+    w = tf.Variable(tf.ones([3, 2]))
+
+    def make(**kw):
+        @tf.function
+        def step(x):
+            loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, w), axis=1))
+            return gradmom.gradients_and_moments(loss, [w], **kw)
+
+        return lambda: step(tf.ones([4, 3]))
+
+    with pytest.raises(ValueError, match=r"orders must be integers.*2\.7"):
+        make(orders=(2.7,))()
+    with pytest.raises(ValueError, match=r"orders must be integers.*True"):
+        make(orders=(True,))()
+    with pytest.raises(TypeError, match=r"batch_size must be an integer.*8\.0"):
+        make(batch_size=8.0)()
+    with pytest.raises(ValueError, match=r"batch_size must be a positive integer"):
+        make(batch_size=0)()
+    with pytest.raises(TypeError, match=r"chunk_size must be a positive integer.*1\.5"):
+        make(chunk_size=1.5)()
+    with pytest.raises(TypeError, match=r"loss_scale must be a number.*'2'"):
+        make(loss_scale="2")()
+
+
+def test_disconnected_and_integer_variables_warn_once():
+    w = tf.Variable(tf.ones([3, 2]), name="used")
+    unused = tf.Variable(tf.ones([2]), name="unused")
+    counter = tf.Variable(3, name="counter")
+
+    @tf.function
+    def step(x):
+        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, w), axis=1))
+        return gradmom.gradients_and_moments(loss, [w, unused, counter])[1]
+
+    with pytest.warns(
+        UserWarning,
+        match=r"'unused' \(the loss does not depend on it\).*"
+        r"'counter' \(int32, not floating point\)",
+    ):
+        moments = step(tf.ones([4, 3]))
+    np.testing.assert_array_equal(moments[1][2].numpy(), np.zeros([2]))

@@ -235,3 +235,14 @@ def test_callback_refuses_a_max_loss(tmp_path):
     cb = gradmom.keras.GradMoments(str(tmp_path), every_n_steps=1)
     with pytest.raises(gradmom.PerExampleLossError, match=r"maximum.*\[n\] vector"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+
+
+def test_callback_arguments_are_checked_at_construction(tmp_path):
+    with pytest.raises(TypeError, match=r"every_n_steps must be a positive integer.*2\.9"):
+        gradmom.keras.GradMoments(str(tmp_path), every_n_steps=2.9)
+    with pytest.raises(ValueError, match=r"orders must be integers.*True"):
+        gradmom.keras.GradMoments(str(tmp_path), orders=(1, True))
+    a_file = tmp_path / "not_a_dir"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match=r"log_dir '.*not_a_dir' is a file"):
+        gradmom.keras.GradMoments(str(a_file))

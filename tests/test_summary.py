@@ -280,3 +280,24 @@ def test_tf1_graph_returns_merged_summary(tmp_path):
     g = np.einsum("ni,no->nio", x_np, 2 * (x_np @ w_np))
     np.testing.assert_allclose(logged[0], g.mean(0), rtol=1e-5)
     np.testing.assert_allclose(logged[1], (g**2).mean(0), rtol=1e-5)
+
+
+def test_summary_arguments_are_checked_naming_the_argument(tmp_path):
+    w = tf.Variable(tf.ones([3, 2]))
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    def run(**kw):
+        @tf.function
+        def step(x):
+            loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, w), axis=1))
+            with writer.as_default(step=0):
+                return gradmom.summary.moments(loss, [w], **kw)
+
+        return step(tf.ones([4, 3]))
+
+    with pytest.raises(TypeError, match=r"step must be an integer.*1\.5"):
+        run(step=1.5)
+    with pytest.raises(TypeError, match=r"learning_rate must be a number.*'0\.1'"):
+        run(learning_rate="0.1")
+    with pytest.raises(TypeError, match=r"max_elements must be a positive integer.*10\.5"):
+        run(max_elements=10.5)
