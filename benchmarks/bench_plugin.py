@@ -2,6 +2,16 @@
 
     python benchmarks/bench_plugin.py                 # Python loader, in process
     python benchmarks/bench_plugin.py --rustboard     # also a `tensorboard --load_fast=true`
+    python benchmarks/bench_plugin.py --clients 200 --cache-mb 64    # memory under load
+
+``--clients N`` runs, instead of the timings, N concurrent clients against a real
+``tensorboard`` process with each loader (``--loaders python,rustboard``) and reports the
+resident memory of the TensorBoard process (and of RustBoard's data server) before the
+clients start, at its peak and after they finish, the latency of every request (median and
+99th percentile) and the errors. Each client does what a user opening the tab does: /tags, a
+heatmap of the latest step of a random variable, a heatmap of the big kernel at a random old
+step with a random statistic, an all-steps histogram, and /summary or /series, in a random
+order; ``--plugin-path DIR`` serves another checkout of the plugin (e.g. an older commit).
 
 The logdir (3 runs x 500 steps x 20 variables, one a 1000 x 1000 kernel) is written once by
 `tests/plugin_logdir.py --bench` and cached in ``--cache`` (default /tmp/gradmom_bench). By
@@ -282,10 +292,10 @@ def bench_rustboard(logdir: str, repeat: int, label: str, steps: int) -> dict:
     return out
 
 
-def _launch(tps, logdir, tmp):
+def _launch(tps, logdir, tmp, *flags, plugin_path=None):
     import re
 
-    pythonpath = [ROOT]
+    pythonpath = [plugin_path or ROOT]
     if not tps._entry_point_installed():
         dist = tmp / "ep" / "tb_gradmom-0.1.0.dist-info"
         dist.mkdir(parents=True, exist_ok=True)
@@ -308,7 +318,7 @@ def _launch(tps, logdir, tmp):
                 "0",
                 "--reload_interval",
                 "0",
-                "--load_fast=true",
+                *(flags or ("--load_fast=true",)),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -327,6 +337,161 @@ def _launch(tps, logdir, tmp):
     raise RuntimeError(open(log).read()[-2000:])
 
 
+# ------------------------------------------------------------ concurrent clients
+
+
+def _rss_mb(pid: int, field: str = "VmRSS") -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _reset_hwm(pid: int) -> None:
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")  # the kernel's peak RSS (VmHWM) restarts from the current RSS
+    except OSError:
+        pass
+
+
+def _client_plan(c: int, steps: int, variables: list[str]) -> list[tuple[str, dict]]:
+    """What client ``c`` asks, in order (seeded): what opening the tab and looking around does."""
+    import random
+
+    rng = random.Random(c)
+    run = f"run{rng.randrange(3)}"
+    other = rng.choice(variables)
+    stat = rng.choice(["variance", "mean", "snr", "std", "biased_variance"])
+    plan = [
+        ("tags", {}),
+        ("heatmap", {"run": run, "tag": other}),
+        ("heatmap", {"run": run, "tag": BIG, "step": rng.randrange(steps - 1), "stat": stat}),
+        ("histogram", {"run": run, "tag": rng.choice([BIG, other]), "step": "all"}),
+        rng.choice([("summary", {"run": run}), ("series", {"run": run, "tag": other})]),
+    ]
+    rng.shuffle(plan[1:])
+    return plan
+
+
+def bench_clients(
+    logdir: str,
+    loader: str,
+    clients: int,
+    cache_mb: int,
+    steps: int,
+    label: str,
+    plugin_path: str | None = None,
+) -> dict:
+    """``clients`` concurrent clients against `tensorboard`; memory, latency and errors."""
+    import concurrent.futures
+    import gc
+    import pathlib
+    import tempfile
+    import threading
+
+    gc.collect()
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import test_plugin_subprocess as tps
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="gradmom_bench_clients_"))
+    flags = [f"--load_fast={'true' if loader == 'rustboard' else 'false'}"]
+    if cache_mb:
+        flags.append(f"--gradmom_cache_mb={cache_mb}")
+    t0 = time.perf_counter()
+    server = _launch(tps, logdir, tmp, *flags, plugin_path=plugin_path)
+    out = {"logdir": label, "loader": loader, "clients": clients, "cache_mb": cache_mb}
+    try:
+        while True:  # ready when every run's whole-model stats are in
+            try:
+                d = json.loads(urllib.request.urlopen(server.url + P + "tags", timeout=600).read())
+            except OSError:
+                d = {}
+            if len(d.get("model", {})) == 3 and all(
+                len(m["steps"]) == steps for m in d["model"].values()
+            ):
+                break
+            time.sleep(1)
+        out["ready_s"] = round(time.perf_counter() - t0, 1)
+        variables = sorted(d["runs"]["run0"])
+
+        def pids():
+            return [server.proc.pid, *_children(server.proc.pid)]
+
+        time.sleep(2)
+        before = {p: _rss_mb(p) for p in pids()}
+        for p in before:
+            _reset_hwm(p)
+        peak = dict(before)
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                for p in pids():
+                    peak[p] = max(peak.get(p, 0.0), _rss_mb(p))
+                stop.wait(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        latencies: list[float] = []
+        errors: list[str] = []
+        lock = threading.Lock()
+        start = threading.Barrier(clients)
+
+        def client(c):
+            start.wait()
+            for route, q in _client_plan(c, steps, variables):
+                url = server.url + P + route + ("?" + urllib.parse.urlencode(q) if q else "")
+                req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+                t = time.perf_counter()
+                try:
+                    with urllib.request.urlopen(req, timeout=900) as r:
+                        r.read()
+                        ok = r.status == 200
+                        err = None if ok else f"{route} {r.status}"
+                except Exception as e:  # noqa: BLE001 - counted
+                    err = f"{route} {type(e).__name__}: {str(e)[:80]}"
+                with lock:
+                    latencies.append(time.perf_counter() - t)
+                    if err:
+                        errors.append(err)
+
+        t = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            list(pool.map(client, range(clients)))
+        out["wall_s"] = round(time.perf_counter() - t, 1)
+        time.sleep(2)
+        stop.set()
+        sampler.join()
+        after = {p: _rss_mb(p) for p in pids()}
+        hwm = {p: _rss_mb(p, "VmHWM") for p in pids()}
+        tb = server.proc.pid
+        out["requests"] = len(latencies)
+        out["errors"] = len(errors)
+        out["error_examples"] = sorted(set(errors))[:3]
+        lat = sorted(latencies)
+        out["p50_ms"] = round(1000 * lat[len(lat) // 2])
+        out["p99_ms"] = round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))])
+        out["max_ms"] = round(1000 * lat[-1])
+        out["tb_rss_before_mb"] = round(before[tb])
+        out["tb_rss_peak_mb"] = round(max(peak[tb], hwm[tb]))
+        out["tb_rss_after_mb"] = round(after[tb])
+        servers = [p for p in after if p != tb]
+        if servers:
+            out["data_server_rss_before_mb"] = round(sum(before.get(p, 0) for p in servers))
+            out["data_server_rss_peak_mb"] = round(
+                sum(max(peak.get(p, 0), hwm.get(p, 0)) for p in servers)
+            )
+            out["data_server_rss_after_mb"] = round(sum(after[p] for p in servers))
+    finally:
+        tps.stop(server)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", default="/tmp/gradmom_bench")
@@ -338,11 +503,20 @@ def main() -> None:
         action="store_true",
         help="also a run storing the 1M kernel unpooled (1 run x 100 steps)",
     )
+    ap.add_argument("--clients", type=int, default=0, help="concurrent clients (memory bench)")
+    ap.add_argument("--cache-mb", type=int, default=0, help="--gradmom_cache_mb (0: default)")
+    ap.add_argument("--loaders", default="python,rustboard", help="for --clients")
+    ap.add_argument("--plugin-path", default=None, help="serve the plugin from this checkout")
     a = ap.parse_args()
     pooled = ensure_logdir(
         os.path.join(a.cache, "pooled"), "--big-max-elements", "65536", "--steps", str(a.steps)
     )
     label = f"3x{a.steps}x20, 1M kernel pooled to 64K"
+    if a.clients:
+        for loader in a.loaders.split(","):
+            r = bench_clients(pooled, loader, a.clients, a.cache_mb, a.steps, label, a.plugin_path)
+            print(json.dumps(r), flush=True)
+        return
     results = [bench_python(pooled, a.repeat, label, a.steps)]
     if a.rustboard:
         results.append(bench_rustboard(pooled, a.repeat, label, a.steps))

@@ -37,7 +37,8 @@ class GradMomentsPluginLoader(base_plugin.TBLoader):
                 type=int,
                 default=None,
                 help="Memory budget in MiB of the Grad Moments tab's cache of decoded "
-                "moments and computed responses (default: 512).",
+                "moments and computed responses (default: 512); the tab's memory stays within "
+                "it plus 384 MiB of requests in flight.",
             )
         except Exception:  # noqa: BLE001 - e.g. a flag defined twice; TensorBoard must start
             logger.warning("Grad Moments: could not define its flags", exc_info=True)

@@ -449,6 +449,23 @@ def test_latest_step_of_a_truncated_run_is_the_last_complete_one(env):
     np.testing.assert_allclose(nums(d["values"]), g.var(0, ddof=1).ravel(), rtol=2e-6)
 
 
+def test_torn_last_step_is_left_out_of_every_route(env):
+    """Run `truncated` is cut inside its last stats record: step 4 has moments, no stats."""
+    client, _ = env
+    assert get_json(client, "tags")["runs"]["truncated"]["dense/kernel"]["steps"] == [0, 1, 2, 3]
+    q = {"run": "truncated", "tag": "dense/kernel"}
+    h = get_json(client, "histogram", step="all", bins=5, **q)  # was 400 (no batch size)
+    assert [s["step"] for s in h["series"]] == [0, 1, 2, 3] and h["stored_steps"] == 4
+    per_step = [fx.samples("truncated", "dense/kernel", s, (6, 4)).var(0, ddof=1) for s in range(4)]
+    assert [sum(s["counts"]) for s in h["series"]] == [v.size for v in per_step]
+    e = json.loads(
+        get(client, "export", what="histogram", format="json", step="all", **q).get_data()
+    )
+    assert [s["step"] for s in e["series"]] == [0, 1, 2, 3]
+    assert get_json(client, "histogram", **q)["series"][0]["step"] == 3
+    get(client, "export", 404, what="moments", step=4, **q)
+
+
 def test_reads_over_grpc_are_capped_and_say_so(logdir, monkeypatch):
     """A gRPC provider (RustBoard) gets at most GRPC_READ_BUDGET bytes per read."""
     from tb_gradmom.plugin import _reader
@@ -986,6 +1003,20 @@ ERROR_CASES = [
         {"run": "train", "tag": "dense/kernel", "bins": 0},
         400,
         "`bins`",
+    ),
+    (
+        "histogram-too-many-bins",
+        "histogram",
+        {"run": "train", "tag": "dense/kernel", "bins": 1001},
+        400,
+        "`bins`",
+    ),
+    (
+        "heatmap-torn-step",
+        "heatmap",
+        {"run": "truncated", "tag": "dense/kernel", "step": 4},
+        404,
+        "no step 4",
     ),
     (
         "histogram-bad-scale",
