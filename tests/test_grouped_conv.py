@@ -21,9 +21,10 @@ from tests import reference
 from tests.cases import squared_error
 
 ORDERS = (1, 2, 3, 4)
-# float64: measured <= 4e-15 relative to the largest moment of each order (summation order).
-# float32: measured <= 2.6e-6 relative to the largest moment of each order.
-TOLERANCE = {"float64": 1e-9, "float32": 2e-5}
+# Errors relative to the largest moment of each order (of the model, where one vanishes), every
+# case and variable, orders 1-4, grads included. float64: measured <= 2.2e-15 (summation order).
+# float32: measured <= 8.1e-7.
+TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
 
 
 def _seq(layers, input_shape):

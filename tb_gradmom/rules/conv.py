@@ -42,11 +42,6 @@ __all__ = ["conv_rule", "ConvSpec", "conv_contribution", "attr_str"]
 # fast as no chain; no chain lets every block of a layer be alive at once).
 _IN_FLIGHT = 2
 
-# Per group, output channels up to this many are summed by a multiply and a reduction over the
-# positions rather than a batched matmul (a [positions, 1] x [positions, m] matmul per example
-# and group is slow).
-_ELEMENTWISE_MAX_OUT = 4
-
 
 def attr_str(op: tf.Operation, name: str) -> str:
     value = op.get_attr(name)
@@ -185,10 +180,6 @@ def conv_contribution(
             d3 = tf.reshape(d, [rows_n, -1, c_out])
         elif c_g == 1 and o_g == 1:
             d3 = tf.reshape(d, [rows_n, -1, groups])
-        elif c_g == 1 and o_g <= _ELEMENTWISE_MAX_OUT:
-            d3 = tf.reshape(d, [rows_n, -1, groups, o_g])
-        elif c_g == 1:  # [rows, G, Q, o_g]
-            d3 = tf.transpose(tf.reshape(d, [rows_n, -1, groups, o_g]), [0, 2, 1, 3])
         else:  # [rows, G, Q, o_g]
             d3 = tf.transpose(tf.reshape(d, [rows_n, -1, groups, o_g]), [0, 2, 1, 3])
         sums = {p: [] for p in orders}
@@ -201,10 +192,11 @@ def conv_contribution(
                 x_off = tf.reshape(x_off, [rows_n, -1, c_in])
                 g = tf.linalg.matmul(x_off, d3, transpose_a=True)  # [rows, c_in, c_out]
             elif c_g == 1 and o_g == 1:
+                # A multiply and a sum over positions. Measured on the offset loop alone: 8.5x
+                # faster than einsum("nqc,nqcm->ncm") (16 x 32x32x64, 7x7), 4x faster than a
+                # [1, Q] x [Q, 1] matmul per example and channel (16 x 32x32x32, 5x5); with a
+                # multiplier of 2 or more the matmul below is the fastest of the three.
                 g = tf.reduce_sum(tf.reshape(x_off, [rows_n, -1, groups]) * d3, axis=1)
-            elif c_g == 1 and o_g <= _ELEMENTWISE_MAX_OUT:
-                x_off = tf.reshape(x_off, [rows_n, -1, groups, 1])
-                g = tf.reduce_sum(x_off * d3, axis=1)  # [rows, G, o_g]
             elif c_g == 1:
                 x_off = tf.transpose(tf.reshape(x_off, [rows_n, -1, groups]), [0, 2, 1])
                 g = tf.linalg.matmul(x_off[:, :, None, :], d3)  # [rows, G, 1, o_g]
