@@ -163,9 +163,42 @@ def summary(logdir):
     print("ok summary")
 
 
+def keras_fit(logdir):
+    """The Keras callback under MirroredStrategy with model.fit: global-batch moments."""
+    import os
+
+    strategy = STRATEGY
+    keras.utils.set_random_seed(7)
+    rng = np.random.default_rng(8)
+    n = 6
+    x, y = rng.normal(size=(n, 5, 5, 2)), rng.integers(0, 3, size=n)
+    with strategy.scope():
+        model = conv_net()
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.0),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    single = conv_net()
+    single.set_weights(model.get_weights())
+    logdir = os.path.join(logdir, "fit")
+    cb = gradmom.keras.GradMoments(logdir, every_n_steps=1)
+    model.fit(x, y, batch_size=n, epochs=1, verbose=0, shuffle=False, callbacks=[cb])
+    run = data.load(logdir)["."]
+    brute = reference.per_example_gradients(single, single.trainable_variables, sparse_ce, x, y)
+    for v, g in zip(model.trainable_variables, brute):
+        records = run[v.path]
+        assert len(records) == 1, [r.step for r in records]
+        assert records[0].batch_size == n, records[0].batch_size
+        ref = reference.moments(g, (1, 2))
+        for p in (1, 2):
+            close(records[0].moments[p], ref[p], f"fit {v.path} M{p}", 1e-5)
+    print("ok keras fit")
+
+
 if __name__ == "__main__":
     for build, shape in ((conv_net, (5, 5, 2)), (lstm_net, (4, 3))):
         for kind in ("mean", "sum", "vector"):
             run(build, shape, 8, kind)
         run(build, shape, 7, "mean")  # the replicas see 4 and 3 examples
     summary(sys.argv[1])
+    keras_fit(sys.argv[1])
