@@ -183,6 +183,31 @@ def _check_call_batch(op, ex) -> str | None:
     return None
 
 
+# Element-wise ops whose rule (`bias_rule`) broadcasts the parameter itself.
+_BROADCASTING = frozenset({"AddV2", "Add", "Sub", "Mul", "BiasAdd"})
+
+
+def _broadcast_through(raw, op, on_path):
+    """The consumers of ``BroadcastTo(p, shape)`` (or a ``Tile`` of a size-1 axis) seen as
+    consumers of ``p`` itself, when each one broadcasts its operands anyway (an add or a
+    multiply): keras_hub's ``PositionEmbedding`` broadcasts its table to ``[n, T, d]`` before
+    the add. None when some consumer is not such an op."""
+    p = raw.view
+    out = op.outputs[0]
+    if p.shape.rank is None or out.shape.rank is None or p.shape.rank > out.shape.rank:
+        return None
+    if op.type == "Tile":
+        mult = tf.get_static_value(op.inputs[1])
+        if mult is None or any(int(m) != 1 and p.shape[i] != 1 for i, m in enumerate(mult)):
+            return None
+    consumers = _graph.consumers_past_views(out, on_path, raw.read)
+    if not consumers or any(c.op.type not in _BROADCASTING for c in consumers):
+        return None
+    if any(c.view is not out for c in consumers):
+        return None  # reshaped on the way: broadcasting would not line up
+    return [_graph.RawSite(c.op, c.index, p, c.read) for c in consumers]
+
+
 def _derived_outputs(op, ex, on_path):
     """The outputs of ``op`` (on the loss's path) if none of them holds examples: then the op
     computes a *derived parameter* from the variable, else None."""
@@ -202,6 +227,17 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
     derived_outs = None
     if raw.view.dtype != tf.resource:
         derived_outs = _derived_outputs(op, ex, on_path)
+    if derived_outs is not None and op.type in ("BroadcastTo", "Tile") and raw.index == 0:
+        passed = _broadcast_through(raw, op, on_path)
+        if passed is not None:  # numpy broadcasting at the consumers does the same
+            found, coupled = [], False
+            for inner_raw in passed:
+                inner, c = _site_contributions(
+                    inner_raw, name, dtype, var_shape, on_path, ex, depth + 1
+                )
+                found.extend(inner)
+                coupled = coupled or c
+            return found, coupled
     if derived_outs is not None:
         if depth >= _MAX_DERIVED_DEPTH:
             raise UnsupportedOpError(

@@ -367,6 +367,31 @@ class PositionIds(keras.layers.Layer):
         return x + keras.ops.take(self.table, ids, axis=0)
 
 
+class BroadcastPosition(keras.layers.Layer):
+    """keras_hub's ``PositionEmbedding``: the table sliced and broadcast to ``[n, T, d]``."""
+
+    def __init__(self, length, dim, dtype):
+        super().__init__(dtype=dtype)
+        self.table = self.add_weight((length, dim), initializer="random_normal", name="table")
+
+    def call(self, x):
+        shape = keras.ops.shape(x)
+        table = keras.ops.slice(self.table, (0, 0), (shape[-2], shape[-1]))
+        return x + keras.ops.broadcast_to(table, shape)
+
+
+def _bert_like(dtype):
+    keras.utils.set_random_seed(26)
+    inp = keras.Input((5,), dtype="int32")
+    h = keras.layers.Embedding(7, 4, dtype=dtype)(inp)
+    h = BroadcastPosition(6, 4, dtype)(h)
+    h = keras.layers.LayerNormalization(dtype=dtype)(h)
+    h = keras.layers.Dense(3, activation="tanh", dtype=dtype)(h)
+    out = keras.layers.Dense(2, dtype=dtype)(keras.layers.Flatten(dtype=dtype)(h))
+    model = keras.Model(inp, out)
+    return model, model.trainable_variables
+
+
 class ClassToken(keras.layers.Layer):
     """ViT: a learned token broadcast to the batch and prepended to the patches."""
 
@@ -653,6 +678,8 @@ CASES: list[Case] = [
     Case("token-and-position-batch-eq-vocab", _token_and_position(), _ids((7, 5), 7, (7, 2))),
     Case("token-and-position-batch-eq-width", _token_and_position(), _ids((4, 5), 7, (4, 2))),
     Case("token-and-position-batch-1", _token_and_position(), _ids((1, 5), 7, (1, 2)), "sum"),
+    Case("bert-broadcast-position-batch-eq-seq", _bert_like, _ids((5, 5), 7, (5, 2))),
+    Case("bert-broadcast-position", _bert_like, _ids((3, 5), 7, (3, 2)), "sum"),
     Case("vit-class-token-position-ids", _vit_like, _xy((5, 4, 3), (5, 2))),
     Case("vit-class-token-batch-eq-tokens", _vit_like, _xy((5, 4, 3), (5, 2)), "vector"),
     Case("swin-windows-batch-eq-windows", _windows, _xy((4, 4, 4, 3), (4, 2))),

@@ -112,6 +112,11 @@ def test_moments_match_brute_force(case, dtype):
         "mlp",
         "embedding-tied-output",
         "transformer-encoder-block",
+        "bert-broadcast-position",
+        "token-and-position-batch-ne-seq",
+        "swin-windows",
+        "lora-dense-sequence",
+        "vit-class-token-position-ids",
     ],
 )
 def test_dynamic_batch_and_small_chunks(case_id):
@@ -121,8 +126,9 @@ def test_dynamic_batch_and_small_chunks(case_id):
     expected_all = [reference.moments(per_ex, ORDERS) for per_ex in ref]
     floor = {p: 1e-3 * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in ORDERS}
     for v, m, expected in zip(variables, moments, expected_all):
+        tol = 1e-10 if tf.as_dtype(v.dtype) == tf.float64 else TOLERANCE["float32"]  # LoRA: f32
         for p in ORDERS:
-            _assert_close(m[p], expected[p], 1e-10, f"{case_id} {v.path} M{p}", floor[p])
+            _assert_close(m[p], expected[p], tol, f"{case_id} {v.path} M{p}", floor[p])
 
 
 def test_old_tf1_conv_rule_counterexample():
@@ -454,6 +460,7 @@ def test_batchnorm_training_couples_upstream_layers_and_warns_once():
     [
         "token-and-position-batch-eq-seq",
         "token-and-position-batch-1",
+        "bert-broadcast-position-batch-eq-seq",
         "vit-class-token-position-ids",
         "swin-windows-batch-eq-windows",
         "lora-dense",
