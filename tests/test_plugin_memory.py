@@ -110,9 +110,11 @@ def test_a_growing_run_keeps_one_version_of_each_series(tmp_path):
             for tag in tags:
                 q = {"run": "live", "tag": tag, "step": "all", "bins": 5}
                 assert client.get(P + "histogram", query_string=q).status_code == 200
+                q = {"run": "live", "tag": tag}
+                assert client.get(P + "heatmap", query_string=q).status_code == 200
         keys = cache.keys()
         for tag in tags:
-            for kind in ("stats", "histogram"):
+            for kind in ("stats", "histogram", "heatmap"):
                 want = metadata.stats_tag(tag) if kind == "stats" else tag
                 versions = [k for k in keys if k[0] == kind and k[3] == want]
                 assert len(versions) == 1, (kind, tag, versions)

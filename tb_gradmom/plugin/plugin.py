@@ -313,7 +313,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                     )
                 )
 
-        return self._cache.get_or_load(key, lambda: self._compute(build))
+        # A live run's older "latest" responses are dropped when a newer one is cached.
+        group = key[:4] + key[5:] if resolved is None else None
+        return self._cache.get_or_load(key, lambda: self._compute(build), group=group)
 
     @staticmethod
     def _heatmap_work(entry, max_rows, max_cols) -> int:
