@@ -1222,7 +1222,7 @@ def per_example_masked(t: tf.Tensor, ax: Axis, n, start, size) -> tf.Tensor:
     rank = t.shape.rank
     ef = examples_first(t, ax, n)[start : start + size]  # [size, P, *rest]
     hot = tf.one_hot(tf.range(size) + start, n, dtype=t.dtype)  # [size, n]
-    extra = [1] * (rank + 1)  # P and rest
+    extra = [1] * rank  # P and the rank - 1 other axes
     full = tf.reshape(hot, tf.concat([tf.shape(hot), extra], 0)) * ef[:, None]  # [size, n, P, rest]
     rest = tf.shape(ef)[2:]
     # back from [n, outer * inner, *rest] to t's layout, for each of the `size` copies

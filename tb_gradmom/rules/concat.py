@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tb_gradmom._axes import per_example_masked
 from tb_gradmom.rules.base import Contribution, RuleError, Site
+from tb_gradmom.rules.derived import _elements
 
 __all__ = ["concat_rule"]
 
@@ -32,14 +33,14 @@ def concat_rule(site: Site) -> Contribution:
     if axis == ax.axis:
         raise RuleError("the concatenation is along the examples' axis")
     vshape = site.view.shape
-    if not vshape.is_fully_defined() or vshape.rank != rank:
-        raise RuleError("the parameter's shape is not static")
+    if vshape.rank != rank:
+        raise RuleError("the parameter's rank differs from the concatenation's")
     sizes = [x.shape[axis] for x in op.inputs[:-1]]
     if any(s is None for s in sizes[: site.index + 1]):
         raise RuleError("the sizes along the concatenation axis are not static")
     offset = sum(sizes[: site.index])
     length = sizes[site.index]
-    full_rows = vshape[ax.axis] != 1
+    full_rows = vshape[ax.axis] != 1  # unknown (the batch) or the batch size
 
     def part(delta):
         begin = [0] * rank
@@ -60,5 +61,5 @@ def concat_rule(site: Site) -> Contribution:
         examples=tf.shape(out)[ax.axis] // ax.partners,
         evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
-        per_example_elements=int(vshape.num_elements()),
+        per_example_elements=_elements(vshape),
     )

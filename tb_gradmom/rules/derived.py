@@ -99,14 +99,14 @@ def vjp_contribution(
     from tb_gradmom._fallback import _pfor
 
     vshape, dshape = view.shape, derived.shape
-    if not (vshape.is_fully_defined() and dshape.is_fully_defined()):
-        raise RuleError("the shapes of a parameter derived from the variable are not static")
+    if vshape.rank is None or dshape.rank is None:
+        raise RuleError("the ranks of a parameter derived from the variable are not static")
     if _pfor is None:  # pragma: no cover
         raise RuleError("this TensorFlow has no parallel_for.pfor")
-    dshape_l, vshape_l = list(dshape), list(vshape)
 
     def per_example(delta, n, start, size):
-        g = tf.reshape(inner.per_example(delta, n, start, size), [-1, *dshape_l])
+        g = inner.per_example(delta, n, start, size)
+        g = tf.reshape(g, tf.concat([[-1], tf.shape(derived)], 0))
         g = tf.cast(g, derived.dtype)
 
         def loop_fn(i):
@@ -120,13 +120,19 @@ def vjp_contribution(
             return tf.cast(tf.convert_to_tensor(gv), dtype)
 
         rows = _pfor(loop_fn, tf.shape(g)[0], fallback_to_while_loop=True)
-        return tf.reshape(rows, [-1, *vshape_l])
+        return tf.reshape(rows, tf.concat([[-1], tf.shape(view)], 0))
 
     return Contribution(
         examples=inner.examples,
         evidence=inner.evidence,
         per_example=per_example,
-        per_example_elements=inner.per_example_elements
-        + int(dshape.num_elements())
-        + int(vshape.num_elements()),
+        per_example_elements=inner.per_example_elements + _elements(dshape) + _elements(vshape),
     )
+
+
+def _elements(shape: tf.TensorShape, unknown: int = 1024) -> int:
+    """Elements of ``shape``, counting an unknown dim (the batch) as ``unknown``."""
+    out = 1
+    for d in shape:
+        out *= d if d is not None else unknown
+    return int(out)
