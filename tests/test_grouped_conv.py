@@ -359,3 +359,38 @@ def test_channels_first_grouped_conv_is_refused_with_the_reason():
 
     with pytest.raises(gradmom.UnsupportedOpError, match="channels-last"):
         step(x)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_grouped_conv(policy):
+    """16-bit compute: the kernel is cast inside the XLA call's body (a view of the filter);
+    moments in float32 against the same weights in float32, brute force."""
+    from tests import test_mixed_precision as mp
+
+    def build(dtype):
+        return keras.Sequential(
+            [
+                keras.Input((6, 6, 4)),
+                keras.layers.Conv2D(6, 3, groups=2, activation="tanh", dtype=dtype),
+                keras.layers.Conv2D(6, 3, groups=6, padding="same", dtype=dtype),
+                keras.layers.GlobalAveragePooling2D(dtype=dtype),
+                keras.layers.Dense(3, dtype=dtype),
+            ]
+        )
+
+    keras.utils.set_random_seed(21)
+    mixed, full = build(policy), build("float32")
+    full.set_weights(mixed.get_weights())
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(5, 6, 6, 4)).astype("float32")
+    y = rng.integers(0, 3, size=5)
+
+    @tf.function
+    def step(x, y):
+        loss = tf.reduce_mean(mp.sparse_ce(tf.cast(mixed(x), tf.float32), y))
+        return gradmom.gradients_and_moments(
+            loss, mixed.trainable_variables, orders=ORDERS, fallback="error"
+        )
+
+    _, moments = step(x, y)
+    mp._check(moments, full, x, y, mp.TOLERANCE[policy], f"grouped {policy}")

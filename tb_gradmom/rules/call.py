@@ -268,7 +268,7 @@ def call_rule(site: Site) -> Contribution:
     )
 
     def operands(delta, n, start, size):
-        x = tf.cast(x_outer, site.dtype)[start : start + size]
+        x = tf.cast(x_outer[start : start + size], site.dtype)  # slice, then cast
         d = delta[start : start + size]
         if axis is not None:
             x, d = tf.expand_dims(x, axis), tf.expand_dims(d, axis)

@@ -333,8 +333,10 @@ def conv_rule(site: Site) -> Contribution:
     def operands(delta, n, start, size):
         """(the conv's input, the gradient of its output) for examples [start, start + size)."""
         if transposed:
-            return rows(delta, n, start, size), rows(site.input(2), n, start, size)
-        return rows(site.input(0), n, start, size), rows(delta, n, start, size)
+            x = tf.cast(rows(op.inputs[2], n, start, size), site.dtype)  # slice, then cast
+            return rows(delta, n, start, size), x
+        x = tf.cast(rows(op.inputs[0], n, start, size), site.dtype)
+        return x, rows(delta, n, start, size)
 
     positions = 1
     for s in (op.inputs[2] if transposed else op.outputs[0]).shape[1:-1]:
