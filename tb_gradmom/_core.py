@@ -168,10 +168,11 @@ def _check_conv_batch(op, ex) -> str | None:
 _CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
 
-def _check_call_batch(op, ex) -> str | None:
-    """A call wrapping a convolution: its data inputs and output hold the examples on axis 0."""
-    for t in [*op.inputs, *op.outputs]:
-        if t.dtype == tf.resource:
+def _check_call_batch(op, ex, index: int) -> str | None:
+    """A call wrapping a convolution: its data inputs and output hold the examples on axis 0
+    (but the filter, input ``index``: a kernel computed from the variable holds none)."""
+    for i, t in enumerate([*op.inputs, *op.outputs]):
+        if t.dtype == tf.resource or i == index:
             continue
         st = ex.of(t)
         if st != _axes.Axis(0):
@@ -280,7 +281,11 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
             _unsupported_message(name, op, None), reason=f"{op.type} op '{op.name}' has no rule"
         )
     if op.type in _CONV_OPS or op.type in _CALL_OPS:
-        why = _check_conv_batch(op, ex) if op.type in _CONV_OPS else _check_call_batch(op, ex)
+        why = (
+            _check_conv_batch(op, ex)
+            if op.type in _CONV_OPS
+            else _check_call_batch(op, ex, raw.index)
+        )
         if why is not None:
             raise UnsupportedOpError(
                 _unsupported_message(name, op, why), reason=f"{op.type} op '{op.name}': {why}"

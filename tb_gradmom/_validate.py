@@ -71,8 +71,16 @@ def float_scalar(name: str, value):
         if value.shape.rank not in (None, 0):
             raise ValueError(f"{name} must be a scalar, got shape {value.shape}")
         return value
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real | np.number):
+    if isinstance(value, bool | np.bool_ | str | bytes):
         raise TypeError(
             f"{name} must be a number or a scalar tensor, got {value!r} ({type(value).__name__})"
         )
-    return value
+    if isinstance(value, numbers.Real | np.number):
+        return value
+    try:  # a Keras variable (a LossScaleOptimizer's dynamic_scale) or another tensor-like
+        t = tf.convert_to_tensor(value)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name} must be a number or a scalar tensor, got {value!r} ({type(value).__name__})"
+        ) from None
+    return float_scalar(name, t)
