@@ -30,7 +30,7 @@ __all__ = ["ByteLRU", "MemoryGate", "nbytes"]
 
 _ARRAY_HEADER = 112  # bytes of an ndarray object without its data
 # After a reservation at least this big ends, free memory is handed back to the system.
-TRIM_MIN_BYTES = 32 * 1024 * 1024
+TRIM_MIN_BYTES = 128 * 1024 * 1024
 
 
 def _malloc_trim():

@@ -154,13 +154,31 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
     @_route
     def _tags_route(self, request):
         ctx, experiment = self._ctx(request)
-        return self._json(request, self.tags_impl(ctx, experiment))
+        index = self._reader.index(ctx, experiment)
+        # The same listing (every series at the same version) gives the same payload.
+        version = tuple(
+            (run, tag, e.signature)
+            for run, ri in sorted(index.items())
+            for tag, e in sorted({**ri.moments, **ri.stats}.items())
+        )
+        key = ("tags", experiment, version)
+        text = self._cache.get_or_load(
+            key,
+            lambda: _encode.to_json(self.tags_impl(ctx, experiment, index)),
+            group=("tags", experiment),
+        )
+        return self._json(request, text)
 
-    def tags_impl(self, ctx, experiment: str) -> dict:
-        """``{"runs": {run: {tag: info}}, "model": {run: {"steps": [...]}}}``."""
+    def tags_impl(self, ctx, experiment: str, index=None) -> dict:
+        """``{"runs": {run: {tag: info}}, "model": {run: {"steps": [...]}}}``.
+
+        ``index``: the `_reader.Reader.index` of the experiment, if the caller has it.
+        """
         runs: dict = {}
         model: dict = {}
-        for run, ri in sorted(self._reader.index(ctx, experiment).items()):
+        if index is None:
+            index = self._reader.index(ctx, experiment)
+        for run, ri in sorted(index.items()):
             series = (
                 self._reader.stats_series(ctx, experiment, list(ri.stats.values()))
                 if ri.stats
@@ -171,7 +189,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 st = ri.stats_for(tag)
                 s = series.get(st.tag) if st is not None else None
                 if s is not None:  # complete steps: stats beyond the moments' last are torn
-                    steps = s.steps[s.steps <= entry.max_step].tolist()
+                    steps = s.steps[s.steps <= entry.max_step]
                 else:
                     steps = self._moment_steps(ctx, experiment, entry)
                 c = entry.content
@@ -192,7 +210,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             runs[run] = tags
             ms = series.get(metadata.stats_tag(metadata.MODEL_TAG))
             if ms is not None:
-                model[run] = {"steps": ms.steps.tolist()}
+                model[run] = {"steps": ms.steps}
         return {"runs": runs, "model": model}
 
     def _moment_steps(self, ctx, experiment, entry) -> list[int]:
