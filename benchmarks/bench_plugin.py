@@ -4,14 +4,15 @@
     python benchmarks/bench_plugin.py --rustboard     # also a `tensorboard --load_fast=true`
     python benchmarks/bench_plugin.py --clients 200 --cache-mb 64    # memory under load
 
-``--clients N`` runs, instead of the timings, N concurrent clients against a real
-``tensorboard`` process with each loader (``--loaders python,rustboard``) and reports the
-resident memory of the TensorBoard process (and of RustBoard's data server) before the
-clients start, at its peak and after they finish, the latency of every request (median and
-99th percentile) and the errors. Each client does what a user opening the tab does: /tags, a
-heatmap of the latest step of a random variable, a heatmap of the big kernel at a random old
-step with a random statistic, an all-steps histogram, and /summary or /series, in a random
-order; ``--plugin-path DIR`` serves another checkout of the plugin (e.g. an older commit).
+``--clients N`` runs, instead of the timings, two phases against a real ``tensorboard``
+process with each loader (``--loaders python,rustboard``): a *burst* of ``--burst`` (50)
+requests at once for distinct old steps of the big kernel, then N concurrent *mixed* clients,
+each doing what a user opening the tab does (/tags, a heatmap of the latest step of a random
+variable, a heatmap of the big kernel at a random old step with a random statistic, an
+all-steps histogram, and /summary or /series, in a random order). Each phase reports the
+resident memory of the TensorBoard process (and of RustBoard's data server) before it, at its
+peak and after it, the latency of every request (median, 99th percentile) and the errors.
+``--plugin-path DIR`` serves another checkout of the plugin (e.g. an older commit).
 
 The logdir (3 runs x 500 steps x 20 variables, one a 1000 x 1000 kernel) is written once by
 `tests/plugin_logdir.py --bench` and cached in ``--cache`` (default /tmp/gradmom_bench). By
@@ -378,6 +379,83 @@ def _client_plan(c: int, steps: int, variables: list[str]) -> list[tuple[str, di
     return plan
 
 
+def _phase(server, plans: list[list[tuple[str, dict]]]) -> dict:
+    """All ``plans`` (one per client) at once: RSS before/peak/after, latencies, errors."""
+    import concurrent.futures
+    import threading
+
+    def pids():
+        return [server.proc.pid, *_children(server.proc.pid)]
+
+    time.sleep(2)
+    before = {p: _rss_mb(p) for p in pids()}
+    for p in before:
+        _reset_hwm(p)
+    peak = dict(before)
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            for p in pids():
+                peak[p] = max(peak.get(p, 0.0), _rss_mb(p))
+            stop.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(len(plans))
+
+    def client(plan):
+        start.wait()
+        for route, q in plan:
+            url = server.url + P + route + ("?" + urllib.parse.urlencode(q) if q else "")
+            req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+            t = time.perf_counter()
+            try:
+                with urllib.request.urlopen(req, timeout=1800) as r:
+                    r.read()
+                    err = None if r.status == 200 else f"{route} {r.status}"
+            except Exception as e:  # noqa: BLE001 - counted
+                err = f"{route} {type(e).__name__}: {str(e)[:80]}"
+            with lock:
+                latencies.append(time.perf_counter() - t)
+                if err:
+                    errors.append(err)
+
+    t = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(plans)) as pool:
+        list(pool.map(client, plans))
+    out = {"wall_s": round(time.perf_counter() - t, 1)}
+    time.sleep(2)
+    stop.set()
+    sampler.join()
+    after = {p: _rss_mb(p) for p in pids()}
+    hwm = {p: _rss_mb(p, "VmHWM") for p in pids()}
+    tb = server.proc.pid
+    lat = sorted(latencies)
+    out.update(
+        requests=len(lat),
+        errors=len(errors),
+        error_examples=sorted(set(errors))[:3],
+        p50_ms=round(1000 * lat[len(lat) // 2]),
+        p99_ms=round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))]),
+        max_ms=round(1000 * lat[-1]),
+        tb_rss_before_mb=round(before[tb]),
+        tb_rss_peak_mb=round(max(peak[tb], hwm[tb])),
+        tb_rss_after_mb=round(after[tb]),
+    )
+    servers = [p for p in after if p != tb]
+    if servers:
+        out["data_server_rss_before_mb"] = round(sum(before.get(p, 0) for p in servers))
+        out["data_server_rss_peak_mb"] = round(
+            sum(max(peak.get(p, 0), hwm.get(p, 0)) for p in servers)
+        )
+        out["data_server_rss_after_mb"] = round(sum(after[p] for p in servers))
+    return out
+
+
 def bench_clients(
     logdir: str,
     loader: str,
@@ -386,13 +464,13 @@ def bench_clients(
     steps: int,
     label: str,
     plugin_path: str | None = None,
+    burst: int = 50,
 ) -> dict:
-    """``clients`` concurrent clients against `tensorboard`; memory, latency and errors."""
-    import concurrent.futures
+    """A burst of ``burst`` requests for distinct old steps of the big kernel at once, then
+    ``clients`` concurrent clients (`_client_plan`), against one `tensorboard` process."""
     import gc
     import pathlib
     import tempfile
-    import threading
 
     gc.collect()
     sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -418,75 +496,16 @@ def bench_clients(
             time.sleep(1)
         out["ready_s"] = round(time.perf_counter() - t0, 1)
         variables = sorted(d["runs"]["run0"])
-
-        def pids():
-            return [server.proc.pid, *_children(server.proc.pid)]
-
-        time.sleep(2)
-        before = {p: _rss_mb(p) for p in pids()}
-        for p in before:
-            _reset_hwm(p)
-        peak = dict(before)
-        stop = threading.Event()
-
-        def sample():
-            while not stop.is_set():
-                for p in pids():
-                    peak[p] = max(peak.get(p, 0.0), _rss_mb(p))
-                stop.wait(0.05)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        latencies: list[float] = []
-        errors: list[str] = []
-        lock = threading.Lock()
-        start = threading.Barrier(clients)
-
-        def client(c):
-            start.wait()
-            for route, q in _client_plan(c, steps, variables):
-                url = server.url + P + route + ("?" + urllib.parse.urlencode(q) if q else "")
-                req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
-                t = time.perf_counter()
-                try:
-                    with urllib.request.urlopen(req, timeout=900) as r:
-                        r.read()
-                        ok = r.status == 200
-                        err = None if ok else f"{route} {r.status}"
-                except Exception as e:  # noqa: BLE001 - counted
-                    err = f"{route} {type(e).__name__}: {str(e)[:80]}"
-                with lock:
-                    latencies.append(time.perf_counter() - t)
-                    if err:
-                        errors.append(err)
-
-        t = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-            list(pool.map(client, range(clients)))
-        out["wall_s"] = round(time.perf_counter() - t, 1)
-        time.sleep(2)
-        stop.set()
-        sampler.join()
-        after = {p: _rss_mb(p) for p in pids()}
-        hwm = {p: _rss_mb(p, "VmHWM") for p in pids()}
-        tb = server.proc.pid
-        out["requests"] = len(latencies)
-        out["errors"] = len(errors)
-        out["error_examples"] = sorted(set(errors))[:3]
-        lat = sorted(latencies)
-        out["p50_ms"] = round(1000 * lat[len(lat) // 2])
-        out["p99_ms"] = round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))])
-        out["max_ms"] = round(1000 * lat[-1])
-        out["tb_rss_before_mb"] = round(before[tb])
-        out["tb_rss_peak_mb"] = round(max(peak[tb], hwm[tb]))
-        out["tb_rss_after_mb"] = round(after[tb])
-        servers = [p for p in after if p != tb]
-        if servers:
-            out["data_server_rss_before_mb"] = round(sum(before.get(p, 0) for p in servers))
-            out["data_server_rss_peak_mb"] = round(
-                sum(max(peak.get(p, 0), hwm.get(p, 0)) for p in servers)
-            )
-            out["data_server_rss_after_mb"] = round(sum(after[p] for p in servers))
+        if burst:
+            stride = max(1, (steps - 1) // burst)
+            plans = [
+                [("heatmap", {"run": "run0", "tag": BIG, "step": (i * stride) % (steps - 1)})]
+                for i in range(burst)
+            ]
+            out["burst"] = {"requests_at_once": burst, **_phase(server, plans)}
+        if clients:
+            plans = [_client_plan(c, steps, variables) for c in range(clients)]
+            out["mixed"] = _phase(server, plans)
     finally:
         tps.stop(server)
     return out
@@ -507,6 +526,12 @@ def main() -> None:
     ap.add_argument("--cache-mb", type=int, default=0, help="--gradmom_cache_mb (0: default)")
     ap.add_argument("--loaders", default="python,rustboard", help="for --clients")
     ap.add_argument("--plugin-path", default=None, help="serve the plugin from this checkout")
+    ap.add_argument(
+        "--burst",
+        type=int,
+        default=50,
+        help="with --clients: first this many requests for distinct old steps at once",
+    )
     a = ap.parse_args()
     pooled = ensure_logdir(
         os.path.join(a.cache, "pooled"), "--big-max-elements", "65536", "--steps", str(a.steps)
