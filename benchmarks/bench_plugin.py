@@ -539,7 +539,9 @@ def main() -> None:
     label = f"3x{a.steps}x20, 1M kernel pooled to 64K"
     if a.clients:
         for loader in a.loaders.split(","):
-            r = bench_clients(pooled, loader, a.clients, a.cache_mb, a.steps, label, a.plugin_path)
+            r = bench_clients(
+                pooled, loader, a.clients, a.cache_mb, a.steps, label, a.plugin_path, a.burst
+            )
             print(json.dumps(r), flush=True)
         return
     results = [bench_python(pooled, a.repeat, label, a.steps)]
