@@ -360,12 +360,12 @@ def _reset_hwm(pid: int) -> None:
         pass
 
 
-def _client_plan(c: int, steps: int, variables: list[str]) -> list[tuple[str, dict]]:
+def _client_plan(c: int, steps: int, variables: list[str], runs: int = 3) -> list[tuple[str, dict]]:
     """What client ``c`` asks, in order (seeded): what opening the tab and looking around does."""
     import random
 
     rng = random.Random(c)
-    run = f"run{rng.randrange(3)}"
+    run = f"run{rng.randrange(runs)}"
     other = rng.choice(variables)
     stat = rng.choice(["variance", "mean", "snr", "std", "biased_variance"])
     plan = [
@@ -465,6 +465,7 @@ def bench_clients(
     label: str,
     plugin_path: str | None = None,
     burst: int = 50,
+    runs: int = 3,
 ) -> dict:
     """A burst of ``burst`` requests for distinct old steps of the big kernel at once, then
     ``clients`` concurrent clients (`_client_plan`), against one `tensorboard` process."""
@@ -489,7 +490,7 @@ def bench_clients(
                 d = json.loads(urllib.request.urlopen(server.url + P + "tags", timeout=600).read())
             except OSError:
                 d = {}
-            if len(d.get("model", {})) == 3 and all(
+            if len(d.get("model", {})) == runs and all(
                 len(m["steps"]) == steps for m in d["model"].values()
             ):
                 break
@@ -504,7 +505,7 @@ def bench_clients(
             ]
             out["burst"] = {"requests_at_once": burst, **_phase(server, plans)}
         if clients:
-            plans = [_client_plan(c, steps, variables) for c in range(clients)]
+            plans = [_client_plan(c, steps, variables, runs) for c in range(clients)]
             out["mixed"] = _phase(server, plans)
     finally:
         tps.stop(server)
@@ -539,9 +540,13 @@ def main() -> None:
     label = f"3x{a.steps}x20, 1M kernel pooled to 64K"
     if a.clients:
         for loader in a.loaders.split(","):
-            r = bench_clients(
-                pooled, loader, a.clients, a.cache_mb, a.steps, label, a.plugin_path, a.burst
-            )
+            if a.full:
+                full = ensure_logdir(os.path.join(a.cache, "full"), "--runs", "1", "--steps", "100")
+                args = (full, loader, a.clients, a.cache_mb, 100, "1x100x20, 1M kernel unpooled")
+                r = bench_clients(*args, a.plugin_path, a.burst, runs=1)
+            else:
+                args = (pooled, loader, a.clients, a.cache_mb, a.steps, label)
+                r = bench_clients(*args, a.plugin_path, a.burst)
             print(json.dumps(r), flush=True)
         return
     results = [bench_python(pooled, a.repeat, label, a.steps)]
