@@ -12,10 +12,11 @@ Layer kinds (`KINDS`):
   in 3 draws of 4 kind ``position``: a position ``Embedding`` looked up with ``arange(T)``, no
   example axis, added to it), ``sequence``
   (floats ``[n, T, D]``), ``image`` (floats ``[n, H, W, C]``);
-- sequence blocks: ``dense_seq`` (Dense on ``[n, T, D]``), ``conv1d``, ``mha`` (self-attention
+- sequence blocks: ``dense_seq`` (Dense on ``[n, T, D]``, with or without bias), ``conv1d``
+  (same/valid/causal padding, sometimes dilated or strided), ``mha`` (self-attention
   with a residual add), ``residual`` (``h + Dense(h)``), ``shared`` (one Dense called twice),
   ``layernorm``, ``batchnorm`` (inference mode), ``groupnorm``;
-- image blocks: ``conv2d``, ``depthwise2d``, ``grouped_conv2d`` (``groups=2``), ``separable2d``,
+- image blocks: ``dense_image`` (Dense on ``[n, H, W, C]``), ``conv2d``, ``depthwise2d``, ``grouped_conv2d`` (``groups=2``), ``separable2d``,
   ``residual`` (``h + Conv2D(h)``), ``shared`` (one Conv2D called twice), ``layernorm``,
   ``batchnorm``, ``groupnorm``;
 - heads: ``flatten`` or ``pool`` (global average/max pooling) then ``dense``, or for sequences
@@ -36,6 +37,7 @@ import argparse
 import collections
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -62,6 +64,7 @@ SEQ_BLOCKS = (
     "groupnorm",
 )
 IMAGE_BLOCKS = (
+    "dense_image",
     "conv2d",
     "depthwise2d",
     "grouped_conv2d",
@@ -184,15 +187,26 @@ def generate(seed: int, exclude=None, *, stem=None, blocks=None, batch_rule=None
     h, w = dims.get("H"), dims.get("W")
     for kind in blocks:
         p = {}
-        if kind in ("dense_seq",):
+        if kind in ("dense_seq", "dense_image"):
             p["units"] = int(_pick(rng, (2, 4, 6)))
+            p["bias"] = bool(rng.random() < 0.75)
         elif kind == "conv1d":
             p["filters"] = int(_pick(rng, (2, 4)))
             p["kernel"] = int(rng.integers(1, 4))
             p["padding"] = _pick(rng, ("same", "valid", "causal"))
-            if p["padding"] == "valid":
+            # a dilation or a stride (not both: Keras refuses strides > 1 with dilation > 1)
+            step = _pick(rng, ("plain", "plain", "dilation", "stride"))
+            if step == "dilation":
+                p["dilation"] = 2
+            elif step == "stride" and p["padding"] != "causal":
+                p["strides"] = 2
+            span = (p["kernel"] - 1) * p.get("dilation", 1) + 1
+            if p["padding"] == "valid" and span > t:
+                p.pop("dilation", None)
                 p["kernel"] = min(p["kernel"], t)
-                t = t - p["kernel"] + 1
+                span = p["kernel"]
+            stride = p.get("strides", 1)
+            t = (t - span) // stride + 1 if p["padding"] == "valid" else -(-t // stride)
         elif kind in ("conv2d", "grouped_conv2d", "separable2d", "depthwise2d"):
             p["kernel"] = int(rng.integers(1, 4))
             p["strides"] = int(_pick(rng, (1, 1, 2)))
@@ -308,10 +322,17 @@ def build_model(arch: Arch, dtype: str):
 def _block(kind, p, x, image):
     c = _channels(x)
     L = keras.layers
-    if kind == "dense_seq":
-        return L.Dense(p["units"], activation="tanh")(x)
+    if kind in ("dense_seq", "dense_image"):
+        return L.Dense(p["units"], activation="tanh", use_bias=p["bias"])(x)
     if kind == "conv1d":
-        return L.Conv1D(p["filters"], p["kernel"], padding=p["padding"], activation="tanh")(x)
+        return L.Conv1D(
+            p["filters"],
+            p["kernel"],
+            strides=p.get("strides", 1),
+            dilation_rate=p.get("dilation", 1),
+            padding=p["padding"],
+            activation="tanh",
+        )(x)
     if kind == "mha":
         att = L.MultiHeadAttention(num_heads=p["heads"], key_dim=p["key_dim"])(x, x)
         return L.Add()([x, att])
@@ -550,7 +571,11 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         results = run_many(range(args.start, args.start + n), exclude, args.jobs)
         print(summarize(results))
-        print(f"wall {time.perf_counter() - t0:.1f}s for {n} models")
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        print(
+            f"wall {time.perf_counter() - t0:.1f}s, worker cpu {kids.ru_utime + kids.ru_stime:.0f}s "
+            f"for {n} models ({args.jobs} jobs), load {os.getloadavg()}"
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

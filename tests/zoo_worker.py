@@ -22,6 +22,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -37,6 +38,13 @@ from tests import reference, zoo  # noqa: E402
 ORDERS = (1, 2, 3, 4)
 # float64: the core and the reference differ by summation order only.
 TOLERANCE = 1e-9
+# Variables that Keras creates in float32 inside a float64 model (LoRA adapters: Keras 3 makes
+# them float32 whatever the layer's dtype) get float32 moments and test_core's float32 bound.
+FLOAT32_TOLERANCE = 2e-5
+# Entries whose layers compute in float32 whatever the dtype (`Entry.float32_inside`): the
+# bound is this many times the "floor", the relative error of TensorFlow's own batch gradient
+# (a plain tf.gradients, no tb_gradmom) against the per-example reference.
+FLOOR_FACTOR = 30
 # A variable's true moment of order p "vanishes" when its largest magnitude is at most this
 # fraction of the largest true moment of order p over the whole model (an attention key bias:
 # softmax does not see it, what is left is rounding noise). Its error is then judged against the
@@ -148,7 +156,12 @@ def evaluate(entry, dtype: str = "float64") -> dict:
     t_run = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    ref = reference.per_example_gradients(forward, variables, per_example_loss, x, y)
+    # The reference differentiates the tf.Variables behind Keras variables (the same reads; its
+    # zeros for a variable without a gradient need a tf.DType, which Keras variables lack).
+    tf_vars = [
+        v.value if isinstance(getattr(v, "value", None), tf.Variable) else v for v in variables
+    ]
+    ref = reference.per_example_gradients(forward, tf_vars, per_example_loss, x, y)
     t_ref = time.perf_counter() - t0
 
     paths = _paths(seen[0], len(variables)) if seen else ["unknown"] * len(variables)
@@ -156,6 +169,21 @@ def evaluate(entry, dtype: str = "float64") -> dict:
     model_max = {
         p: max([float(np.max(np.abs(w[p]))) for w in want if w[p].size] or [0.0]) for p in ORDERS
     }
+    floor = None
+    if getattr(entry, "float32_inside", ""):
+
+        @tf.function
+        def plain(x, y):
+            return tf.gradients(tf.reduce_mean(per_example_loss(forward(x), y)), tf_vars)
+
+        floor = max(
+            max_rel_err(
+                np.zeros(w[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g)),
+                w[1],
+                model_max[1],
+            )
+            for g, w in zip(plain(xt, yt), want)
+        )
     out_vars = []
     for v, g, m, w, path in zip(variables, grads, moments, want, paths):
         rel = {}
@@ -164,7 +192,7 @@ def evaluate(entry, dtype: str = "float64") -> dict:
             if got is None:
                 rel[p] = float("inf")
                 continue
-            if tf.as_dtype(got.dtype) != tf.as_dtype(dtype):
+            if tf.as_dtype(got.dtype) != _moment_dtype(v):
                 rel[p] = float("inf")
                 continue
             rel[p] = max_rel_err(got, w[p], model_max[p])
@@ -173,6 +201,8 @@ def evaluate(entry, dtype: str = "float64") -> dict:
             {
                 "name": _name(v),
                 "shape": list(v.shape),
+                "dtype": _moment_dtype(v).name,
+                "tol": _tolerance(v, floor),
                 "path": path,
                 "rel": rel,
                 "grad_rel": max_rel_err(grad, w[1], model_max[1]),
@@ -181,6 +211,7 @@ def evaluate(entry, dtype: str = "float64") -> dict:
     return {
         "id": entry.id,
         "vars": out_vars,
+        "floor": floor,
         "ops": len(concrete.graph.get_operations()),
         "params": int(sum(int(np.prod(v.shape)) for v in variables)),
         "timing": {
@@ -192,15 +223,32 @@ def evaluate(entry, dtype: str = "float64") -> dict:
     }
 
 
+def _moment_dtype(v) -> tf.DType:
+    """float64 moments for float64 variables, float32 otherwise (the API's contract)."""
+    return tf.float64 if tf.as_dtype(v.dtype) == tf.float64 else tf.float32
+
+
+def _tolerance(v, floor) -> float:
+    tol = TOLERANCE if _moment_dtype(v) == tf.float64 else FLOAT32_TOLERANCE
+    return tol if floor is None else max(tol, FLOOR_FACTOR * floor)
+
+
 def failures(result: dict, entry) -> list[str]:
     """The reasons a result is not exact (empty when it is)."""
     out = []
+    floor = result.get("floor")
+    if getattr(entry, "float32_inside", "") and floor is not None and floor <= TOLERANCE:
+        out.append(
+            f"TensorFlow's own gradient matches the reference to {floor:.2g}: the model no "
+            "longer computes in float32 inside; drop float32_inside from this entry"
+        )
     for v in result["vars"]:
+        tol = v.get("tol", TOLERANCE)
         for p, e in sorted(v["rel"].items(), key=lambda kv: int(kv[0])):
-            if not e <= TOLERANCE:
-                out.append(f"{v['name']} M{p}: relative error {e:.3g} > {TOLERANCE:g}")
-        if not v["grad_rel"] <= TOLERANCE:
-            out.append(f"{v['name']} grad: relative error {v['grad_rel']:.3g} > {TOLERANCE:g}")
+            if not e <= tol:
+                out.append(f"{v['name']} M{p}: relative error {e:.3g} > {tol:g}")
+        if not v["grad_rel"] <= tol:
+            out.append(f"{v['name']} grad: relative error {v['grad_rel']:.3g} > {tol:g}")
         if (
             entry.fallback == "error"
             and v["path"] != "unknown"
@@ -218,11 +266,22 @@ def status(result: dict, entry) -> str:
     worst = max(
         [e for v in result["vars"] for e in list(v["rel"].values()) + [v["grad_rel"]]] or [0.0]
     )
-    word = "exact" if worst <= TOLERANCE else "wrong"
+    word = "wrong" if failures(result, _NoFallback) else "exact"
     s = f"{word} (max rel err {worst:.2g})"
+    if result.get("floor") is not None:
+        s += f" [float32 inside: TF's own gradient off by {result['floor']:.2g}]"
+    if any(v.get("dtype") == "float32" for v in result["vars"]):
+        s += " [float32 variables judged at 2e-5]"
     if fb:
         s += f", fallback for {len(fb)}/{len(result['vars'])} variables"
     return s
+
+
+class _NoFallback:
+    """For `status`: judge the numbers only (the path is reported separately)."""
+
+    fallback = "exact"
+    float32_inside = ""
 
 
 def _first_line(e: BaseException) -> str:
@@ -257,34 +316,68 @@ def run_one(entry_id: str) -> dict:
                 "traceback": traceback.format_exc()[-6000:],
             },
         }
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     result["seconds"] = round(time.perf_counter() - t0, 2)
-    result["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    # CPU seconds of the whole process (TensorFlow's import included): less sensitive than wall
+    # time to other processes sharing the machine.
+    result["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 1)
+    result["maxrss_mb"] = usage.ru_maxrss // 1024
     return result
 
 
+def _rss_mb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
 def run_in_subprocess(entry_id: str, timeout: float | None = None) -> dict:
-    """`run_one` in a fresh Python (one process per entry)."""
+    """`run_one` in a fresh Python (one process per entry).
+
+    The child is killed after ``GRADMOM_ZOO_TIMEOUT`` seconds (default 3600) or when its
+    resident memory passes ``GRADMOM_ZOO_MAX_RSS_MB`` (default 14000: the machine is shared).
+    """
     timeout = timeout or float(os.environ.get("GRADMOM_ZOO_TIMEOUT", "3600"))
+    max_rss = int(os.environ.get("GRADMOM_ZOO_MAX_RSS_MB", "14000"))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
             [sys.executable, "-m", "tests.zoo_worker", entry_id],
-            capture_output=True,
+            stdout=out,
+            stderr=err,
             text=True,
-            timeout=timeout,
             cwd=root,
             env=env,
         )
-    except subprocess.TimeoutExpired:
-        return _crashed(entry_id, "Timeout", f"no result after {timeout:.0f} s", t0)
+        peak = 0
+        killed = None
+        while proc.poll() is None:
+            peak = max(peak, _rss_mb(proc.pid))
+            if peak > max_rss:
+                killed = ("MemoryLimit", f"killed at {peak} MB resident (> {max_rss} MB)")
+            elif time.perf_counter() - t0 > timeout:
+                killed = ("Timeout", f"no result after {timeout:.0f} s")
+            if killed:
+                proc.kill()
+                proc.wait()
+                return _crashed(entry_id, killed[0], killed[1], t0)
+            time.sleep(0.5)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     marker = "ZOO_RESULT "
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith(marker):
             return json.loads(line[len(marker) :])
-    tail = (proc.stderr or "").strip().splitlines()[-15:]
+    tail = (stderr or "").strip().splitlines()[-15:]
     return _crashed(
         entry_id,
         "WorkerDied",
@@ -317,12 +410,14 @@ def _report(args) -> int:
             results[e.id] = r
             t = r.get("timing", {})
             print(
-                f"{e.id:45s} {r['seconds']:7.1f}s rss={r.get('maxrss_mb', '-')}MB "
+                f"{e.id:45s} {r['seconds']:7.1f}s cpu={r.get('cpu_seconds', '-')}s "
+                f"rss={r.get('maxrss_mb', '-')}MB "
                 f"trace={t.get('trace', '-')} run={t.get('run', '-')} ref={t.get('reference', '-')}"
                 f"  {status(r, e)}",
                 flush=True,
             )
-    print(f"total wall {time.perf_counter() - t0:.1f}s")
+    cpu = sum(r.get("cpu_seconds", 0.0) for r in results.values())
+    print(f"total wall {time.perf_counter() - t0:.1f}s, cpu {cpu:.0f}s, load {os.getloadavg()}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,0 +1,138 @@
+"""The model zoo (`tests/zoo.py`) against brute-force per-example gradients.
+
+Every entry, float64, orders 1-4: `gradients_and_moments(mean loss, variables,
+orders=(1, 2, 3, 4), fallback="error")` in a `tf.function` (``fallback="exact"`` for the
+recurrent entries) against one tape gradient per example on its own slice of the batch
+(`tests/reference.py`). Relative error <= 1e-9 per variable and order (`max_rel_err`), and no
+variable on the fallback path outside the recurrent entries. Two documented exceptions to the
+1e-9 (see `tests/zoo_worker.py`): variables Keras makes float32 inside a float64 model (LoRA
+adapters) are judged at test_core's float32 bound 2e-5, and entries marked ``float32_inside``
+(keras_hub Gemma) at 30x the error of TensorFlow's own batch gradient against the reference.
+
+``GRADMOM_ZOO=full`` adds the heavy ``keras.applications`` members. Entries marked ``isolate``
+(the applications) run in a child process each (`tests/zoo_worker.py`), ``GRADMOM_ZOO_JOBS``
+(default 2) at a time, started together when the first of them is reached.
+
+Measured on the 2-core machine: see the timings in `tests/zoo.py` and `KNOWN_FAILURES` below.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import pytest
+
+from tests import zoo, zoo_worker
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:tb_gradmom"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
+
+# The entries that fail under the current core, with the failure seen (core at 17bccd5). Remove
+# a line when its fix lands: strict xfail turns a fixed entry into an XPASS(strict) failure.
+KNOWN_FAILURES: dict[str, str] = {
+    "hub-debertav3": "UnsupportedOpError: variable 'rel_embedding/rel_embedding' is consumed by "
+    "AddV2 (op '.../self_attention_layer_1/query_3/Add') in a way the exact rule does not "
+    "cover: the chain of derived parameters is too long",
+    "hub-llama": "UnsupportedOpError: variable 'transformer_layer_0/self_attention/"
+    "attention_output/kernel' is consumed by BatchMatMulV2 (.../attention_output_1/MatMul) in a "
+    "way the exact rule does not cover: the examples' axis of the input ... is not proven: "
+    "unknown (stopped at Tile op ...)",
+    "hub-mistral": "UnsupportedOpError: variable 'transformer_layer_0/self_attention/"
+    "attention_output/kernel' is consumed by BatchMatMulV2 (.../attention_output_1/MatMul) in a "
+    "way the exact rule does not cover: the examples' axis of the input ... is not proven: "
+    "unknown (stopped at Tile op ...)",
+    "embedding-lookup-sparse-mean": "UnsupportedOpError: variable 'table' is consumed by "
+    "ResourceGather (op 'embedding_lookup_sparse/embedding_lookup') in a way the exact rule "
+    "does not cover: the examples' axis of the ids 'embedding_lookup_sparse/Unique:0' is not "
+    "proven: unknown (stopped at Where op 'Where', which the analysis cannot see through)",
+    "embedding-lookup-sparse-sum-weighted": "UnsupportedOpError: variable 'table' is consumed by "
+    "ResourceGather (op 'embedding_lookup_sparse/embedding_lookup') in a way the exact rule "
+    "does not cover: the examples' axis of the ids 'embedding_lookup_sparse/Unique:0' is not "
+    "proven: unknown (stopped at Where op 'Where', which the analysis cannot see through)",
+}
+
+
+def _params():
+    # In-process entries first: the isolated ones run meanwhile in their child processes.
+    for entry in sorted(zoo.selected(), key=lambda e: e.isolate):
+        marks = []
+        if entry.id in KNOWN_FAILURES:
+            marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[entry.id]))
+        yield pytest.param(entry, id=entry.id, marks=marks)
+
+
+_POOL: dict = {}
+
+
+@pytest.fixture(scope="module")
+def isolated_results(request):
+    """Futures of the isolated entries selected in this session, started together."""
+    selected = []
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        entry = callspec.params.get("entry") if callspec else None
+        if isinstance(entry, zoo.Entry) and entry.isolate:
+            selected.append(entry.id)
+    jobs = int(os.environ.get("GRADMOM_ZOO_JOBS", "2"))
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, jobs))
+    futures = {i: pool.submit(zoo_worker.run_in_subprocess, i) for i in selected}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("entry", list(_params()))
+def test_zoo_entry_exact(entry, isolated_results):
+    if entry.isolate:
+        future = isolated_results.get(entry.id)
+        result = future.result() if future else zoo_worker.run_in_subprocess(entry.id)
+        if result.get("error"):
+            err = result["error"]
+            raise AssertionError(
+                f"{entry.id}: {err['type']}: {err['first_line']}\n{err.get('traceback', '')}"
+            )
+    else:
+        result = zoo_worker.evaluate(entry)
+    bad = zoo_worker.failures(result, entry)
+    assert not bad, (
+        f"{entry.id}: "
+        + "; ".join(bad[:20])
+        + (f" (and {len(bad) - 20} more)" if len(bad) > 20 else "")
+    )
+    paths = [v["path"] for v in result["vars"]]
+    assert "unknown" not in paths, (
+        f"{entry.id}: could not see the path taken (tb_gradmom._core.prepare changed?): "
+        "adapt zoo_worker.spy_prepare"
+    )
+    if entry.fallback == "error":
+        assert all(p.startswith("rule") for p in paths), paths
+
+
+def test_max_rel_err_judges_vanishing_moments_against_the_model():
+    import numpy as np
+
+    # own scale 2: error 2e-9 is 1e-9 relative
+    assert zoo_worker.max_rel_err(np.array([2.0 + 2e-9]), np.array([2.0]), 10.0) == pytest.approx(
+        1e-9
+    )
+    # a vanishing true moment (1e-20 of a model scale 1): judged against 1
+    assert zoo_worker.max_rel_err(np.array([3e-12]), np.array([1e-20]), 1.0) == pytest.approx(3e-12)
+    assert zoo_worker.max_rel_err(np.array([np.nan]), np.array([1.0]), 1.0) == float("inf")
+    assert zoo_worker.max_rel_err(np.zeros(2), np.zeros(3), 1.0) == float("inf")
+
+
+def test_zoo_covers_every_application_family_by_default():
+    import keras
+
+    default = {e.id for e in zoo.selected("default")}
+    families = {}
+    for e in zoo.APPLICATION_ENTRIES:
+        families.setdefault(e.family, []).append(e.id)
+    for family, ids in families.items():
+        assert any(i in default for i in ids), family
+    constructors = {n for n in dir(keras.applications) if n[:1].isupper()}
+    listed = {name for members in zoo.APPLICATIONS.values() for name, *_ in members}
+    assert constructors == listed, constructors ^ listed
