@@ -38,7 +38,7 @@ DEFAULT_CACHE_MB = 512
 # Arrays being computed and responses being encoded, all requests together (a single request
 # that needs more runs alone): with `_reader.READ_BUDGET_BYTES`, the plugin's memory bound
 # beyond its cache (docs/http_api.md, "Speed and memory").
-WORK_BUDGET_BYTES = 128 * 1024 * 1024
+WORK_BUDGET_BYTES = 192 * 1024 * 1024
 # Threads that compute the big arrays of all requests (statistics, pooling, histograms, the
 # text of responses): as many as cores. Memory a thread frees stays in its malloc arena for
 # the next allocation there; with every request thread computing, each of glibc's 8-per-core
