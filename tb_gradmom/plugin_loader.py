@@ -38,7 +38,7 @@ class GradMomentsPluginLoader(base_plugin.TBLoader):
                 default=None,
                 help="Memory budget in MiB of the Grad Moments tab's cache of decoded "
                 "moments and computed responses (default: 512); the tab's memory stays within "
-                "it plus 384 MiB of requests in flight.",
+                "it plus 448 MiB of requests in flight (see docs/http_api.md).",
             )
         except Exception:  # noqa: BLE001 - e.g. a flag defined twice; TensorBoard must start
             logger.warning("Grad Moments: could not define its flags", exc_info=True)
