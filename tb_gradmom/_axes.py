@@ -835,8 +835,12 @@ def _h_pad(ex, op, states):
 
 def _h_tile(ex, op, states):
     st = states[0]
-    mult = _static(op.inputs[1])
-    if not isinstance(st, Axis) or mult is None or int(mult[st.axis]) != 1:
+    if not isinstance(st, Axis):
+        return UNKNOWN
+    # The multiples are often computed (tf.repeat, keras.ops.repeat: grouped-query attention's
+    # key/value heads): read them with the batch size kept symbolic.
+    mult = ex.sym_value(op.inputs[1])
+    if not isinstance(mult, list) or len(mult) <= st.axis or mult[st.axis] != 1:
         return UNKNOWN
     return st
 
@@ -934,21 +938,26 @@ def _h_gather(ex, op, states):
         if axis_v is None or params.shape.rank is None:
             return UNKNOWN
         axis = int(axis_v) % params.shape.rank
-    if batch_dims:
-        if isinstance(sp, Axis) and isinstance(si, Axis) and sp.axis == si.axis < batch_dims:
-            return sp if sp == si else UNKNOWN
-        return UNKNOWN
     ri = indices.shape.rank
     if ri is None:
         return UNKNOWN
+    # out = params.shape[:axis] + indices.shape[batch_dims:] + params.shape[axis + 1:], where
+    # params.shape[:batch_dims] == indices.shape[:batch_dims] (gathered row by row).
     if isinstance(sp, Axis) and isinstance(si, Axis):
-        return UNKNOWN
+        # Both hold the examples: fine on a shared batch axis only (row j gathers from row j).
+        return sp if sp == si and sp.axis < batch_dims else UNKNOWN
     if isinstance(si, Axis):
-        return si.moved(axis + si.axis)
+        if sp == REDUCED:
+            return UNKNOWN
+        return si if si.axis < batch_dims else si.moved(axis + si.axis - batch_dims)
     if isinstance(sp, Axis):
+        if si != FREE:
+            return UNKNOWN  # indices computed from the batch choose what each example sees
+        if sp.axis < batch_dims or sp.axis < axis:
+            return sp
         if sp.axis == axis:
             return UNKNOWN  # selects examples
-        return sp if sp.axis < axis else sp.moved(sp.axis + ri - 1)
+        return sp.moved(sp.axis + ri - batch_dims - 1)
     return REDUCED
 
 

@@ -16,8 +16,9 @@ from tb_gradmom.rules.derived import (
     DERIVED_OPS,
     derived_contribution,
     local_factor,
-    vjp_contribution,
+    region_contribution,
 )
+from tb_gradmom.rules.masked import masked_vjp_rule
 
 __all__ = [
     "gradients_and_moments",
@@ -134,8 +135,12 @@ def _plan(variable, name: str, graph, on_path, ex, fallback: str) -> _Plan:
     return _Plan(variable, name, dtype, sites, coupled=coupled)
 
 
-# A chain of derived parameters longer than this is not followed (BatchNorm needs 3, LoRA 3).
+# A chain of element-wise derived parameters longer than this is not followed (BatchNorm needs
+# 3); other derived parameters are followed as one region (`_derived_region`).
 _MAX_DERIVED_DEPTH = 12
+# A derived region with more ops than this is refused (a model whose weights are computed by a
+# large graph of their own; the fallback handles it).
+_MAX_REGION_OPS = 4096
 
 # Convolutions whose batch axis the conv rule takes as the examples (after SpaceToBatchND, the
 # blocks of a dilated convolution).
@@ -221,6 +226,86 @@ def _derived_outputs(op, ex, on_path):
     return None
 
 
+def _derived_region(outs, on_path, ex, read):
+    """The forward closure of ``outs`` through ops whose outputs hold no examples.
+
+    Returns ``(frontier, stop, coupled)``: the consumers past the region (``RawSite``s whose op
+    sees the examples, or an add/multiply that a region tensor is broadcast into), every input
+    of the region's ops that the region does not compute (held fixed in its vector-Jacobian
+    product), and whether a batch statistic enters the region."""
+    region = {t.ref() for t in outs}
+    ops: set = set()
+    frontier = []
+    seen = set()
+    stack = list(outs)
+    while stack:
+        t = stack.pop()
+        for site in _graph.consumers_past_views(t, on_path, read):
+            key = (site.op.name, site.index)
+            if key in seen:
+                continue
+            seen.add(key)
+            region.add(site.view.ref())
+            d = None if site.view.dtype == tf.resource else _derived_outputs(site.op, ex, on_path)
+            if d is not None and site.op.type in ("BroadcastTo", "Tile") and site.index == 0:
+                passed = _broadcast_through(site, site.op, on_path)
+                if passed is not None:
+                    frontier.extend(passed)
+                    continue
+            if d is None:
+                frontier.append(site)
+                continue
+            if site.op in ops:
+                continue
+            ops.add(site.op)
+            if len(ops) > _MAX_REGION_OPS:
+                raise UnsupportedOpError(
+                    f"the parameters derived from the variable are computed by more than "
+                    f"{_MAX_REGION_OPS} ops",
+                    reason=f"derived region larger than {_MAX_REGION_OPS} ops",
+                )
+            for o in d:
+                region.add(o.ref())
+                stack.append(o)
+    stop, coupled = [], False
+    for op in ops:
+        for x in op.inputs:
+            if x.ref() not in region and x.dtype != tf.resource:
+                stop.append(x)
+                coupled = coupled or ex.of(x) == _axes.REDUCED
+    return frontier, stop, coupled
+
+
+def _region_contributions(raw, outs, others, name, dtype, on_path, ex, depth, coupled):
+    """Contributions to ``raw.view`` through ``raw.op`` (whose outputs ``outs`` hold no
+    examples) and the whole derived region after it: each site where the region meets the
+    examples is pulled back to the variable by one vector-Jacobian product."""
+    op = raw.op
+    try:
+        frontier, stop, c = _derived_region(outs, on_path, ex, raw.read)
+    except UnsupportedOpError as e:
+        raise UnsupportedOpError(
+            _unsupported_message(name, op, str(e)), reason=f"{op.type} op '{op.name}': {e.reason}"
+        ) from None
+    coupled = coupled or c
+    found = []
+    for f in frontier:
+        inner, c = _site_contributions(f, name, dtype, f.view.shape, on_path, ex, depth + 1)
+        coupled = coupled or c
+        for site, contribution in inner:
+            try:
+                chained = region_contribution(
+                    raw.view, outs, others, f.view, stop, dtype, contribution
+                )
+            except RuleError as e:
+                raise UnsupportedOpError(
+                    _unsupported_message(name, op, str(e)),
+                    reason=f"{op.type} op '{op.name}': {e}",
+                ) from None
+            found.append((site, chained))
+    return found, coupled
+
+
 def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
     """``([(Site, Contribution)], coupled)`` for one consumer of a variable (or of a parameter
     derived from it). ``coupled``: a batch statistic enters on the way (BatchNorm)."""
@@ -253,8 +338,12 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
         elementwise = op.type in DERIVED_OPS and raw.view.dtype != tf.resource
         elementwise = elementwise and sum(1 for x in op.inputs if x is raw.view) == 1
         found = []
+        if not elementwise:
+            return _region_contributions(
+                raw, derived_outs, others, name, dtype, on_path, ex, depth, coupled
+            )
         for derived in derived_outs:
-            factor = local_factor(op, raw.index, dtype) if elementwise else None
+            factor = local_factor(op, raw.index, dtype)
             for inner_raw in _graph.consumers_past_views(derived, on_path, raw.read):
                 inner, c = _site_contributions(
                     inner_raw, name, dtype, derived.shape, on_path, ex, depth + 1
@@ -262,12 +351,7 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
                 coupled = coupled or c
                 for site, contribution in inner:
                     try:
-                        if elementwise:
-                            chained = derived_contribution(raw.view, derived, factor, contribution)
-                        else:
-                            chained = vjp_contribution(
-                                raw.view, derived, others, dtype, contribution
-                            )
+                        chained = derived_contribution(raw.view, derived, factor, contribution)
                     except RuleError as e:
                         raise UnsupportedOpError(
                             _unsupported_message(name, op, str(e)),
@@ -277,6 +361,11 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
         return found, coupled
     rule = REGISTRY.get(op.type)
     if rule is None:
+        try:  # a parameter (no examples in it) into any op: the masked VJP
+            site = _make_site(raw, op, dtype, var_shape, ex)
+            return [(site, masked_vjp_rule(site))], False
+        except RuleError:
+            pass
         raise UnsupportedOpError(
             _unsupported_message(name, op, None), reason=f"{op.type} op '{op.name}' has no rule"
         )
@@ -290,7 +379,21 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
             raise UnsupportedOpError(
                 _unsupported_message(name, op, why), reason=f"{op.type} op '{op.name}': {why}"
             )
-    site = Site(
+    site = _make_site(raw, op, dtype, var_shape, ex)
+    try:
+        return [(site, rule(site))], False
+    except RuleError as e:
+        try:  # the specific rule does not cover this use; a parameter operand still can be
+            return [(site, masked_vjp_rule(site))], False
+        except RuleError:
+            pass
+        raise UnsupportedOpError(
+            _unsupported_message(name, op, str(e)), reason=f"{op.type} op '{op.name}': {e}"
+        ) from None
+
+
+def _make_site(raw, op, dtype, var_shape, ex) -> Site:
+    return Site(
         op=op,
         index=raw.index,
         view=raw.view,
@@ -299,12 +402,6 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
         var_shape=var_shape,
         axes=ex,
     )
-    try:
-        return [(site, rule(site))], False
-    except RuleError as e:
-        raise UnsupportedOpError(
-            _unsupported_message(name, op, str(e)), reason=f"{op.type} op '{op.name}': {e}"
-        ) from None
 
 
 _WARNED: set = set()
@@ -383,8 +480,7 @@ def _batch_size(batch_size, loss_values, plans, ex) -> tuple[tf.Tensor | None, l
     n_static = tf.get_static_value(n)
     checks = []
     for t, desc in evidence[1:]:
-        t = tf.cast(t, tf.int32)
-        t_static = tf.get_static_value(t)
+        t_static = t if isinstance(t, int) else tf.get_static_value(t)
         if n_static is not None and t_static is not None:
             if int(t_static) != int(n_static):
                 raise BatchSizeError(
@@ -393,8 +489,33 @@ def _batch_size(batch_size, loss_values, plans, ex) -> tuple[tf.Tensor | None, l
                     "batch_size=, and make sure every requested variable's op sees the batch."
                 )
             continue
-        checks.append((t, f"tb_gradmom: batch size mismatch between {n_desc} and {desc}"))
+        checks.append((t, f"{desc} and {n_desc}"))
     return n, checks
+
+
+def _batch_asserts(checks, n) -> list:
+    """One run-time assert that every batch evidence of ``checks`` (``(count, description)``)
+    equals ``n`` (one op for the whole model, not one per site). Its message lists each
+    evidence with its value."""
+    if not checks:
+        return []
+    values = tf.stack([tf.cast(t, tf.int32) for t, _ in checks])
+    descs = "; ".join(f"[{i}] {d}" for i, (_, d) in enumerate(checks))
+    return [
+        tf.debugging.Assert(
+            tf.reduce_all(tf.equal(values, n)),
+            [
+                "tb_gradmom: batch size mismatch: these counts should all equal the batch size",
+                n,
+                "(the first evidence), got",
+                values,
+                "for:",
+                descs,
+            ],
+            summarize=len(checks),
+            name="batch_size_check",
+        )
+    ]
 
 
 def _chunk(plan: _Plan, chunk_size: int | None, fast: bool = False) -> int:
@@ -565,7 +686,7 @@ class Prepared:
         self.n_total = self.n
         out = []
         with tf.name_scope(self.scope + "_moments"):
-            asserts = [tf.debugging.assert_equal(t, self.n, message=msg) for t, msg in self.checks]
+            asserts = _batch_asserts(self.checks, self.n)
         with tf.name_scope(self.scope + "_moments"), tf.control_dependencies(asserts):
             for i in indices:
                 plan, grad = self.plans[i], self.grads[i]
@@ -607,9 +728,7 @@ class Prepared:
 
         def local():
             with tf.name_scope(self.scope + "_moments"):
-                asserts = [
-                    tf.debugging.assert_equal(t, self.n, message=msg) for t, msg in self.checks
-                ]
+                asserts = _batch_asserts(self.checks, self.n)
             with tf.name_scope(self.scope + "_moments"), tf.control_dependencies(asserts):
                 flat = [self._local_sums(i, orders, chunk_size)[p] for i, p in layout]
                 return flat + [tf.cast(self.n, tf.float64)]

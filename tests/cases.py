@@ -511,6 +511,37 @@ def _prelu_weightnorm(dtype):
     return model, model.trainable_variables
 
 
+class ParamOperands(tf.Module):
+    """Parameters where no specific rule reaches them: a matrix as the *left* operand of a
+    batched matmul, the same matrix tiled to the batch first (DeBERTa's relative position
+    projections), a parameter normalised by a chain of ops with diamonds (a LayerNorm of a
+    table) before it meets the batch, and an exponent (``Pow`` has no rule)."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(31)
+        self.w_left = tf.Variable(rng.normal(size=(2, 4)).astype(dtype), name="w_left")
+        self.w_tiled = tf.Variable(rng.normal(size=(2, 4)).astype(dtype), name="w_tiled")
+        self.table = tf.Variable(rng.normal(size=(3, 4)).astype(dtype), name="table")
+        self.expo = tf.Variable(rng.normal(size=(3,)).astype(dtype), name="expo")
+
+    def __call__(self, x):  # x: [n, 4, 3]
+        a = tf.matmul(self.w_left, x)  # [n, 2, 3], the variable on the left
+        tiled = tf.tile(self.w_tiled[None], tf.stack([tf.shape(x)[0], 1, 1]))
+        b = tf.matmul(tiled, tf.tanh(x))  # [n, 2, 3]
+        mean = tf.reduce_mean(self.table, axis=-1, keepdims=True)
+        centred = self.table - mean
+        normed = centred * tf.math.rsqrt(tf.reduce_mean(tf.square(centred), -1, keepdims=True))
+        c = tf.einsum("nij,kj->nik", tf.transpose(x, [0, 2, 1]), normed)  # [n, 3, 3]
+        d = tf.pow(1.0 + tf.square(x[:, 0, :]), self.expo)  # [n, 3]
+        return tf.concat([tf.reshape(a + b, [-1, 6]), tf.reshape(c, [-1, 9]), d], axis=1)
+
+
+def _param_operands(dtype):
+    m = ParamOperands(dtype)
+    return m, [m.w_left, m.w_tiled, m.table, m.expo]
+
+
 CASES: list[Case] = [
     Case("mlp", _keras(dense(7, "tanh"), dense(3), input_shape=(4,)), _xy((5, 4), (5, 3))),
     Case(
@@ -688,6 +719,8 @@ CASES: list[Case] = [
     Case("lora-dense-sequence", _lora("dense-sequence"), _xy((5, 5, 3), (5, 2))),
     Case("lora-einsum-dense", _lora("einsum"), _xy((3, 5, 3), (3, 2)), "vector"),
     Case("prelu-weight-norm", _prelu_weightnorm, _xy((3, 4), (3, 2))),
+    Case("param-operands", _param_operands, _xy((3, 4, 3), (3, 18))),
+    Case("param-operands-batch-eq-rows", _param_operands, _xy((2, 4, 3), (2, 18)), "sum"),
     Case("prelu-weight-norm-batch-eq-width", _prelu_weightnorm, _xy((5, 4), (5, 2)), "sum"),
     # The exact fallback: while loops (Keras LSTM/GRU) and ops without a rule.
     Case(

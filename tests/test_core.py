@@ -467,6 +467,8 @@ def test_batchnorm_training_couples_upstream_layers_and_warns_once():
         "lora-dense-sequence",
         "lora-einsum-dense",
         "prelu-weight-norm",
+        "param-operands",
+        "param-operands-batch-eq-rows",
         "custom-ops-fallback",
     ],
 )

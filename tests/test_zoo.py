@@ -34,17 +34,6 @@ pytestmark = [
 # The entries that fail under the current core, with the failure seen (core at 17bccd5). Remove
 # a line when its fix lands: strict xfail turns a fixed entry into an XPASS(strict) failure.
 KNOWN_FAILURES: dict[str, str] = {
-    "hub-debertav3": "UnsupportedOpError: variable 'rel_embedding/rel_embedding' is consumed by "
-    "AddV2 (op '.../self_attention_layer_1/query_3/Add') in a way the exact rule does not "
-    "cover: the chain of derived parameters is too long",
-    "hub-llama": "UnsupportedOpError: variable 'transformer_layer_0/self_attention/"
-    "attention_output/kernel' is consumed by BatchMatMulV2 (.../attention_output_1/MatMul) in a "
-    "way the exact rule does not cover: the examples' axis of the input ... is not proven: "
-    "unknown (stopped at Tile op ...)",
-    "hub-mistral": "UnsupportedOpError: variable 'transformer_layer_0/self_attention/"
-    "attention_output/kernel' is consumed by BatchMatMulV2 (.../attention_output_1/MatMul) in a "
-    "way the exact rule does not cover: the examples' axis of the input ... is not proven: "
-    "unknown (stopped at Tile op ...)",
     "embedding-lookup-sparse-mean": "UnsupportedOpError: variable 'table' is consumed by "
     "ResourceGather (op 'embedding_lookup_sparse/embedding_lookup') in a way the exact rule "
     "does not cover: the examples' axis of the ids 'embedding_lookup_sparse/Unique:0' is not "

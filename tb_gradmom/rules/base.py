@@ -74,7 +74,8 @@ class Contribution:
     """A rule's answer for one site.
 
     Attributes:
-      examples: a scalar int tensor, the number of examples this site sees (batch evidence).
+      examples: the number of examples this site sees (batch evidence): a Python int when
+        static, else a scalar int tensor (`example_count`).
       evidence: a short description of where ``examples`` comes from, for error messages.
       per_example: the per-example gradients of the consumed tensor for examples
         ``[start, start + size)``, shaped ``[size, *view.shape]``. ``delta`` is the unscaled
@@ -85,7 +86,7 @@ class Contribution:
         per-example gradients (used when the variable has this site only).
     """
 
-    examples: tf.Tensor
+    examples: tf.Tensor | int
     evidence: str
     per_example: PerExampleFn
     per_example_elements: int
@@ -95,6 +96,16 @@ class Contribution:
     # power_sums also gives order 1 (sum_j g_j) at no extra cost, so the core may take the
     # variable's gradient from it instead of building TF's own (e.g. Conv2DBackpropFilter).
     gradient_from_sums: bool = False
+
+
+def example_count(t: tf.Tensor, axis: int, partners: int = 1):
+    """The number of examples along ``axis`` of ``t`` (``partners`` entries per example): a
+    Python int when the axis is static (no op, and no run-time check), else a scalar tensor."""
+    dim = t.shape[axis] if t.shape.rank is not None else None
+    if dim is not None:
+        return int(dim) // partners
+    size = tf.shape(t)[axis]
+    return size if partners == 1 else size // partners
 
 
 def power(g_pow: dict, p: int) -> tf.Tensor:

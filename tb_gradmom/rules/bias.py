@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom._axes import examples_first, per_example_masked
-from tb_gradmom.rules.base import Contribution, RuleError, Site, power_sum
+from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count, power_sum
 
 __all__ = ["bias_rule"]
 
@@ -87,7 +87,7 @@ def bias_rule(site: Site) -> Contribution:
         s = out.shape[i]
         per_ex *= s if s is not None else 1024
     return Contribution(
-        examples=tf.shape(out)[ax.axis] // ax.partners,
+        examples=example_count(out, ax.axis, ax.partners),
         evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=int(per_ex),
@@ -113,7 +113,7 @@ def _tiled(site: Site, op, out, ax, aligned, other_index) -> Contribution:
         return tf.reshape(per_example_masked(c, ax, n, start, size), [-1, *vshape])
 
     return Contribution(
-        examples=tf.shape(out)[ax.axis] // ax.partners,
+        examples=example_count(out, ax.axis, ax.partners),
         evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=int(vshape.num_elements()),

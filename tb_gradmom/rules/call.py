@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tb_gradmom.rules.base import Contribution, RuleError, Site
+from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
 from tb_gradmom.rules.conv import ConvSpec, attr_str, conv_contribution
 
 __all__ = ["call_rule", "function_body"]
@@ -281,7 +281,7 @@ def call_rule(site: Site) -> Contribution:
         spec,
         operands,
         site.dtype,
-        examples=tf.shape(x_outer)[0],
+        examples=example_count(x_outer, 0),
         evidence=f"the batch axis of the input of {what} (a {conv.type} in a function)",
         positions=positions,
     )

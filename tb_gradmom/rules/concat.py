@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom._axes import per_example_masked
-from tb_gradmom.rules.base import Contribution, RuleError, Site
+from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
 from tb_gradmom.rules.derived import _elements
 
 __all__ = ["concat_rule"]
@@ -58,7 +58,7 @@ def concat_rule(site: Site) -> Contribution:
     if not full_rows:
         raise RuleError("a parameter with one row concatenated to a batch is not possible")
     return Contribution(
-        examples=tf.shape(out)[ax.axis] // ax.partners,
+        examples=example_count(out, ax.axis, ax.partners),
         evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=_elements(vshape),

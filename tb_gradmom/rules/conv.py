@@ -32,7 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from tb_gradmom.rules.base import Contribution, RuleError, Site, power_sum, sum_over_chunks
+from tb_gradmom.rules.base import (
+    Contribution,
+    RuleError,
+    Site,
+    example_count,
+    power_sum,
+    sum_over_chunks,
+)
 
 __all__ = ["conv_rule", "ConvSpec", "conv_contribution", "attr_str"]
 
@@ -107,6 +114,20 @@ def _spatial_pads(spec: ConvSpec, in_sizes, out_sizes):
     raise RuleError(f"padding {spec.padding!r} is not supported")
 
 
+def _dim(t: tf.Tensor, i: int):
+    """Axis ``i`` of ``t``: a Python int when static (no op), else a scalar tensor."""
+    if t.shape.rank is not None and t.shape[i] is not None:
+        return int(t.shape[i])
+    return tf.shape(t)[i]
+
+
+def _shape(dims):
+    """A shape argument from ints and scalar tensors (a constant when all are ints)."""
+    if all(isinstance(v, int) for v in dims):
+        return dims
+    return tf.stack([tf.convert_to_tensor(v, tf.int32) for v in dims])
+
+
 def conv_contribution(
     spec: ConvSpec,
     operands: OperandsFn,
@@ -128,9 +149,8 @@ def conv_contribution(
 
     def padded(x, d):
         """``x`` padded as the op pads it, and the output's spatial sizes."""
-        xs, ds = tf.shape(x), tf.shape(d)
-        in_sizes = [xs[1 + i] for i in range(nd)]
-        out_sizes = [ds[1 + i] for i in range(nd)]
+        in_sizes = [_dim(x, 1 + i) for i in range(nd)]
+        out_sizes = [_dim(d, 1 + i) for i in range(nd)]
         pads = _spatial_pads(spec, in_sizes, out_sizes)
         if any(
             not (isinstance(b, int) and b == 0 and isinstance(a, int) and a == 0) for b, a in pads
@@ -142,20 +162,26 @@ def conv_contribution(
         """The inputs that kernel offset ``off`` meets at every output position."""
         begin = [0] + [o * dil for o, dil in zip(off, dilations)] + [0]
         end = (
-            [tf.shape(x)[0]]
+            [_dim(x, 0)]
             + [
                 o * dil + (q - 1) * s + 1
                 for o, dil, q, s in zip(off, dilations, out_sizes, strides)
             ]
-            + [tf.shape(x)[-1]]
+            + [_dim(x, -1)]
         )
+        static = all(isinstance(e, int) for e in end)
+        if static and all(b == 0 for b in begin) and all(st == 1 for st in strides):
+            if list(end) == [_dim(x, i) for i in range(nd + 2)]:
+                return x  # the whole input (a 1x1 kernel, stride 1, no padding)
+        if static:
+            return x[tuple(slice(b, e, st) for b, e, st in zip(begin, end, [1, *strides, 1]))]
         return tf.strided_slice(x, begin, end, [1] + strides + [1])
 
     def per_example(delta, n, start, size):
         x, d = operands(delta, n, start, size)
         x, out_sizes = padded(x, d)
         u = tf.stack([offset_slice(x, off, out_sizes) for off in offsets], axis=-2)
-        rows_n = tf.shape(u)[0]
+        rows_n = _dim(u, 0)
         if groups == 1:  # [rows, Q, K * c_in] with [rows, Q, c_out]
             u = tf.reshape(u, [rows_n, -1, n_off * c_in])
             g = tf.einsum("nqk,nqo->nko", u, tf.reshape(d, [rows_n, -1, c_out]))
@@ -171,11 +197,41 @@ def conv_contribution(
             g = tf.reduce_sum(tf.reshape(g, [blocks, -1, n_off * c_g * c_out]), axis=0)
         return tf.reshape(g, [-1, *spec.filter_shape])
 
+    # A depthwise filter (one input channel per group) with equal strides and no dilation in 2-D:
+    # the examples' gradients come from one native depthwise filter gradient with the examples
+    # folded into the channels (input channel (j, c) is example j's channel c, and its outputs
+    # are example j's outputs c * o_g + m), instead of one slice and product per kernel offset.
+    # Same numbers, one op instead of ~10 per offset (a 7x7 kernel: 49 offsets), which keeps
+    # graphs with many separable convolutions (NASNet, EfficientNet) small.
+    native_depthwise = (
+        nd == 2 and c_g == 1 and strides[0] == strides[1] and all(d == 1 for d in dilations)
+    )
+
+    def depthwise_sums(x, d, orders):
+        rows_n = _dim(d, 0)
+        xs = [1, _dim(x, 1), _dim(x, 2), rows_n * groups]
+        ds = [1, _dim(d, 1), _dim(d, 2), rows_n * c_out]
+        xf = tf.reshape(tf.transpose(x, [1, 2, 0, 3]), _shape(xs))
+        df = tf.reshape(tf.transpose(d, [1, 2, 0, 3]), _shape(ds))
+        g = tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+            input=xf,
+            filter_sizes=_shape([kernel_sizes[0], kernel_sizes[1], rows_n * groups, o_g]),
+            out_backprop=df,
+            strides=[1, strides[0], strides[1], 1],
+            padding="VALID",
+        )
+        # [kh, kw, rows * G, o_g] -> [rows, K, G, o_g]
+        g = tf.transpose(tf.reshape(g, [n_off, rows_n, groups, o_g]), [1, 0, 2, 3])
+        g_pow = {1: g}
+        return {p: tf.reshape(power_sum(g_pow, p), [n_off, groups, c_g, o_g]) for p in orders}
+
     def offset_sums(delta, n, start, size, orders):
         """{p: [K, G, c_g, o_g]}: sums of g**p over examples [start, start + size), per offset."""
         x, d = operands(delta, n, start, size)
         x, out_sizes = padded(x, d)
-        rows_n = tf.shape(d)[0]
+        if native_depthwise:
+            return depthwise_sums(x, d, orders)
+        rows_n = _dim(d, 0)
         if groups == 1:
             d3 = tf.reshape(d, [rows_n, -1, c_out])
         elif c_g == 1 and o_g == 1:
@@ -326,6 +382,10 @@ def conv_rule(site: Site) -> Contribution:
 
     def rows(t, n, start, size):
         if blocks == 1:
+            if isinstance(start, int) and start == 0:
+                size_static = tf.get_static_value(size)
+                if size_static is not None and t.shape[0] == int(size_static):
+                    return t  # the whole batch in one chunk
             return t[start : start + size]
         t = tf.reshape(t, tf.concat([[blocks, n], tf.shape(t)[1:]], 0))[:, start : start + size]
         return tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0))
@@ -345,7 +405,7 @@ def conv_rule(site: Site) -> Contribution:
         spec,
         operands,
         site.dtype,
-        examples=tf.shape(batch_source)[0],
+        examples=example_count(batch_source, 0),
         evidence=f"the batch axis of the input of {what}",
         positions=positions,
     )

@@ -22,7 +22,12 @@ import tensorflow as tf
 
 from tb_gradmom.rules.base import Contribution, RuleError
 
-__all__ = ["DERIVED_OPS", "local_factor", "derived_contribution", "vjp_contribution"]
+__all__ = [
+    "DERIVED_OPS",
+    "local_factor",
+    "derived_contribution",
+    "region_contribution",
+]
 
 DERIVED_OPS = frozenset({"Mul", "AddV2", "Add", "Sub"})
 
@@ -86,35 +91,51 @@ def derived_contribution(
     )
 
 
-def vjp_contribution(
-    view: tf.Tensor, derived: tf.Tensor, stop: list, dtype: tf.DType, inner: Contribution
+def region_contribution(
+    view: tf.Tensor,
+    outs: list,
+    others: list,
+    target: tf.Tensor,
+    region_stop: list,
+    dtype: tf.DType,
+    inner: Contribution,
 ) -> Contribution:
-    """The contribution to ``view`` of ``inner``, a contribution to ``derived = f(view, r)`` for
-    any differentiable op ``f`` whose other inputs ``r`` hold no examples (a gather of a position
-    table by constant ids, LoRA's ``A @ B``, a concatenation or reshape of parameters):
-    ``g_j(view) = J_f^T g_j(derived)``, the vector-Jacobian product of ``f`` at this step's values,
-    applied to each example's gradient of ``derived`` (vectorised over a chunk of examples by
-    ``pfor``; ``f`` holds no examples, so its backward pass is small). ``stop``: the other inputs,
-    held fixed (their own dependence on the variable is another site of it)."""
+    """The contribution to ``view`` of ``inner``, a contribution to ``target``, a tensor computed
+    from ``outs = f(view, others)`` by ops whose outputs hold no examples (a *derived region*:
+    DeBERTa's relative position table through a LayerNorm and the attention projections; a
+    weight-normalised kernel). Example ``j``'s gradient is pulled back through the whole region
+    in one vector-Jacobian product, ``g_j(view) = J_f^T J_region^T g_j(target)``, vectorised over
+    a chunk of examples; ``region_stop`` (every input of the region's ops that the region does
+    not compute) and ``others`` are held fixed, so only the paths through ``f`` count (the
+    variable's other consumers are sites of their own)."""
     from tb_gradmom._fallback import _pfor
 
-    vshape, dshape = view.shape, derived.shape
-    if vshape.rank is None or dshape.rank is None:
+    if view.shape.rank is None or target.shape.rank is None:
         raise RuleError("the ranks of a parameter derived from the variable are not static")
     if _pfor is None:  # pragma: no cover
         raise RuleError("this TensorFlow has no parallel_for.pfor")
 
     def per_example(delta, n, start, size):
         g = inner.per_example(delta, n, start, size)
-        g = tf.reshape(g, tf.concat([[-1], tf.shape(derived)], 0))
-        g = tf.cast(g, derived.dtype)
+        g = tf.reshape(g, tf.concat([[-1], tf.shape(target)], 0))
+        g = tf.cast(g, target.dtype)
 
         def loop_fn(i):
+            if any(target is o for o in outs):
+                d_outs = [tf.gather(g, i) if o is target else tf.zeros_like(o) for o in outs]
+            else:
+                d_outs = tf.gradients(
+                    target,
+                    outs,
+                    grad_ys=tf.gather(g, i),
+                    stop_gradients=region_stop,
+                    unconnected_gradients="zero",
+                )
             (gv,) = tf.gradients(
-                derived,
+                outs,
                 view,
-                grad_ys=tf.gather(g, i),
-                stop_gradients=stop,
+                grad_ys=[tf.cast(tf.convert_to_tensor(d), o.dtype) for d, o in zip(d_outs, outs)],
+                stop_gradients=others,
                 unconnected_gradients="zero",
             )
             return tf.cast(tf.convert_to_tensor(gv), dtype)
@@ -126,7 +147,10 @@ def vjp_contribution(
         examples=inner.examples,
         evidence=inner.evidence,
         per_example=per_example,
-        per_example_elements=inner.per_example_elements + _elements(dshape) + _elements(vshape),
+        per_example_elements=inner.per_example_elements
+        + _elements(target.shape)
+        + sum(_elements(o.shape) for o in outs)
+        + _elements(view.shape),
     )
 
 

@@ -17,7 +17,7 @@ import string
 import tensorflow as tf
 
 from tb_gradmom._axes import Axis, examples_first
-from tb_gradmom.rules.base import Contribution, RuleError, Site
+from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
 
 __all__ = ["batch_matmul_rule", "einsum_rule"]
 
@@ -52,7 +52,7 @@ def batch_matmul_rule(site: Site) -> Contribution:
         return tf.linalg.matrix_transpose(g) if adj_y else g
 
     return Contribution(
-        examples=tf.shape(out)[ax.axis] // ax.partners,
+        examples=example_count(out, ax.axis, ax.partners),
         evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=int(d_in * d_out),
@@ -110,7 +110,7 @@ def einsum_rule(site: Site) -> Contribution:
         return tf.einsum(grad_eq, other, d)
 
     return Contribution(
-        examples=tf.shape(out)[ax.axis] // ax.partners,
+        examples=example_count(out, ax.axis, ax.partners),
         evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=int(site.view.shape.num_elements()),

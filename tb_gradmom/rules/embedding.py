@@ -16,7 +16,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom._axes import examples_first
-from tb_gradmom.rules.base import Contribution, RuleError, Site, power
+from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count, power
 
 __all__ = ["gather_rule"]
 
@@ -73,7 +73,7 @@ def gather_rule(site: Site) -> Contribution:
         return tf.reshape(dense, [-1, vocab, *row])
 
     return Contribution(
-        examples=tf.shape(indices)[ax.axis] // ax.partners,
+        examples=example_count(indices, ax.axis, ax.partners),
         evidence=f"the examples' {ax} of the ids of {op.type} op '{op.name}'",
         per_example=per_example,
         per_example_elements=vocab * row_size,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom._axes import Axis, examples_first
-from tb_gradmom.rules.base import Contribution, RuleError, Site
+from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
 
 __all__ = ["matmul_rule"]
 
@@ -72,8 +72,8 @@ def matmul_rule(site: Site) -> Contribution:
     d_in, d_out = site.view.shape[-2], site.view.shape[-1]
     evidence = f"the examples' {ax} of '{other.name}', the input of {op.type} op '{op.name}'"
 
-    def examples() -> tf.Tensor:
-        return tf.shape(other)[ax.axis] // ax.partners
+    def examples():
+        return example_count(other, ax.axis, ax.partners)
 
     if ax.pure:
 

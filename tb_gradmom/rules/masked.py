@@ -1,0 +1,88 @@
+"""Any differentiable op whose parameter operand holds no examples: the masked vector-Jacobian
+product.
+
+When an op ``z = f(p, x)`` has a parameter operand ``p`` (the variable, or a parameter derived
+from it, with no examples in it) and an output whose examples' axis is proven, example ``j``'s
+loss sees ``z`` only through ``j``'s own entries. So its gradient of ``p`` is the op's
+vector-Jacobian product applied to ``delta`` with every entry zeroed but ``j``'s
+(`tb_gradmom._axes.per_example_masked`)::
+
+    g_j(p) = J_f(p)^T mask_j(delta)
+
+with the other operands held fixed (their own dependence on the variable is another site). This
+is exact for every op with a gradient; it costs one backward pass of the op per example
+(vectorised over a chunk by ``pfor``), so the core uses it only where no specific rule applies:
+DeBERTa's relative position projections tiled to the batch and multiplied by the queries, a
+parameter as the left operand of a batched matmul, or an op family with no rule of its own.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as _tf_ops  # get_gradient_function (private)
+
+from tb_gradmom._axes import per_example_masked
+from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
+
+__all__ = ["masked_vjp_rule"]
+
+
+def _elements(shape: tf.TensorShape, unknown: int = 1024) -> int:
+    out = 1
+    for d in shape:
+        out *= d if d is not None else unknown
+    return int(out)
+
+
+def masked_vjp_rule(site: Site) -> Contribution:
+    """The generic rule for ``site`` (see the module docstring); `RuleError` if it does not
+    apply (the parameter holds examples, the op has several outputs on the path, or the
+    output's examples' axis is not proven)."""
+    from tb_gradmom._axes import FREE
+    from tb_gradmom._fallback import _pfor
+
+    op = site.op
+    what = f"{op.type} op '{op.name}'"
+    if site.view.dtype == tf.resource or not site.view.dtype.is_floating:
+        raise RuleError("the consumed value is not a floating-point tensor")
+    if site.axes.of(site.view) != FREE:
+        raise RuleError("the consumed parameter itself holds examples")
+    if len(op.outputs) != 1:
+        raise RuleError(f"{what} has {len(op.outputs)} outputs")
+    if _pfor is None:  # pragma: no cover
+        raise RuleError("this TensorFlow has no parallel_for.pfor")
+    out = op.outputs[0]
+    if not out.dtype.is_floating or out.shape.rank is None or site.view.shape.rank is None:
+        raise RuleError("the output is not a floating-point tensor of static rank")
+    ax = site.example_axis(out, f"the output of {what}")
+    view = site.view
+    try:
+        grad_fn = _tf_ops.get_gradient_function(op)
+    except LookupError:
+        grad_fn = None
+    if grad_fn is None:
+        raise RuleError(f"{what} has no registered gradient")
+
+    def per_example(delta, n, start, size):
+        masked = tf.cast(per_example_masked(delta, ax, n, start, size), out.dtype)
+
+        def loop_fn(i):
+            # The op's own gradient function, for this input only (the same tensor at another
+            # input of the op is another site).
+            g = grad_fn(op, tf.gather(masked, i))
+            g = g[site.index] if isinstance(g, (list, tuple)) else g
+            if g is None:
+                return tf.zeros(tf.shape(view), site.dtype)
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.convert_to_tensor(g)
+            return tf.cast(g, site.dtype)
+
+        rows = _pfor(loop_fn, tf.shape(masked)[0], fallback_to_while_loop=True)
+        return tf.reshape(rows, tf.concat([[-1], tf.shape(view)], 0))
+
+    return Contribution(
+        examples=example_count(out, ax.axis, ax.partners),
+        evidence=f"the examples' {ax} of the output of {what}",
+        per_example=per_example,
+        per_example_elements=2 * _elements(out.shape) + _elements(view.shape),
+    )
