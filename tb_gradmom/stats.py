@@ -1,7 +1,7 @@
 """Per-step sums over a variable's elements and the quantities derived from them (numpy only).
 
 With ``m = M_1``, ``s = M_2``, the unbiased variance ``s2 = n/(n-1) (s - m**2)`` element-wise
-and ``D`` parameters (see MATH.md):
+and ``D`` parameters (see docs/math.md):
 
 * total variance ``tr(Sigma) = sum s2``; unbiased squared norm of the true gradient
   ``|G|^2 = |m|^2 - tr(Sigma)/n``;
@@ -18,6 +18,7 @@ The sums are the ``STATS_FIELDS`` of `tb_gradmom.metadata`, the head of every ``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -26,23 +27,165 @@ from tb_gradmom import metadata, reductions
 
 __all__ = [
     "DERIVED",
+    "STATISTICS",
+    "Statistic",
     "sums_from_moments",
     "variance_histogram",
     "split_stats_tensor",
     "derived",
+    "ema",
+    "smoothed",
+    "describe",
 ]
 
-# Derived quantities, in display order, with a one-line description each.
-DERIVED: dict[str, str] = {
-    "total_variance": "tr(Sigma): sum of the unbiased per-element variances",
-    "grad_norm_sq": "|m|^2: squared norm of the mini-batch gradient",
-    "grad_norm_sq_unbiased": "|G|^2 = |m|^2 - tr(Sigma)/n: unbiased squared norm of the true gradient",
-    "noise_scale": "B_simple = tr(Sigma) / |G|^2: gradient noise scale (McCandlish et al. 2018)",
-    "gsnr_mean": "mean of M1^2 / s2 over elements with s2 > 0 (Liu et al. 2020)",
-    "norm_test": "sqrt(tr(Sigma) / (n |m|^2)): norm test (Byrd et al. 2012)",
-    "eb_criterion": "1 - (n/D) sum(M1^2 / s2): EB criterion, stop when > 0 (Mahsereci et al. 2017)",
-    "cabs_batch_size": "lr * sum(M2 - M1^2) / loss: CABS batch size (Balles et al. 2017)",
+
+@dataclasses.dataclass(frozen=True)
+class Statistic:
+    """What a derived statistic is, for people: shown by the tab, the CLI's help and exports.
+
+    Attributes:
+      name: the human name ("Gradient noise scale").
+      meaning: one line saying what it measures.
+      formula: the estimator, in plain text (``m = M_1``, ``s2`` the unbiased variance).
+      unit: what its values count ("examples", "a batch size", "ratio", ...).
+      reading: what high and low values suggest.
+      reference: the paper it comes from ("" for plain definitions).
+      smoothing: how ``smoothed`` smooths it (numerator and denominator separately, ...).
+    """
+
+    name: str
+    meaning: str
+    formula: str
+    unit: str
+    reading: str
+    reference: str
+    smoothing: str
+
+    def as_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+# Every derived statistic, in display order: the one source of truth for labels and
+# explanations (the plugin serves it, the tab and the CLI show it). docs/math.md has the math.
+STATISTICS: dict[str, Statistic] = {
+    "noise_scale": Statistic(
+        name="Gradient noise scale B_simple",
+        meaning="the batch size at which the gradient noise equals the signal: "
+        "batches much smaller than it waste steps on noise, much larger ones waste examples",
+        formula="B_simple = tr(Sigma) / |G|^2, |G|^2 = |m|^2 - tr(Sigma)/n",
+        unit="examples (a batch size)",
+        reading="high: noisy gradients, a larger batch (or lower learning rate) helps; it grows "
+        "as the loss falls. Low: the signal dominates, small batches suffice. Negative or "
+        "undefined: the step's |G|^2 estimate is <= 0 (noise-dominated), not a real value",
+        reference="McCandlish et al. 2018, An Empirical Model of Large-Batch Training, App. A",
+        smoothing="EMA of tr(Sigma) / EMA of |G|^2 (each bias-corrected)",
+    ),
+    "total_variance": Statistic(
+        name="Total gradient variance tr(Sigma)",
+        meaning="how much the per-example gradients scatter around their mean, summed over "
+        "the parameters",
+        formula="tr(Sigma) = sum_i s2_i, s2 = n/(n-1) (M_2 - M_1^2)",
+        unit="squared gradient units (loss^2 / parameter^2)",
+        reading="high: examples disagree about the update; low: they agree (or the layer "
+        "receives no gradient)",
+        reference="",
+        smoothing="EMA (bias-corrected)",
+    ),
+    "grad_norm_sq": Statistic(
+        name="Squared batch-gradient norm |m|^2",
+        meaning="the squared length of the mini-batch gradient, signal plus noise",
+        formula="|m|^2 = sum_i M_1,i^2",
+        unit="squared gradient units",
+        reading="biased upwards by tr(Sigma)/n; compare with the unbiased |G|^2",
+        reference="",
+        smoothing="EMA (bias-corrected)",
+    ),
+    "grad_norm_sq_unbiased": Statistic(
+        name="Squared true-gradient norm |G|^2 (unbiased)",
+        meaning="an unbiased estimate of the squared length of the expected gradient",
+        formula="|G|^2 = |m|^2 - tr(Sigma)/n",
+        unit="squared gradient units",
+        reading="negative on a step when the noise dominates the batch gradient; "
+        "its EMA is the noise scale's denominator",
+        reference="McCandlish et al. 2018, App. A.1",
+        smoothing="EMA (bias-corrected)",
+    ),
+    "gsnr_mean": Statistic(
+        name="Mean gradient signal-to-noise ratio (GSNR)",
+        meaning="per parameter, the squared mean gradient over its per-example variance, "
+        "averaged over the parameters with a variance",
+        formula="GSNR = (1/D') sum_{i: s2_i > 0} M_1,i^2 / s2_i",
+        unit="ratio (dimensionless)",
+        reading="high (> 1): examples agree, parameters generalise well; low (<< 1): "
+        "updates are mostly noise",
+        reference="Liu et al. 2020, Understanding Why Neural Networks Generalize Well "
+        "Through GSNR of Parameters",
+        smoothing="EMA of sum M_1^2/s2 / EMA of the count D'",
+    ),
+    "norm_test": Statistic(
+        name="Norm test statistic",
+        meaning="the standard deviation of the batch gradient relative to its length",
+        formula="sqrt(tr(Sigma) / (n |m|^2))",
+        unit="ratio (dimensionless)",
+        reading="above the test's theta (e.g. 0.5-1): increase the batch size; "
+        "below: the batch is large enough",
+        reference="Byrd, Chin, Nocedal, Wu 2012, Sample size selection in optimization "
+        "methods for machine learning",
+        smoothing="sqrt(EMA of tr(Sigma)/n / EMA of |m|^2)",
+    ),
+    "eb_criterion": Statistic(
+        name="EB early-stopping criterion",
+        meaning="whether the batch gradient is statistically distinguishable from zero",
+        formula="1 - (n/D) sum_{i: s2_i > 0} M_1,i^2 / s2_i",
+        unit="dimensionless",
+        reading="> 0: the gradient is indistinguishable from noise, stop training "
+        "(the criterion's signal); < 0: there is still signal",
+        reference="Mahsereci, Balles, Lassner, Hennig 2017, Early Stopping without a "
+        "Validation Set",
+        smoothing="EMA (bias-corrected)",
+    ),
+    "cabs_batch_size": Statistic(
+        name="CABS batch size",
+        meaning="the batch size that coupled adaptive batch sizes would use at this learning rate",
+        formula="lr * sum_i (M_2,i - M_1,i^2) / loss",
+        unit="examples (a batch size)",
+        reading="above the current batch: the gradient is too noisy for this learning "
+        "rate; below: the batch could be smaller. Needs the loss and the learning rate",
+        reference="Balles, Romero, Hennig 2017, Coupling Adaptive Batch Sizes with Learning Rates",
+        smoothing="lr * EMA of sum(M_2 - M_1^2) / EMA of loss",
+    ),
 }
+
+_ORDER = (
+    "total_variance",
+    "grad_norm_sq",
+    "grad_norm_sq_unbiased",
+    "noise_scale",
+    "gsnr_mean",
+    "norm_test",
+    "eb_criterion",
+    "cabs_batch_size",
+)
+STATISTICS = {k: STATISTICS[k] for k in _ORDER}
+
+# The derived quantities, in display order, with a one-line description each.
+DERIVED: dict[str, str] = {
+    k: f"{v.formula}: {v.name[0].lower()}{v.name[1:]}" for k, v in STATISTICS.items()
+}
+
+
+def describe(key: str) -> str:
+    """A statistic's explanation as a few lines of plain text (the CLI's help)."""
+    s = STATISTICS[key]
+    lines = [
+        f"{key}: {s.name} [{s.unit}]",
+        f"  {s.meaning}.",
+        f"  {s.formula}",
+        f"  {s.reading}.",
+    ]
+    if s.reference:
+        lines.append(f"  Ref.: {s.reference}.")
+    return "\n".join(lines)
 
 
 def sums_from_moments(m1: np.ndarray, m2: np.ndarray, n: int) -> dict[str, float]:
@@ -125,21 +268,126 @@ def split_stats_tensor(
     return sums, values[len(fields) :].copy()
 
 
-def _ema(x: np.ndarray, decay: float) -> np.ndarray:
-    # Zero-initialised EMA over the last axis; non-finite steps keep the previous average.
-    # Numerator and denominator share the bias correction 1 - decay**t, so their ratio is
-    # the same with or without it; it is applied anyway so that each smoothed sum is unbiased.
+def ema(x: np.ndarray, beta: float) -> np.ndarray:
+    """Bias-corrected exponential moving average over the last axis (steps, oldest first).
+
+    ``a_k = beta a_{k-1} + (1 - beta) x_k`` from ``a_0 = 0``, divided by the weight
+    ``w_k = 1 - beta**k`` (Adam's bias correction: Kingma & Ba 2015), so the first steps are not
+    pulled towards 0. A step whose value is not finite (not logged, NaN) is skipped: the average
+    and its weight stay as they were. ``beta = 0`` returns ``x`` (non-finite values aside).
+
+    Args:
+      x: values, steps on the last axis.
+      beta: the decay in ``[0, 1)``.
+
+    Returns:
+      float64, the shape of ``x``; NaN before the first finite value.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    beta = _check_beta(beta)
     out = np.empty_like(x)
     acc = np.zeros(x.shape[:-1])
     weight = np.zeros(x.shape[:-1])
     for t in range(x.shape[-1]):
         xt = x[..., t]
         ok = np.isfinite(xt)
-        acc = np.where(ok, decay * acc + (1.0 - decay) * np.where(ok, xt, 0.0), acc)
-        weight = np.where(ok, decay * weight + (1.0 - decay), weight)
+        acc = np.where(ok, beta * acc + (1.0 - beta) * np.where(ok, xt, 0.0), acc)
+        weight = np.where(ok, beta * weight + (1.0 - beta), weight)
         with np.errstate(invalid="ignore", divide="ignore"):
             out[..., t] = np.where(weight > 0, acc / np.where(weight > 0, weight, 1.0), np.nan)
     return out
+
+
+def _check_beta(beta) -> float:
+    try:
+        b = float(beta)
+    except (TypeError, ValueError):
+        raise ValueError(f"the smoothing must be a decay in [0, 1), got {beta!r}") from None
+    if not 0.0 <= b < 1.0:
+        raise ValueError(f"the smoothing must be a decay in [0, 1), got {beta!r}")
+    return b
+
+
+def _parts(sums: Mapping[str, float | np.ndarray]) -> dict[str, np.ndarray]:
+    """The additive per-step parts every derived statistic is a function of."""
+    required = (
+        "batch_size",
+        "num_elements",
+        "sum_m2",
+        "sum_var",
+        "sum_gsnr",
+        "gsnr_count",
+        "sum_m2_raw",
+    )
+    missing = [k for k in required if k not in sums]
+    if missing:
+        raise KeyError(f"derived() needs the sums {list(required)}; missing {missing}")
+    a = {k: np.asarray(sums[k], dtype=np.float64) for k in required}
+    a["loss"] = np.asarray(sums.get("loss", np.nan), dtype=np.float64)
+    a["learning_rate"] = np.asarray(sums.get("learning_rate", np.nan), dtype=np.float64)
+    return a
+
+
+def _from_parts(p: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    # The one definition of every derived statistic, from (possibly smoothed) parts:
+    #   tv = tr(Sigma), m2 = |m|^2, g2 = |G|^2 = |m|^2 - tr(Sigma)/n, gs = sum M1^2/s2 over
+    #   elements with s2 > 0, gc = their count, eb = (n/D) gs, cabs_num = lr sum(M2 - M1^2).
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return {
+            "total_variance": p["tv"],
+            "grad_norm_sq": p["m2"],
+            "grad_norm_sq_unbiased": p["g2"],
+            "noise_scale": p["tv"] / p["g2"],
+            "gsnr_mean": np.where(p["gc"] > 0, p["gs"] / np.where(p["gc"] > 0, p["gc"], 1), np.nan),
+            "norm_test": np.sqrt(p["tv_n"] / p["m2"]),
+            "eb_criterion": 1.0 - p["eb"],
+            "cabs_batch_size": p["cabs_num"] / p["loss"],
+        }
+
+
+def _raw_parts(a: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    n, d = a["batch_size"], a["num_elements"]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return {
+            "tv": a["sum_var"],
+            "m2": a["sum_m2"],
+            "g2": a["sum_m2"] - a["sum_var"] / n,
+            "tv_n": a["sum_var"] / n,
+            "gs": a["sum_gsnr"],
+            "gc": a["gsnr_count"],
+            "eb": (n / d) * a["sum_gsnr"],
+            "cabs_num": a["learning_rate"] * (a["sum_m2_raw"] - a["sum_m2"]),
+            "loss": a["loss"],
+        }
+
+
+def smoothed(sums: Mapping[str, float | np.ndarray], beta: float) -> dict[str, np.ndarray]:
+    """Every derived statistic from separately smoothed numerators and denominators.
+
+    Each additive part (``tr(Sigma)``, ``|m|^2``, ``|G|^2``, ``tr(Sigma)/n``, the GSNR sum and
+    count, ``(n/D)`` times the GSNR sum, ``lr sum(M_2 - M_1^2)`` and the loss) is smoothed over
+    the steps by `ema` (bias-corrected), and the ratios are taken afterwards: for instance
+    ``noise_scale = EMA(tr Sigma) / EMA(|G|^2)`` (McCandlish et al. 2018, App. A.1), never an
+    EMA of per-step ratios. ``beta = 0`` gives `derived`'s per-step values. A smoothed
+    denominator ``<= 0`` gives a negative or infinite noise scale: the noise dominates at this
+    batch size, and it is returned as such (see docs/math.md).
+
+    Args:
+      sums: as for `derived`, each a 1-D array over steps (oldest first), or a scalar.
+      beta: the decay in ``[0, 1)`` (TensorBoard's "smoothing").
+
+    Returns:
+      A dict with the keys of `STATISTICS`, float64 arrays shaped like the steps.
+    """
+    beta = _check_beta(beta)
+    a = _parts(sums)
+    raw = _raw_parts(a)
+    shape = np.broadcast_shapes(*(np.shape(v) for v in raw.values()))
+    smooth = {}
+    for k, v in raw.items():
+        v = np.atleast_1d(np.broadcast_to(v, shape).astype(np.float64))
+        smooth[k] = ema(v, beta).reshape(shape)
+    return {k: np.asarray(v, dtype=np.float64) for k, v in _from_parts(smooth).items()}
 
 
 def derived(sums: Mapping[str, float | np.ndarray], ema: float | None = None) -> dict:
@@ -173,47 +421,9 @@ def derived(sums: Mapping[str, float | np.ndarray], ema: float | None = None) ->
       KeyError: naming a missing sum.
       ValueError: for an ``ema`` outside ``[0, 1)``.
     """
-    required = (
-        "batch_size",
-        "num_elements",
-        "sum_m2",
-        "sum_var",
-        "sum_gsnr",
-        "gsnr_count",
-        "sum_m2_raw",
-    )
-    missing = [k for k in required if k not in sums]
-    if missing:
-        raise KeyError(f"derived() needs the sums {list(required)}; missing {missing}")
-    a = {k: np.asarray(sums[k], dtype=np.float64) for k in required}
-    loss = np.asarray(sums.get("loss", np.nan), dtype=np.float64)
-    lr = np.asarray(sums.get("learning_rate", np.nan), dtype=np.float64)
-    n, d = a["batch_size"], a["num_elements"]
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        total_variance = a["sum_var"]
-        grad_norm_sq = a["sum_m2"]
-        unbiased = grad_norm_sq - total_variance / n
-        out = {
-            "total_variance": total_variance,
-            "grad_norm_sq": grad_norm_sq,
-            "grad_norm_sq_unbiased": unbiased,
-            "noise_scale": total_variance / unbiased,
-            "gsnr_mean": np.where(
-                a["gsnr_count"] > 0,
-                a["sum_gsnr"] / np.where(a["gsnr_count"] > 0, a["gsnr_count"], 1),
-                np.nan,
-            ),
-            "norm_test": np.sqrt(total_variance / (n * grad_norm_sq)),
-            "eb_criterion": 1.0 - (n / d) * a["sum_gsnr"],
-            "cabs_batch_size": lr * (a["sum_m2_raw"] - grad_norm_sq) / loss,
-        }
-        if ema is not None:
-            if not 0.0 <= float(ema) < 1.0:
-                raise ValueError(f"ema must be a decay in [0, 1), got {ema}")
-            num, den = np.broadcast_arrays(total_variance, unbiased)
-            num = np.atleast_1d(np.asarray(num, dtype=np.float64))
-            den = np.atleast_1d(np.asarray(den, dtype=np.float64))
-            smoothed = _ema(num, float(ema)) / _ema(den, float(ema))
-            out["noise_scale_ema"] = smoothed.reshape(np.shape(total_variance * unbiased))
-    scalar = all(np.ndim(v) == 0 for v in (*a.values(), loss, lr))
+    a = _parts(sums)
+    out = _from_parts(_raw_parts(a))
+    if ema is not None:
+        out["noise_scale_ema"] = smoothed(sums, ema)["noise_scale"]
+    scalar = all(np.ndim(v) == 0 for v in a.values())
     return {k: (float(v) if scalar else np.asarray(v, dtype=np.float64)) for k, v in out.items()}

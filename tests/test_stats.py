@@ -173,10 +173,77 @@ def test_ema_zero_decay_is_the_raw_noise_scale_and_bad_decay_raises():
     s = _sums(g)
     got = stats.derived(s, ema=0.0)
     assert got["noise_scale_ema"] == pytest.approx(got["noise_scale"], rel=1e-12)
-    with pytest.raises(ValueError, match=r"ema must be a decay in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"smoothing must be a decay in \[0, 1\)"):
         stats.derived(s, ema=1.0)
     with pytest.raises(KeyError, match="missing \\['sum_var'\\]"):
         stats.derived({k: v for k, v in s.items() if k != "sum_var"})
+
+
+def _adam_ema(xs, beta):
+    """Bias-corrected EMA written as Adam's m_hat_t = m_t / (1 - beta**t), t counting steps."""
+    out, m, t = [], 0.0, 0
+    for x in xs:
+        t += 1
+        m = beta * m + (1 - beta) * x
+        out.append(m / (1 - beta**t))
+    return np.array(out)
+
+
+def test_smoothed_takes_every_ratio_of_separately_smoothed_parts():
+    # Per-step gradients of several steps (per-example, brute force), smoothed by the paper's
+    # recipe: smooth each numerator and denominator, then divide.
+    beta, steps = 0.7, 7
+    per_step = [
+        _reference(_grads(CASES[k % 4], seed=k), loss=0.5 + k, lr=0.1) for k in range(steps)
+    ]
+    case_n = [CASES[k % 4]["n"] for k in range(steps)]
+    case_d = [CASES[k % 4]["d"] for k in range(steps)]
+    sums = {k: np.array([r["sums"][k] for r in per_step], dtype=float) for k in per_step[0]["sums"]}
+    sums["loss"] = np.array([0.5 + k for k in range(steps)])
+    sums["learning_rate"] = np.full(steps, 0.1)
+    got = stats.smoothed(sums, beta)
+    assert list(got) == list(stats.STATISTICS)
+    tv = _adam_ema(sums["sum_var"], beta)
+    m2 = _adam_ema(sums["sum_m2"], beta)
+    g2 = _adam_ema([r["derived"]["grad_norm_sq_unbiased"] for r in per_step], beta)
+    tv_n = _adam_ema([sums["sum_var"][k] / case_n[k] for k in range(steps)], beta)
+    gs, gc = _adam_ema(sums["sum_gsnr"], beta), _adam_ema(sums["gsnr_count"], beta)
+    eb = _adam_ema([case_n[k] / case_d[k] * sums["sum_gsnr"][k] for k in range(steps)], beta)
+    cabs = _adam_ema(
+        [r["derived"]["cabs_batch_size"] * (0.5 + k) for k, r in enumerate(per_step)], beta
+    )
+    loss = _adam_ema(sums["loss"], beta)
+    want = {
+        "total_variance": tv,
+        "grad_norm_sq": m2,
+        "grad_norm_sq_unbiased": g2,
+        "noise_scale": tv / g2,
+        "gsnr_mean": gs / gc,
+        "norm_test": np.sqrt(tv_n / m2),
+        "eb_criterion": 1 - eb,
+        "cabs_batch_size": cabs / loss,
+    }
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-10, err_msg=k)
+    # Not the EMA of the per-step ratios.
+    raw_ratio = _adam_ema([r["derived"]["noise_scale"] for r in per_step], beta)
+    assert not np.allclose(got["noise_scale"], raw_ratio, rtol=1e-3)
+    # beta = 0 is the per-step statistic.
+    zero = stats.smoothed(sums, 0.0)
+    raw = stats.derived(sums)
+    for k in stats.STATISTICS:
+        np.testing.assert_allclose(zero[k], raw[k], rtol=1e-12, err_msg=k)
+
+
+def test_statistics_table_explains_every_derived_quantity():
+    assert list(stats.STATISTICS) == list(stats.DERIVED)
+    for key, s in stats.STATISTICS.items():
+        for field in ("name", "meaning", "formula", "unit", "reading", "smoothing"):
+            assert getattr(s, field).strip(), (key, field)
+        assert key in stats.describe(key) and s.formula in stats.describe(key)
+    assert "examples" in stats.STATISTICS["noise_scale"].unit
+    assert "batch size" in stats.STATISTICS["cabs_batch_size"].unit
+    assert "McCandlish" in stats.STATISTICS["noise_scale"].reference
 
 
 def test_variance_histogram_buckets():
