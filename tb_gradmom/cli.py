@@ -10,7 +10,10 @@ imports TensorFlow.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+import tempfile
 from collections.abc import Sequence
 
 __all__ = ["build_parser", "main"]
@@ -22,7 +25,56 @@ def _run_export(args) -> int:
     return export.run_from_args(args)
 
 
+# TensorFlow's start-up lines on a machine without a GPU: CUDA probing, CPU features, oneDNN.
+_STARTUP_NOISE = re.compile(
+    r"absl::InitializeLog|cudart_stub|cuInit|cuda_platform|cuda_dnn|cuda_fft|cuda_blas|"
+    r"cpu_feature_guard|This TensorFlow binary is optimized|rebuild TensorFlow with|"
+    r"oneDNN custom operations|TF_ENABLE_ONEDNN_OPTS|computer_vision_library"
+)
+
+
+def _quiet_tensorflow(stream=None) -> None:
+    """Imports TensorFlow with its C++ start-up messages hidden; every other line still shows.
+
+    ``TF_CPP_MIN_LOG_LEVEL=2`` (unless the user set it) hides most of TensorFlow's C++ logging,
+    but not the lines printed before its logging is initialised (CUDA probing on a CPU machine
+    prints them at import and at the first device listing). Those go to file descriptor 2
+    directly, so it is redirected to a file during the import and the device listing, and the
+    lines that are not start-up noise are written back to ``stream`` (default stderr).
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "tensorflow" in sys.modules:
+        return
+    stream = stream or sys.stderr
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr is not a file (captured): no redirect
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode("utf-8", errors="replace")
+    kept = [line for line in text.splitlines() if line.strip() and not _STARTUP_NOISE.search(line)]
+    if kept:
+        stream.write("\n".join(kept) + "\n")
+        stream.flush()
+
+
 def _run_demo(args) -> int:
+    _quiet_tensorflow()
     from tb_gradmom import demo
 
     code = demo.main(args)

@@ -39,3 +39,30 @@ def test_demo_quick_end_to_end(tmp_path):
                 assert np.all(np.isfinite(m1)) and np.all(np.isfinite(m2))
                 # Second raw moment >= squared mean, element-wise (Jensen), up to rounding.
                 assert np.all(m2 >= m1**2 - 1e-6 * (np.abs(m2) + 1e-12)), tag
+
+
+def test_progress_eta_is_measured_after_the_first_step_and_prints_lines_off_a_terminal():
+    import io
+
+    from tb_gradmom import demo
+
+    out = io.StringIO()
+    bar = demo._Progress(100, "mlp", out, tty=False)
+    clock = [0.0]
+    demo.time.monotonic = lambda: clock[0]  # restored below
+    try:
+        bar.start = 0.0
+        clock[0] = 30.0  # the first step traces the function: 30 s
+        bar.step(1)
+        for k in range(2, 101):
+            clock[0] = 30.0 + 0.1 * (k - 1)  # then 0.1 s per step
+            bar.step(k, "loss 1.0")
+    finally:
+        import time
+
+        demo.time.monotonic = time.monotonic
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue() and len(lines) == 10  # one line per update, 10 updates
+    first = lines[0]
+    assert "10/100" in first and "eta    9s" in first, first  # 90 steps left at 0.1 s
+    assert lines[-1].startswith("mlp ") and "100/100" in lines[-1] and "eta    0s" in lines[-1]

@@ -156,9 +156,7 @@ def test_every_written_scalar_matches_brute_force(case, tmp_path):
     for owner, keys in seen.items():
         assert keys == set(summary.SCALARS), (owner, sorted(set(summary.SCALARS) - keys))
     if case["labels"] == "random":  # noise-dominated: negative estimates are written, not clipped
-        assert float(events["gradmom/_model/noise_scale"]) < 0 or any(
-            float(v) < 0 for k, v in events.items() if k.endswith("/_model/noise_scale")
-        )
+        assert any(float(v) < 0 for k, v in events.items() if k.endswith("_model/noise_scale"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
