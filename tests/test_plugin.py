@@ -291,8 +291,8 @@ def test_keras_run_tags(env, keras_ref):
         t = tags[name]
         assert t["shape"] == list(shape) and t["steps"] == steps and t["has_stats"] is True
         assert t["pooled"] is (math.prod(shape) > fx.KERAS_MAX_ELEMENTS)
-    assert tags["sequential/hidden/kernel"]["block"] == [2, 1]
-    assert tags["sequential/conv/kernel"]["op"] == "Conv2D"
+    assert tags["hidden/kernel"]["block"] == [2, 1]
+    assert tags["conv/kernel"]["op"] == "Conv2D"
 
 
 def _pooled_moment_stat(g, stat, block):
@@ -793,6 +793,35 @@ def test_series_ema_and_bad_ema(env):
     assert "noise_scale_ema" not in get_json(client, "series", run="train")["values"]
     r = get(client, "series", 400, run="train", ema=1)
     assert "`ema`" in r.get_data(as_text=True)
+
+
+def test_series_smoothing_and_statistics(env):
+    client, _ = env
+    d = get_json(client, "series", run="train", smoothing=0.6)
+    assert d["smoothing"] == 0.6
+    tv = nums(d["values"]["total_variance"])
+    gu = nums(d["values"]["grad_norm_sq_unbiased"])
+    m2 = nums(d["values"]["grad_norm_sq"])
+    loss = nums(d["values"]["loss"])
+    # Adam-style bias-corrected EMAs of each part, by hand, then the ratios.
+    acc = {"tv": 0.0, "gu": 0.0, "m2": 0.0, "loss": 0.0}
+    want = {"noise_scale": [], "total_variance": [], "loss": []}
+    for t, parts in enumerate(zip(tv, gu, m2, loss, strict=True), start=1):
+        for k, x in zip(acc, parts, strict=True):
+            acc[k] = 0.6 * acc[k] + 0.4 * x
+        c = 1 - 0.6**t
+        want["noise_scale"].append((acc["tv"] / c) / (acc["gu"] / c))
+        want["total_variance"].append(acc["tv"] / c)
+        want["loss"].append(acc["loss"] / c)
+    for k, w in want.items():
+        np.testing.assert_allclose(nums(d["smoothed"][k]), w, rtol=1e-6, err_msg=k)
+    assert set(d["smoothed"]) >= set(stats.STATISTICS)
+    # What each statistic is, from stats.STATISTICS (the tab shows these).
+    assert d["statistics"]["noise_scale"]["formula"] == stats.STATISTICS["noise_scale"].formula
+    assert "examples" in d["statistics"]["noise_scale"]["unit"]
+    assert "smoothed" not in get_json(client, "series", run="train")
+    r = get(client, "series", 400, run="train", smoothing=1)
+    assert "`smoothing`" in r.get_data(as_text=True)
 
 
 # ------------------------------------------------------------------------------ /summary

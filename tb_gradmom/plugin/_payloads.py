@@ -180,6 +180,17 @@ def histograms_streaming(
     return edges, counts, nonfinite
 
 
+def smoothed_series(sums: dict[str, np.ndarray], beta: float) -> dict[str, np.ndarray]:
+    """The /series ``smoothed``: every `stats.STATISTICS` entry by `stats.smoothed`, and the
+    loss by the same bias-corrected EMA."""
+    if next(iter(sums.values())).size == 0:
+        return {k: np.empty(0) for k in (*stats.STATISTICS, "loss")}
+    out = {k: np.atleast_1d(v) for k, v in stats.smoothed(sums, beta).items()}
+    loss = np.asarray(sums.get("loss", np.full(out["noise_scale"].shape, np.nan)), np.float64)
+    out["loss"] = stats.ema(np.atleast_1d(loss), beta)
+    return out
+
+
 def series(sums: dict[str, np.ndarray], ema: float | None = None) -> dict[str, np.ndarray]:
     """The /series ``values``: batch size, `stats.DERIVED`, loss and learning rate per step."""
     if next(iter(sums.values())).size == 0:

@@ -499,10 +499,19 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         run = _params.string(request, "run", required=True)
         tag = _params.string(request, "tag", default=metadata.MODEL_TAG) or metadata.MODEL_TAG
         ema = _params.number(request, "ema", default=None, lo=0.0, hi=1.0, hi_open=True)
-        return self._json(request, self.series_impl(ctx, experiment, run=run, tag=tag, ema=ema))
+        smoothing = _params.number(request, "smoothing", default=None, lo=0.0, hi=1.0, hi_open=True)
+        return self._json(
+            request,
+            self.series_impl(ctx, experiment, run=run, tag=tag, ema=ema, smoothing=smoothing),
+        )
 
-    def series_impl(self, ctx, experiment, *, run, tag, ema=None) -> dict:
-        """Derived statistics per step of one tag, or of the whole model (``_model``)."""
+    def series_impl(self, ctx, experiment, *, run, tag, ema=None, smoothing=None) -> dict:
+        """Derived statistics per step of one tag, or of the whole model (``_model``).
+
+        With ``smoothing`` (a decay in ``[0, 1)``), ``smoothed`` holds every statistic from
+        separately smoothed numerators and denominators (`stats.smoothed`) and the smoothed
+        loss. ``statistics`` explains each statistic (`stats.STATISTICS`).
+        """
         ri = self._reader.run_index(ctx, experiment, run)
         st = ri.stats_for(tag)
         if st is None:
@@ -520,14 +529,19 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         if s is None:
             raise errors.NotFoundError(f"the stats of run {run!r} tag {tag!r} are unreadable")
         values = _payloads.series(s.sums, ema=ema)
-        return {
+        out = {
             "run": run,
             "tag": tag,
             "steps": s.steps,
             "wall_times": s.wall_times.tolist(),
             "values": values,
             "descriptions": dict(stats.DERIVED),
+            "statistics": {k: v.as_dict() for k, v in stats.STATISTICS.items()},
         }
+        if smoothing is not None:
+            out["smoothing"] = smoothing
+            out["smoothed"] = _payloads.smoothed_series(s.sums, smoothing)
+        return out
 
     # ----------------------------------------------------------------------- /summary
 
