@@ -60,12 +60,20 @@ export async function fetchHistogram({ run, tag, stat, step, bins = 30, scale = 
   };
 }
 
-/** GET series: per-step derived quantities of one variable, or of the model (tag "_model"). */
-export async function fetchSeries({ run, tag }, signal) {
-  const d = await getJSON("series", { run, tag }, signal);
+/**
+ * GET series: per-step derived quantities of one variable, or of the model (tag "_model");
+ * with `smoothing`, `smoothed` from separately smoothed numerators and denominators.
+ */
+export async function fetchSeries({ run, tag, smoothing }, signal) {
+  const d = await getJSON("series", { run, tag, smoothing }, signal);
   const values = {};
   for (const [k, v] of Object.entries(d.values ?? {})) values[k] = Array.from(numbers(v));
-  return { ...d, steps: d.steps ?? [], wall_times: Array.from(numbers(d.wall_times)), values };
+  let smoothed = null;
+  if (d.smoothed) {
+    smoothed = {};
+    for (const [k, v] of Object.entries(d.smoothed)) smoothed[k] = Array.from(numbers(v));
+  }
+  return { ...d, steps: d.steps ?? [], wall_times: Array.from(numbers(d.wall_times)), values, smoothed };
 }
 
 const SUMMARY_NUMBERS = ["size", "total_variance", "snr", "noise_scale", "batch_size", "grad_norm_sq", "norm_test"];

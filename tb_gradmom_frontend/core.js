@@ -542,3 +542,63 @@ export const THEMES = Object.freeze({
   light: { background: "#ffffff", text: "#212121", muted: "#616161", grid: "#e0e0e0", axis: "#9e9e9e", missing: [204, 204, 204, 255] },
   dark: { background: "#303030", text: "#e0e0e0", muted: "#a0a0a0", grid: "#484848", axis: "#8a8a8a", missing: [90, 90, 90, 255] },
 });
+
+// ---------------------------------------------------------------------------------------------
+// Landing defaults and noise statistics.
+
+/** Statistics that take both signs: drawn with a diverging colour map around zero. */
+export const SIGNED_STATS = Object.freeze(["mean", "third_moment", "skewness"]);
+
+/**
+ * The colour scale and map a statistic opens with: log for the non-negative ones (variances
+ * span decades; log shows dead filters at once), a linear diverging map for signed ones.
+ */
+export function defaultView(stat) {
+  return SIGNED_STATS.includes(stat) ? { scale: "linear", colormap: "rdbu_r" } : { scale: "log", colormap: "viridis" };
+}
+
+/** A colour domain symmetric around zero ([-a, a], a the largest |finite value|), or null. */
+export function symmetricDomain(values) {
+  let a = 0;
+  for (const v of values) if (Number.isFinite(v) && Math.abs(v) > a) a = Math.abs(v);
+  return a > 0 ? [-a, a] : null;
+}
+
+/**
+ * Splits a curve into what is drawn and what is marked: `line` has NaN where the value is
+ * not finite or (with `positiveOnly`, e.g. the noise scale or a log axis) not positive, and
+ * `marked` lists the indices of those steps with a reason ("noise-dominated" for values <= 0
+ * or infinite, "undefined" for NaN), so that no estimate is dropped silently.
+ */
+export function splitCurve(values, positiveOnly) {
+  const line = [];
+  const marked = [];
+  values.forEach((v, k) => {
+    if (Number.isNaN(v) || v === null || v === undefined) {
+      line.push(NaN);
+      marked.push({ index: k, reason: "undefined" });
+    } else if (!Number.isFinite(v) || (positiveOnly && v <= 0)) {
+      line.push(NaN);
+      marked.push({ index: k, reason: "noise-dominated" });
+    } else line.push(v);
+  });
+  return { line, marked };
+}
+
+/** The index of the row with the largest finite `key` (the noisiest variable), or -1. */
+export function argmaxRow(rows, key) {
+  let best = -1;
+  rows.forEach((r, k) => {
+    const v = r[key];
+    if (Number.isFinite(v) && (best < 0 || v > rows[best][key])) best = k;
+  });
+  return best;
+}
+
+/** At most `max` items, evenly spaced, first and last kept (a readable number of ridges). */
+export function evenSample(items, max) {
+  if (items.length <= max) return items.slice();
+  const out = [];
+  for (let k = 0; k < max; k++) out.push(items[Math.round((k * (items.length - 1)) / (max - 1))]);
+  return out;
+}

@@ -5,7 +5,7 @@
 
 import * as api from "./api.js";
 import {
-  COLORMAPS, STAT_LABELS, THEMES, availableStats, filterTags, nearestStep, runColors,
+  COLORMAPS, STAT_LABELS, THEMES, argmaxRow, availableStats, defaultView, filterTags, nearestStep, runColors,
 } from "./core.js";
 import { h, select } from "./views/common.js";
 import { CurvesView, METRICS } from "./views/curves.js";
@@ -15,6 +15,9 @@ import { TableView } from "./views/table.js";
 
 const MODEL_TAG = "_model";
 const RELOAD_MS = 30000; // TensorBoard's default reload period
+// The noise curves' default smoothing. Higher than TensorBoard's 0.6 for raw scalars: these are
+// ratios of estimates logged every N steps, and 0.9 averages about ten logged steps.
+const DEFAULT_SMOOTHING = 0.9;
 
 /** Builds the tab into document.body. Returns the app (tests and the console can reach it). */
 export async function render() {
@@ -50,8 +53,9 @@ class App {
     this.root = root;
     this.state = {
       runs: {}, model: {}, runList: [], checked: new Set(), known: new Set(),
-      run: null, tag: null, filter: "", stat: "variance", colormap: "viridis", scale: "linear",
+      run: null, tag: null, filter: "", stat: "variance", ...defaultView("variance"),
       step: null, follow: true, histMode: "step", histLog: false, metric: "noise_scale", logy: false,
+      smoothing: DEFAULT_SMOOTHING, statistics: {}, landed: false,
       theme: detectTheme(),
     };
     this.cache = new Map();
@@ -105,10 +109,12 @@ class App {
     const summary = card("summary-card", "Model summary");
     const heatmap = card("heatmap-card", "Heatmap");
     const hist = card("histogram-card", "Histograms", this.el.histControls);
-    const curves = card("curves-card", "Noise curves", this.el.curveControls);
+    const curves = card("curves-card", "Noise over training", this.el.curveControls);
     this.el.curvesLayer = h("div", { class: "curves-layer" });
     this.el.curvesModel = h("div", { class: "curves-model" });
-    curves.body.append(this.el.curvesLayer, this.el.curvesModel);
+    this.el.curvesLoss = h("div", { class: "curves-loss" });
+    this.el.info = h("div", { class: "stat-info", hidden: true, role: "note" });
+    curves.body.append(this.el.info, this.el.curvesModel, this.el.curvesLoss, this.el.curvesLayer);
 
     this.views = {
       table: new TableView(summary.body, (tag) => this.selectTag(tag, true)),
@@ -116,11 +122,33 @@ class App {
       histogram: new HistogramView(hist.body),
       layerCurves: new CurvesView(this.el.curvesLayer),
       modelCurves: new CurvesView(this.el.curvesModel),
+      lossCurves: new CurvesView(this.el.curvesLoss),
     };
     this.el.heatmapCard = heatmap.node;
-    const main = h("main", { class: "main" }, [this.el.toolbar, this.el.status, heatmap.node, summary.node, hist.node, curves.node]);
+    // The whole model first (noise and loss over training, the table), then one variable.
+    const main = h("main", { class: "main" }, [this.el.toolbar, this.el.status, curves.node, summary.node, heatmap.node, hist.node]);
     this.root.replaceChildren(h("div", { class: "app" }, [sidebar, main]));
     this.applyTheme();
+    this.watchResize(main);
+  }
+
+  /** Every plot re-lays out to its card's new width (debounced). */
+  watchResize(node) {
+    let width = node.clientWidth;
+    let timer = null;
+    new ResizeObserver(() => {
+      if (node.clientWidth === width) return;
+      width = node.clientWidth;
+      clearTimeout(timer);
+      timer = setTimeout(() => this.relayout(), 120);
+    }).observe(node);
+  }
+
+  relayout() {
+    const v = this.views;
+    if (v.heatmap.model) v.heatmap.render();
+    for (const c of [v.histogram, v.layerCurves, v.modelCurves, v.lossCurves]) if (c.model) c.update(c.model);
+    this.resized = (this.resized ?? 0) + 1;
   }
 
   watchTheme() {
@@ -316,7 +344,12 @@ class App {
 
     this.el.toolbar.replaceChildren(
       field("Run", select(withTags, s.run, (v) => { s.run = v; this.ensureTag(); this.renderRuns(); this.renderTags(); this.renderToolbar(); this.loadViews(); }, { class: "run-select" })),
-      field("Statistic", select(stats, s.stat, (v) => { s.stat = v; this.loadViews({ only: ["heatmap", "histogram"] }); }, { class: "stat-select" })),
+      field("Statistic", select(stats, s.stat, (v) => {
+        s.stat = v;
+        Object.assign(s, defaultView(v));
+        this.renderToolbar();
+        this.loadViews({ only: ["heatmap", "histogram"] });
+      }, { class: "stat-select" })),
       field("Colour map", select(COLORMAPS, s.colormap, (v) => { s.colormap = v; this.loadViews({ only: ["heatmap"], keepZoom: true }); }, { class: "colormap-select" })),
       field("Scale", select(["linear", "log"], s.scale, (v) => { s.scale = v; this.loadViews({ only: ["heatmap"], keepZoom: true }); }, { class: "scale-select" })),
       h("div", { class: "field step-field" }, [h("span", { text: "Step" }), slider, stepLabel]),
@@ -336,9 +369,28 @@ class App {
         h("span", { text: "log x" }),
       ]),
     );
+    const metricLabel = (k) => s.statistics[k]?.name ?? METRICS[k] ?? k;
+    const smoothing = h("input", {
+      type: "range", class: "smoothing", min: 0, max: 0.99, step: 0.01, value: s.smoothing,
+      "aria-label": "smoothing", title: "EMA decay: numerator and denominator are smoothed separately, then divided",
+    });
+    const smoothingValue = h("output", { class: "smoothing-value", text: s.smoothing.toFixed(2) });
+    smoothing.addEventListener("input", () => { smoothingValue.textContent = (+smoothing.value).toFixed(2); });
+    smoothing.addEventListener("change", () => { s.smoothing = +smoothing.value; this.loadCurves(); });
+    const infoButton = h("button", {
+      type: "button", class: "info-button", text: "What is this?", "aria-label": "what this statistic is",
+      "aria-expanded": String(!this.el.info.hidden),
+    });
+    infoButton.addEventListener("click", () => {
+      this.el.info.hidden = !this.el.info.hidden;
+      infoButton.setAttribute("aria-expanded", String(!this.el.info.hidden));
+      this.renderInfo();
+    });
     this.el.curveControls.replaceChildren(
-      select(Object.keys(METRICS).map((k) => ({ value: k, label: k })), s.metric,
-        (v) => { s.metric = v; this.loadCurves(); }, { class: "metric-select", "aria-label": "quantity" }),
+      select(Object.keys(METRICS).filter((k) => k !== "loss").map((k) => ({ value: k, label: metricLabel(k) })), s.metric,
+        (v) => { s.metric = v; this.renderInfo(); this.loadCurves(); }, { class: "metric-select", "aria-label": "quantity" }),
+      infoButton,
+      h("label", { class: "check smoothing-field" }, [h("span", { text: "Smoothing" }), smoothing, smoothingValue]),
       h("label", { class: "check" }, [
         (() => {
           const c = h("input", { type: "checkbox", checked: s.logy, class: "curves-log" });
@@ -347,6 +399,22 @@ class App {
         })(),
         h("span", { text: "log y" }),
       ]),
+    );
+  }
+
+  /** The info panel: the selected statistic's name, meaning, formula, unit, reading, reference. */
+  renderInfo() {
+    const st = this.state.statistics[this.state.metric];
+    if (!st) {
+      this.el.info.replaceChildren(h("p", { text: METRICS[this.state.metric] ?? this.state.metric }));
+      return;
+    }
+    const row = (k, v) => v && h("div", { class: `info-row info-${k}` }, [h("span", { class: "info-key", text: k }), h("span", { class: "info-value", text: v })]);
+    this.el.info.replaceChildren(
+      h("h3", { text: st.name }),
+      h("p", { class: "info-meaning", text: `${st.meaning}.` }),
+      row("formula", st.formula), row("unit", st.unit), row("reading", st.reading),
+      row("smoothing", st.smoothing), row("reference", st.reference),
     );
   }
 
@@ -420,8 +488,18 @@ class App {
       for (const run of runs) {
         if (!hasTag(run)) continue;
         try {
-          const d = await this.cached(`series|${run}|${tag}`, () => api.fetchSeries({ run, tag }));
-          out.push({ run, color: this.colors.get(run), steps: d.steps, wall_times: d.wall_times, values: d.values[s.metric] ?? [] });
+          const smoothing = s.smoothing;
+          const d = await this.cached(`series|${run}|${tag}|${smoothing}`, () => api.fetchSeries({ run, tag, smoothing: smoothing > 0 ? smoothing : undefined }));
+          if (d.statistics && !Object.keys(s.statistics).length) {
+            s.statistics = d.statistics;
+            this.renderToolbar();
+            this.renderInfo();
+          }
+          const pick = (m) => ({
+            run, color: this.colors.get(run), steps: d.steps, wall_times: d.wall_times,
+            values: d.values[m] ?? [], smoothed: d.smoothed?.[m] ?? null,
+          });
+          out.push({ ...pick(s.metric), loss: pick("loss") });
         } catch (e) {
           out.push({ run, color: this.colors.get(run), steps: [], values: [], error: e.message });
         }
@@ -434,10 +512,20 @@ class App {
       fetchAll(MODEL_TAG, (r) => !!s.model[r]),
     ]);
     if (gen !== this.generation.curves) return;
-    const common = { metric: s.metric, logy: s.logy, theme: this.theme, exportTheme: THEMES.light };
+    const common = {
+      metric: s.metric, logy: s.logy, smoothing: s.smoothing, statistic: s.statistics[s.metric] ?? null,
+      theme: this.theme, exportTheme: THEMES.light,
+    };
     this.views.layerCurves.update({ ...common, label: tag, tag, series: layer.filter((x) => !x.error) });
     if (model.some((x) => !x.error)) {
-      this.views.modelCurves.update({ ...common, label: "whole model", tag: MODEL_TAG, series: model.filter((x) => !x.error) });
+      const ok = model.filter((x) => !x.error);
+      this.views.modelCurves.update({ ...common, label: "whole model", tag: MODEL_TAG, series: ok });
+      const loss = ok.map((x) => x.loss).filter((x) => x.values.some(Number.isFinite));
+      if (loss.length) {
+        this.views.lossCurves.update({
+          ...common, metric: "loss", logy: false, statistic: { name: "Training loss", unit: "" }, label: "as logged", tag: MODEL_TAG, series: loss,
+        });
+      } else this.views.lossCurves.showMessage("No loss logged with the moments.");
     } else {
       this.views.modelCurves.showMessage("No whole-model statistics (_model/_stats) in the shown runs.");
     }
@@ -456,6 +544,16 @@ class App {
       if (gen !== this.generation.table) return;
       const { tags } = filterTags(d.rows.map((r) => r.tag), s.filter);
       const keep = new Set(tags);
+      if (!s.landed) {
+        // Land on the noisiest variable (largest total variance), once per page load.
+        s.landed = true;
+        const best = argmaxRow(d.rows.filter((r) => keep.has(r.tag)), "total_variance");
+        const rows = d.rows.filter((r) => keep.has(r.tag));
+        if (best >= 0 && rows[best].tag !== s.tag) {
+          this.selectTag(rows[best].tag, false);
+          return;
+        }
+      }
       this.views.table.update({
         rows: d.rows.filter((r) => keep.has(r.tag)), model: d.model, run, step, selected: s.tag, theme: this.theme, exportTheme: THEMES.light,
       });

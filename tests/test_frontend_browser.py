@@ -913,3 +913,119 @@ def test_demo_runs_render_with_right_colours(page):
         assert checked, f"no variable of {run} was checked"
         safe = re.sub(r"[^A-Za-z0-9]+", "_", run)
         shot(pg, f"demo_{safe}.png")
+
+
+# ---------------------------------------------------------------------- the full demo (issue 13)
+
+DEMO_SHOTS = Path(os.environ.get("GRADMOM_SHOTS", str(SHOTS)))
+
+
+@pytest.fixture(scope="module")
+def demo_tensorboard(tmp_path_factory):
+    """TensorBoard on the full demo (``tb-gradmom demo``, about a minute), or on the logdir in
+    ``GRADMOM_DEMO_LOGDIR`` when it is set (a demo written before)."""
+    given = os.environ.get("GRADMOM_DEMO_LOGDIR")
+    if given:
+        logdir = Path(given)
+    else:
+        logdir = tmp_path_factory.mktemp("demo_full")
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        subprocess.run(
+            [sys.executable, "-m", "tb_gradmom.cli", "demo", "--logdir", str(logdir)],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=900,
+        )
+    gen = tensorboard.__wrapped__(logdir, tmp_path_factory)
+    yield next(gen)
+    next(gen, None)
+
+
+def _svg_labels_outside(p, selector):
+    """Every <text> of the SVGs under ``selector`` whose box leaves its SVG's box."""
+    return p.evaluate(
+        """(sel) => {
+          const out = [];
+          for (const svg of document.querySelectorAll(sel + ' svg')) {
+            const box = svg.getBoundingClientRect();
+            for (const t of svg.querySelectorAll('text')) {
+              const b = t.getBoundingClientRect();
+              if (!b.width) continue;
+              if (b.left < box.left - 0.5 || b.right > box.right + 0.5 || b.top < box.top - 0.5
+                  || b.bottom > box.bottom + 0.5) out.push(t.textContent);
+            }
+          }
+          return out;
+        }""",
+        selector,
+    )
+
+
+@pytest.mark.slow
+def test_demo_landing_smoothing_info_and_resize(browser, demo_tensorboard):
+    pg = Page(browser, demo_tensorboard)
+    try:
+        p = pg.open_plugin()
+        pg.settle()
+        p.wait_for_selector(".curves-model path.curve.smoothed")
+        # Landing: the whole-model curves come first, above the heatmap.
+        order = p.evaluate(
+            "() => [...document.querySelectorAll('main > section')].map((s) => s.id)"
+        )
+        assert order[0] == "curves-card" and order.index("heatmap-card") > order.index(
+            "summary-card"
+        )
+        # Landed on the variable with the largest total variance, in log scale.
+        app_state = p.evaluate("() => ({tag: gradmom.state.tag, scale: gradmom.state.scale})")
+        summary = get_json(demo_tensorboard, "summary", run=p.evaluate("() => gradmom.state.run"))
+        rows = [r for r in summary["rows"] if isinstance(r["total_variance"], float)]
+        assert app_state["tag"] == max(rows, key=lambda r: r["total_variance"])["tag"]
+        assert app_state["scale"] == "log"
+        DEMO_SHOTS.mkdir(parents=True, exist_ok=True)
+        p.screenshot(path=str(DEMO_SHOTS / "demo_landing.png"), full_page=False)
+
+        # The smoothing control: default 0.6, and the plotted curve is the backend's smoothed
+        # noise scale (numerator and denominator smoothed separately).
+        assert p.input_value(".smoothing") == "0.9"
+        d = get_json(demo_tensorboard, "series", run="mlp", tag="_model", smoothing=0.9)
+        sm = np.array([np.nan if v is None else float(v) for v in d["smoothed"]["noise_scale"]])
+        half = sm[len(sm) // 2 :]
+        assert np.all(half > 0), f"smoothed noise scale <= 0 in the second half: {half.min()}"
+        # Growing as the loss falls: the second half's median above the first tenth's.
+        assert np.median(half) > np.median(sm[: max(1, len(sm) // 10)])
+        p.eval_on_selector(
+            ".smoothing", "(e) => { e.value = '0.6'; e.dispatchEvent(new Event('change')); }"
+        )
+        pg.settle()
+        p.wait_for_function("() => gradmom.state.smoothing === 0.6")
+        p.wait_for_selector(".curves-model .subtitle:has-text('smoothing 0.6')")
+
+        # The info panel: formula, unit and reference from the backend's STATISTICS.
+        p.click(".info-button")
+        info = p.inner_text(".stat-info")
+        st = d["statistics"]["noise_scale"]
+        assert st["formula"] in info and st["unit"] in info and "McCandlish" in info
+        p.screenshot(path=str(DEMO_SHOTS / "demo_curves_info.png"), full_page=False)
+
+        # Resize: every plot re-lays out, labels stay inside their SVGs.
+        before = p.evaluate(
+            "() => document.querySelector('#heatmap-card svg').getAttribute('width')"
+        )
+        p.set_viewport_size({"width": 900, "height": 1000})
+        p.wait_for_function("() => (gradmom.resized ?? 0) > 0")
+        pg.settle()
+        after = p.evaluate(
+            "() => document.querySelector('#heatmap-card svg').getAttribute('width')"
+        )
+        assert int(after) < int(before)
+        card = p.evaluate(
+            "() => document.querySelector('#heatmap-card').getBoundingClientRect().width"
+        )
+        assert int(after) <= card
+        assert _svg_labels_outside(p, "main") == []
+        p.locator("#heatmap-card").scroll_into_view_if_needed()
+        p.locator("#heatmap-card").screenshot(path=str(DEMO_SHOTS / "demo_heatmap_resized.png"))
+    finally:
+        pg.close()
+    assert not pg.errors, pg.errors

@@ -2,7 +2,7 @@
 // line per run, for one variable or the whole model. Hover shows each run's value.
 
 import * as d3 from "../vendor/d3.js";
-import { finiteExtent, formatValue, linePath, niceDomain, toCSV } from "../core.js";
+import { finiteExtent, formatValue, linePath, niceDomain, splitCurve, toCSV } from "../core.js";
 import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 72 };
@@ -34,12 +34,13 @@ export class CurvesView {
   }
 
   /**
-   * model: {label (what the curves are of), tag, metric, logy, series: [{run, color, steps,
-   * values (numbers), wall_times}], theme, exportTheme}.
+   * model: {label (what the curves are of), tag, metric, logy, smoothing, statistic (the
+   * backend's explanation, or null), series: [{run, color, steps, values (numbers), smoothed
+   * (numbers, or null), wall_times}], theme, exportTheme}.
    */
   update(model) {
     this.model = model;
-    const width = Math.max(360, Math.min(this.container.clientWidth || 720, 1100));
+    const width = Math.max(320, Math.min(this.container.clientWidth || 720, 1100));
     this.size = { width, height: 300 + Math.max(0, 14 * model.series.length - 24) };
     const svg = this.figure(model.theme, true);
     this.tooltip = h("div", { class: "tooltip", role: "tooltip", hidden: true });
@@ -61,14 +62,23 @@ export class CurvesView {
     const { label, metric, logy, series } = this.model;
     const { width, height } = this.size;
     const svg = newFigure(width, height, theme);
-    drawTitle(svg, `${METRICS[metric] ?? metric}: ${label}`,
-      `${series.length} run${series.length === 1 ? "" : "s"}${logy ? " · log y" : ""}`, theme);
+    const { statistic, smoothing } = this.model;
+    const name = statistic?.name ?? METRICS[metric] ?? metric;
+    const smooth = series.some((s) => s.smoothed);
+    drawTitle(svg, `${name}: ${label}`,
+      `${series.length} run${series.length === 1 ? "" : "s"}${logy ? " · log y" : ""}` +
+      `${smooth ? ` · smoothing ${smoothing} (EMA of numerator and denominator; raw per step faint)` : ""}`, theme);
+    // Positive-only quantities (a noise scale, a batch size) and log axes: values <= 0 are
+    // not drawn as a line but marked, with the reason, along the bottom of the plot.
+    const positiveOnly = logy || metric === "noise_scale" || metric === "cabs_batch_size";
     // The legend (one line per run, top right) pushes the plot down when there are many runs.
     const top = Math.max(MARGIN.top, 24 + 14 * series.length);
     const plotW = width - MARGIN.left - MARGIN.right;
     const plotH = height - top - MARGIN.bottom;
     const allSteps = series.flatMap((s) => s.steps);
-    const allValues = series.flatMap((s) => s.values);
+    const shown = (s) => splitCurve(s.smoothed ?? s.values, positiveOnly).line;
+    // The axis fits what the line shows (the smoothed values); raw spikes beyond it are clipped.
+    const allValues = series.flatMap(shown);
     const yext = finiteExtent(allValues, logy ? "log" : "linear");
     if (!allSteps.length || !yext) {
       svg.append("text").attr("x", width / 2).attr("y", height / 2).attr("text-anchor", "middle")
@@ -88,12 +98,36 @@ export class CurvesView {
       orient: "bottom", theme, label: "step", count: Math.floor(plotW / 90),
       tickValues: x.ticks(Math.floor(plotW / 90)).filter(Number.isInteger), tickFormat: (v) => String(v),
     });
-    drawAxis(g.append("g"), y, { orient: "left", log: logy, theme, label: metric, gridLength: plotW, count: 5 });
+    const unit = statistic?.unit ? ` [${statistic.unit.replace(/ \(.*\)$/, "")}]` : "";
+    drawAxis(g.append("g"), y, { orient: "left", log: logy, theme, label: `${metric}${unit}`, gridLength: plotW, count: 5 });
     const lines = g.append("g").attr("class", "lines");
+    const inRange = (v) => {
+      const [d0, d1] = y.domain();
+      return v >= Math.min(d0, d1) && v <= Math.max(d0, d1);
+    };
+    let markedCount = 0;
     for (const s of series) {
-      const pts = s.steps.map((st, k) => [x(st), logy && !(s.values[k] > 0) ? NaN : y(s.values[k])]);
-      lines.append("path").attr("class", "curve").attr("data-run", s.run).attr("d", linePath(pts))
+      if (s.smoothed) {
+        const raw = splitCurve(s.values, positiveOnly).line;
+        const rawPts = s.steps.map((st, k) => [x(st), Number.isFinite(raw[k]) && inRange(raw[k]) ? y(raw[k]) : NaN]);
+        lines.append("path").attr("class", "curve-raw").attr("data-run", s.run).attr("d", linePath(rawPts))
+          .attr("fill", "none").attr("stroke", s.color).attr("stroke-opacity", 0.25).attr("stroke-width", 1);
+      }
+      const { line, marked } = splitCurve(s.smoothed ?? s.values, positiveOnly);
+      const pts = s.steps.map((st, k) => [x(st), Number.isFinite(line[k]) ? y(line[k]) : NaN]);
+      lines.append("path").attr("class", s.smoothed ? "curve smoothed" : "curve").attr("data-run", s.run).attr("d", linePath(pts))
         .attr("fill", "none").attr("stroke", s.color).attr("stroke-width", 1.75);
+      // Gaps get a marker at the bottom of the plot: a triangle for noise-dominated
+      // estimates (<= 0 or infinite), a cross for undefined ones (NaN).
+      markedCount += marked.length;
+      for (const { index, reason } of marked) {
+        const mx = x(s.steps[index]);
+        const mark = lines.append("path").attr("class", `gap-marker ${reason}`).attr("data-run", s.run)
+          .attr("transform", `translate(${mx},${plotH - 4})`)
+          .attr("d", reason === "undefined" ? "M-3,-3L3,3M-3,3L3,-3" : "M-3.5,-3L3.5,-3L0,3Z")
+          .attr("fill", reason === "undefined" ? "none" : s.color).attr("stroke", s.color).attr("stroke-width", 1);
+        mark.append("title").text(`${s.run} @ ${s.steps[index]}: ${reason} (${formatValue((s.smoothed ?? s.values)[index], 4)})`);
+      }
       if (s.steps.length <= 60 || s.steps.length === 1) {
         pts.forEach(([px, py]) => {
           if (Number.isFinite(px) && Number.isFinite(py)) {
@@ -101,6 +135,10 @@ export class CurvesView {
           }
         });
       }
+    }
+    if (markedCount) {
+      svg.append("text").attr("class", "gap-note").attr("x", MARGIN.left).attr("y", height - 6).attr("fill", theme.muted)
+        .text(`▼ ${markedCount} step${markedCount === 1 ? "" : "s"} noise-dominated (estimate ≤ 0 or infinite) or undefined (×): not on the line`);
     }
     // Legend: run names as text, top right, one per line.
     const legend = svg.append("g").attr("class", "legend").attr("transform", `translate(${width - MARGIN.right},${16})`);
@@ -134,15 +172,16 @@ export class CurvesView {
         if (Math.abs(st - wanted) < Math.abs(s.steps[best] - wanted)) best = k;
       });
       at = at ?? s.steps[best];
-      rows.push([s.run, s.color, s.steps[best], s.values[best]]);
+      rows.push([s.run, s.color, s.steps[best], s.smoothed ? s.smoothed[best] : s.values[best], s.smoothed ? s.values[best] : null]);
     }
     if (!rows.length) return;
     rule.attr("x1", x(at)).attr("x2", x(at)).attr("visibility", "visible");
     const tip = this.tooltip;
-    tip.replaceChildren(...rows.map(([run, color, step, v]) => h("div", { class: "tip-row" }, [
+    const note = (v) => (Number.isNaN(v) ? " (undefined)" : !(v > 0) && this.model.metric === "noise_scale" ? " (noise-dominated)" : "");
+    tip.replaceChildren(...rows.map(([run, color, step, v, raw]) => h("div", { class: "tip-row" }, [
       h("span", { class: "swatch", style: `background:${color}` }),
       h("span", { class: "tip-key", text: run }),
-      h("span", { class: "tip-value", text: `${formatValue(v, 5)} @ ${step}` }),
+      h("span", { class: "tip-value", text: `${formatValue(v, 5)}${note(v)} @ ${step}${raw === null ? "" : ` · raw ${formatValue(raw, 4)}`}` }),
     ])));
     tip.hidden = false;
     const left = MARGIN.left + px + 14;
@@ -153,7 +192,10 @@ export class CurvesView {
   csv() {
     const { metric, series } = this.model;
     const rows = [];
-    for (const s of series) s.steps.forEach((st, k) => rows.push([s.run, st, s.wall_times?.[k], s.values[k]]));
-    return toCSV(["run", "step", "wall_time", metric], rows);
+    const smooth = series.some((s) => s.smoothed);
+    for (const s of series) {
+      s.steps.forEach((st, k) => rows.push([s.run, st, s.wall_times?.[k], s.values[k], ...(smooth ? [s.smoothed?.[k]] : [])]));
+    }
+    return toCSV(["run", "step", "wall_time", metric, ...(smooth ? [`${metric}_smoothed`] : [])], rows);
   }
 }

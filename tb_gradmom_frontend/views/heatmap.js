@@ -5,7 +5,7 @@
 import * as d3 from "../vendor/d3.js";
 import {
   cellElements, colorize, colormapLUT, describeCell, finiteExtent, formatValue, histogram,
-  niceTicks, normalizer, poolGrid, to2dShape, toCSV,
+  niceTicks, normalizer, poolGrid, SIGNED_STATS, symmetricDomain, to2dShape, toCSV,
 } from "../core.js";
 import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
 
@@ -52,8 +52,11 @@ export class HeatmapView {
 
   /** The colour normaliser and the colour scale's domain of the current model. */
   colorScale() {
-    const { data, scale } = this.model;
-    const domain = finiteExtent(data.values, scale);
+    const { data, scale, stat } = this.model;
+    // Signed statistics on a linear scale: centred on zero, for the diverging colour maps.
+    const domain = scale === "linear" && SIGNED_STATS.includes(stat)
+      ? symmetricDomain(data.values) ?? finiteExtent(data.values, scale)
+      : finiteExtent(data.values, scale);
     return { domain, normalize: normalizer(domain, scale) };
   }
 
@@ -166,6 +169,8 @@ export class HeatmapView {
           .attr("height", Math.max(1, Math.abs(y1 - y0))).attr("fill", theme.muted);
       });
       dist.append("title").text("distribution of the values over the colour scale");
+      dist.append("text").attr("class", "distribution-label").attr("fill", theme.muted).attr("font-size", 9)
+        .attr("text-anchor", "start").attr("x", -16).attr("y", -5).text("◂ value counts");
     }
     const missing = data.values.some((v) => Number.isNaN(normalizer(domain, scale)(v)));
     if (missing) {
@@ -173,9 +178,10 @@ export class HeatmapView {
       m.append("rect").attr("width", 14).attr("height", 10).attr("fill", `rgb(${theme.missing.slice(0, 3).join(",")})`);
       m.append("text").attr("x", 18).attr("y", 9).attr("fill", theme.muted).text(scale === "log" ? "NaN or ≤ 0" : "NaN");
     }
+    // Read bottom to top, its glyphs to the left of the anchor: inside the figure's right edge.
     svg.append("text").attr("class", "colorbar-label").attr("fill", theme.muted).attr("font-size", 11)
       .attr("text-anchor", "middle")
-      .attr("transform", `translate(${bx + 96},${L.top + L.barH / 2}) rotate(90)`)
+      .attr("transform", `translate(${L.width - 6},${L.top + L.barH / 2}) rotate(-90)`)
       .text(`${stat}${scale === "log" ? " (log scale)" : ""}`);
     return { x, y };
   }

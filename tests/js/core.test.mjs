@@ -224,3 +224,34 @@ test("histogramStepsLabel says when the steps are a sample", () => {
   );
   assert.equal(core.histogramStepsLabel({ series: [] }), "no steps");
 });
+
+test("defaultView: log viridis for variances, linear diverging for signed statistics", () => {
+  const c = core;
+  assert.deepEqual(c.defaultView("variance"), { scale: "log", colormap: "viridis" });
+  assert.deepEqual(c.defaultView("mean"), { scale: "linear", colormap: "rdbu_r" });
+  assert.ok(c.COLORMAPS.includes("rdbu_r"));
+  // diverging: the middle is near white, the ends blue (low) and red (high)
+  const [r0, , b0] = c.colormapColor("rdbu_r", 0);
+  const [r1, , b1] = c.colormapColor("rdbu_r", 1);
+  assert.ok(b0 > r0 && r1 > b1);
+  assert.deepEqual(c.symmetricDomain([-1, 3, NaN, Infinity]), [-3, 3]);
+  assert.equal(c.symmetricDomain([0, NaN]), null);
+});
+
+test("splitCurve marks noise-dominated and undefined estimates instead of dropping them", () => {
+  const c = core;
+  const { line, marked } = c.splitCurve([2, -1, NaN, Infinity, 5], true);
+  assert.deepEqual(line.map((v) => (Number.isNaN(v) ? "gap" : v)), [2, "gap", "gap", "gap", 5]);
+  assert.deepEqual(marked, [
+    { index: 1, reason: "noise-dominated" }, { index: 2, reason: "undefined" }, { index: 3, reason: "noise-dominated" },
+  ]);
+  assert.deepEqual(c.splitCurve([-1, 2], false).marked, []);
+});
+
+test("argmaxRow and evenSample", () => {
+  const c = core;
+  assert.equal(c.argmaxRow([{ v: 1 }, { v: NaN }, { v: 3 }, { v: 2 }], "v"), 2);
+  assert.equal(c.argmaxRow([{ v: NaN }], "v"), -1);
+  assert.deepEqual(c.evenSample([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 4), [0, 3, 6, 9]);
+  assert.deepEqual(c.evenSample([1, 2], 4), [1, 2]);
+});
