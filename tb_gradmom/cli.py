@@ -81,12 +81,23 @@ def _run_demo(args) -> int:
     return int(code or 0)
 
 
+def _statistics_help() -> str:
+    """The derived statistics explained (from `stats.STATISTICS`; see docs/math.md)."""
+    from tb_gradmom import stats
+
+    parts = ["statistics of --plot curves (--quantities):"]
+    parts += [stats.describe(k) for k in stats.STATISTICS]
+    return "\n\n".join(parts)
+
+
 def _add_export(sub) -> None:
     p = sub.add_parser(
         "export",
         help="write the tab's plots (png, svg, pdf) or their numbers (csv, json) to files",
         description="Write one file per plot: by default a heatmap of the unbiased variance "
         "of every variable at its latest step.",
+        epilog=_statistics_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # Imported here for the choices; export imports no TensorFlow and no matplotlib.
     from tb_gradmom import export
