@@ -65,6 +65,15 @@ def _tf_variable(variable, position: int):
     return v
 
 
+def _in_xla_context() -> bool:
+    """Whether the graph being built is (or is inside) an XLA-compiled function."""
+    try:  # private TensorFlow API; without it the check is skipped
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
 def _check_orders(orders) -> tuple[int, ...]:
     if _validate._is_int(orders):
         orders = (orders,)
@@ -915,6 +924,14 @@ def prepare(
             "gradmom needs a graph: call it inside a tf.function (for example in your "
             "train_step decorated with @tf.function) or in a tf.compat.v1 graph. Eager tensors "
             "carry no graph to read the layers' inputs from."
+        )
+    if _in_xla_context():
+        raise RuntimeError(
+            "gradmom cannot run inside an XLA-compiled function (tf.function(jit_compile=True) "
+            "or a Keras model compiled with jit_compile=True): XLA miscomputes the dynamically "
+            "sized slices of its chunk loops and the moments come out wrong, with no error. "
+            "Compile the training step without jit_compile (the Keras callback does this "
+            "itself)."
         )
     if reduction not in (None, "mean", "sum"):
         raise ValueError(

@@ -41,6 +41,17 @@ KIND_STATS = "stats"
 STATS_SUFFIX = "/_stats"
 MODEL_TAG = "_model"
 
+
+def model_tag(group: str | None = None) -> str:
+    """The whole-model tag of a group of tags (``_model``, or ``<group>/_model``)."""
+    return f"{group}/{MODEL_TAG}" if group else MODEL_TAG
+
+
+def is_model_tag(tag: str) -> bool:
+    """Whether ``tag`` is a group's whole-model tag (``_model`` or ``<group>/_model``)."""
+    return tag == MODEL_TAG or tag.endswith("/" + MODEL_TAG)
+
+
 # The exact per-step sums stored at the head of every stats tensor, in this order.
 STATS_FIELDS: tuple[str, ...] = (
     "batch_size",  # n, the number of examples the moments average over

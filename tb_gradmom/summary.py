@@ -12,6 +12,9 @@ in the untaken branch of a ``tf.cond`` and do not run. The event format is in ``
 from __future__ import annotations
 
 import math
+import re
+import warnings
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,7 +23,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from tb_gradmom import _core, _validate, metadata
 
-__all__ = ["moments", "DEFAULT_MAX_ELEMENTS", "SCALARS"]
+__all__ = ["moments", "tag_names", "DEFAULT_MAX_ELEMENTS", "SCALARS"]
 
 # Largest number of cells stored per moment array; bigger variables are block-pooled to at most
 # this many cells (256 x 256), with exact sums and a variance histogram beside them.
@@ -62,7 +65,12 @@ def moments(
     returns the gradients. In a ``tf.compat.v1`` graph it returns a serialized ``Summary`` op to
     run and pass to ``FileWriter.add_summary`` (as ``tf.compat.v1.summary.*`` do).
 
-    For each variable it writes (see ``docs/format.md``):
+    The format is in ``docs/format.md``.
+
+    Tags are the variables' paths with a model name common to all of them left out (Keras
+    numbers automatic model names, ``sequential_1/dense/kernel`` in one run and
+    ``sequential_2/dense/kernel`` in another: both log ``dense/kernel``), under ``name/``
+    when given. For each variable it writes:
 
     * tag ``<variable path>``: the raw moments ``M_p = (1/n) sum_j g_j**p`` of the orders
       logged, block-pooled above ``max_elements`` cells;
@@ -77,7 +85,12 @@ def moments(
       var_list: the variables (``model.trainable_variables``).
       orders: moment orders to log, 1 to 4. Orders 1 and 2 are always logged: every statistic
         needs them.
-      name: a name scope for the added ops.
+      name: the group of this call's tags: ``<name>/<variable>``, ``<name>/_model/_stats``
+        and ``gradmom/<name>/...`` scalars. Default: no prefix for the first set of variables
+        logged to a writer; a further call on the same writer with other variables (a GAN's
+        generator after its discriminator) gets ``moments_1``, ``moments_2``, ... with a
+        warning, so two calls never mix their model statistics. Letters, digits and ``_-.``;
+        ``/`` nests.
       reduction: None (read from the graph), or ``"mean"``/``"sum"``: see
         `gradients_and_moments`.
       max_elements: variables with more elements are stored block-pooled to at most this many
@@ -118,7 +131,7 @@ def moments(
         var_list,
         reduction,
         batch_size=batch_size,
-        name=name or "gradmom_summary",
+        name="gradmom_summary",
         chunk_size=chunk_size,
         fallback=fallback,
         # off: no writer or recording off at trace time, no moments at all
@@ -127,7 +140,8 @@ def moments(
         loss_scale=loss_scale,
     )
     indices = _log_indices(var_list, log_only)
-    tags = _unique_tags([prepared.names[i] for i in indices])
+    group = _group(name, var_list, inside)
+    tags = _unique_tags(_tag_names([prepared.names[i] for i in indices], group))
     contents = [
         _moments_content(prepared.plans[i], tag, orders, prepared.op_type(i), max_elements)
         for i, tag in zip(indices, tags)
@@ -136,7 +150,7 @@ def moments(
 
     if not inside:
         return _v1_summary(
-            prepared, indices, tags, contents, orders, lr, chunk_size, per_variable_scalars
+            prepared, indices, tags, contents, orders, lr, chunk_size, per_variable_scalars, group
         )
     if off:
         return prepared.grads  # nothing is built
@@ -161,7 +175,7 @@ def moments(
 
     def write():
         tensors, scalar_values = _records(
-            prepared, indices, tags, contents, orders, lr, chunk_size, moms
+            prepared, indices, tags, contents, orders, lr, chunk_size, moms, group
         )
         ok = []
         for tag, tensor, md in tensors:
@@ -204,6 +218,81 @@ def _log_indices(var_list, log_only) -> list[int]:
     if not out:
         raise ValueError("log_only is empty: pass None to log every variable of var_list")
     return out
+
+
+_GROUP_RE = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
+# Per summary writer: the variable sets logged to it, in order (the default group of a call).
+_WRITER_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _group(name, var_list, inside: bool) -> str | None:
+    """The tag group of one call: ``name`` (checked), or by default None for the first set of
+    variables logged to the current writer and ``moments_<k>`` for the k-th other set."""
+    if name is not None:
+        if (
+            not isinstance(name, str)
+            or not _GROUP_RE.match(name)
+            or any(part in (".", "..", "_model") for part in name.split("/"))
+        ):
+            raise ValueError(
+                f"name={name!r}: a tag group is letters, digits and '_-.' with '/' between "
+                "parts (no '.', '..' or '_model' part), e.g. name='generator'"
+            )
+        return name
+    writer = _current_writer() if inside else None
+    if writer is None:
+        return None
+    key = frozenset(id(_core._tf_variable(v, i)) for i, v in enumerate(var_list))
+    try:
+        seen = _WRITER_GROUPS.setdefault(writer, [])
+    except TypeError:  # a writer that cannot be weakly referenced: no default groups
+        return None
+    if key not in seen:
+        seen.append(key)
+    k = seen.index(key)
+    if k == 0:
+        return None
+    group = f"moments_{k}"
+    warnings.warn(
+        f"tb_gradmom: summary.moments is called on one writer for a {_ordinal(k + 1)} set of "
+        f"variables; its tags go under '{group}/' so that the calls' model statistics stay "
+        "apart. Pass name= to each call to choose the groups (e.g. name='generator').",
+        stacklevel=3,
+    )
+    return group
+
+
+def tag_names(var_list: Sequence, name: str | None = None) -> list[str]:
+    """The tags `moments` logs ``var_list`` under (the first call on a writer, or with
+    ``name``): e.g. ``["dense/kernel", "dense/bias"]`` for a Sequential model's
+    ``sequential_3/dense/kernel`` and ``sequential_3/dense/bias``."""
+    var_list = list(var_list)
+    for i, v in enumerate(var_list):
+        _core._tf_variable(v, i)  # a clear error for anything that is not a variable
+    group = _group(name, var_list, inside=False)
+    return _unique_tags(_tag_names([_core.variable_name(v) for v in var_list], group))
+
+
+def _ordinal(k: int) -> str:
+    return {2: "second", 3: "third"}.get(k, f"{k}th")
+
+
+def _current_writer():
+    from tensorflow.python.ops import summary_ops_v2
+
+    state = getattr(summary_ops_v2, "_summary_state", None)
+    return getattr(state, "writer", None)
+
+
+def _tag_names(names: list[str], group: str | None) -> list[str]:
+    """The variables' tags: their paths without a model name common to all of them (only when
+    every path has a layer and a variable below it), under ``group/``."""
+    parts = [nm.split("/") for nm in names]
+    if parts and all(len(p) >= 3 for p in parts) and len({p[0] for p in parts}) == 1:
+        names = ["/".join(p[1:]) for p in parts]
+    if group:
+        names = [f"{group}/{nm}" for nm in names]
+    return names
 
 
 def _unique_tags(names: list[str]) -> list[str]:
@@ -326,8 +415,9 @@ def _pack(fields, hist):
     return tf.cast(tf.concat([head, hist], 0), tf.float32)
 
 
-def _records(prepared, indices, tags, contents, orders, lr, chunk_size, moms=None):
+def _records(prepared, indices, tags, contents, orders, lr, chunk_size, moms=None, group=None):
     """The tensors and scalars one logged step writes."""
+    model_tag = metadata.model_tag(group)
     if moms is None:
         moms = prepared.moments(orders, chunk_size, indices)
     loss = tf.cast(prepared.loss, tf.float64)
@@ -355,12 +445,10 @@ def _records(prepared, indices, tags, contents, orders, lr, chunk_size, moms=Non
             for k in ("num_elements", "sum_m2", "sum_var", "sum_gsnr", "gsnr_count", "sum_m2_raw"):
                 model_fields[k] = model_fields[k] + fields[k]
             model_hist = model_hist + hist
-    model_md = metadata.create_summary_metadata(metadata.StatsContent(variable=metadata.MODEL_TAG))
-    tensors.append(
-        (metadata.stats_tag(metadata.MODEL_TAG), _pack(model_fields, model_hist), model_md)
-    )
+    model_md = metadata.create_summary_metadata(metadata.StatsContent(variable=model_tag))
+    tensors.append((metadata.stats_tag(model_tag), _pack(model_fields, model_hist), model_md))
     scalar_values = []
-    for tag, fields in scalars + [(metadata.MODEL_TAG, model_fields)]:
+    for tag, fields in scalars + [(model_tag, model_fields)]:
         derived = _derived(fields)
         for key in SCALARS:
             if key == "cabs_batch_size" and lr is None:
@@ -373,13 +461,17 @@ def _selected_scalars(scalar_values, per_variable_scalars):
     return [
         (stag, value)
         for tag, stag, value in scalar_values
-        if per_variable_scalars or tag == metadata.MODEL_TAG
+        if per_variable_scalars or metadata.is_model_tag(tag)
     ]
 
 
-def _v1_summary(prepared, indices, tags, contents, orders, lr, chunk_size, per_variable_scalars):
+def _v1_summary(
+    prepared, indices, tags, contents, orders, lr, chunk_size, per_variable_scalars, group
+):
     """A merged TF1 ``Summary`` with the same tags and tensors as the TF2 path."""
-    tensors, scalar_values = _records(prepared, indices, tags, contents, orders, lr, chunk_size)
+    tensors, scalar_values = _records(
+        prepared, indices, tags, contents, orders, lr, chunk_size, None, group
+    )
     parts = [
         tf.raw_ops.TensorSummaryV2(
             tag=tag, tensor=tensor, serialized_summary_metadata=md.SerializeToString()

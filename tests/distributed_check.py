@@ -152,8 +152,9 @@ def summary(logdir):
     writer.close()
     logged = data.load(logdir)["."]
     brute = reference.per_example_gradients(single, single.trainable_variables, sparse_ce, x, y)
-    for v, g in zip(model.trainable_variables, brute):
-        records = logged[v.path]
+    tags = gradmom.summary.tag_names(model.trainable_variables)
+    for v, g, tag in zip(model.trainable_variables, brute, tags):
+        records = logged[tag]
         assert [r.step for r in records] == [0, 2], [r.step for r in records]
         ref = reference.moments(g, (1, 2))
         for rec in records:
@@ -185,8 +186,9 @@ def keras_fit(logdir):
     model.fit(x, y, batch_size=n, epochs=1, verbose=0, shuffle=False, callbacks=[cb])
     run = data.load(logdir)["."]
     brute = reference.per_example_gradients(single, single.trainable_variables, sparse_ce, x, y)
-    for v, g in zip(model.trainable_variables, brute):
-        records = run[v.path]
+    tags = gradmom.summary.tag_names(model.trainable_variables)
+    for v, g, tag in zip(model.trainable_variables, brute, tags):
+        records = run[tag]
         assert len(records) == 1, [r.step for r in records]
         assert records[0].batch_size == n, records[0].batch_size
         ref = reference.moments(g, (1, 2))

@@ -137,8 +137,9 @@ def summary_loop():
         return
     run = data.load(logdir)["."]
     brute = reference.per_example_gradients(single, single.trainable_variables, sparse_ce, x, y)
-    for v, g in zip(model.trainable_variables, brute):
-        records = run[v.path]
+    tags = gradmom.summary.tag_names(model.trainable_variables)
+    for v, g, tag in zip(model.trainable_variables, brute, tags):
+        records = run[tag]
         assert [r.step for r in records] == [0, 2], [r.step for r in records]
         ref = reference.moments(g, (1, 2))
         for rec in records:

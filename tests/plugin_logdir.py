@@ -373,7 +373,10 @@ def write_keras_run(logdir: str, run: str = KERAS_RUN) -> None:
         opt.apply_gradients(zip(grads, variables))
         return loss
 
-    ref = {"names": np.asarray([v.path for v in variables]), "steps": np.arange(KERAS_STEPS)}
+    ref = {
+        "names": np.asarray(gradmom.summary.tag_names(variables)),
+        "steps": np.arange(KERAS_STEPS),
+    }
     for step in range(KERAS_STEPS):
         x = rng.normal(size=(KERAS_BATCH, 5, 5, 2)).astype(np.float32)
         y = rng.normal(size=(KERAS_BATCH, 1)).astype(np.float32)

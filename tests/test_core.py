@@ -188,18 +188,23 @@ def test_eager_call_raises_with_advice():
 
 
 def test_unsupported_op_names_variable_op_and_supported_list():
+    # A fused batch norm (several outputs) in inference mode: no rule, and the masked VJP
+    # (any single-output op) does not apply either.
     w = tf.Variable(tf.ones([3]), name="odd_kernel")
 
     @tf.function
     def step(x):
-        loss = tf.reduce_mean(tf.reduce_sum(tf.pow(tf.abs(x) + 1.0, w), axis=1))
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            x, w, tf.zeros([3]), mean=tf.zeros([3]), variance=tf.ones([3]), is_training=False
+        )
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(y), axis=[1, 2, 3]))
         return gradmom.gradients_and_moments(loss, [w], fallback="error")
 
     with pytest.raises(gradmom.UnsupportedOpError) as info:
-        step(tf.ones([4, 3]))
+        step(tf.ones([4, 2, 2, 3]))
     msg = str(info.value)
     assert "'odd_kernel'" in msg
-    assert "Pow" in msg and "op '" in msg
+    assert "FusedBatchNorm" in msg and "op '" in msg
     assert "Supported ops:" in msg and "MatMul" in msg and "Conv2D" in msg
     assert "fallback='exact'" in msg
 
@@ -209,18 +214,21 @@ def test_fallback_warns_once_naming_variables_and_ops():
     v = tf.Variable(tf.ones([3]), name="plain_bias")
 
     def step(x):
-        loss = tf.reduce_mean(tf.reduce_sum(tf.pow(tf.abs(x) + 1.0, w) + v, axis=1))
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            x, w, tf.zeros([3]), mean=tf.zeros([3]), variance=tf.ones([3]), is_training=False
+        )
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(y) + v, axis=[1, 2, 3]))
         return gradmom.gradients_and_moments(loss, [w, v])[1]
 
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tf.function(step)(tf.ones([4, 3]))
-        tf.function(step)(tf.ones([4, 3]))  # traced again: no second warning
+        tf.function(step)(tf.ones([4, 2, 2, 3]))
+        tf.function(step)(tf.ones([4, 2, 2, 3]))  # traced again: no second warning
     msgs = [str(c.message) for c in caught if "no exact rule" in str(c.message)]
     assert len(msgs) == 1, msgs
-    assert "'wavy' (Pow op '" in msgs[0] and "plain_bias" not in msgs[0]
+    assert "'wavy' (FusedBatchNormV3 op '" in msgs[0] and "plain_bias" not in msgs[0]
     assert "fallback='error'" in msgs[0]
 
 
@@ -556,3 +564,16 @@ def test_disconnected_and_integer_variables_warn_once():
     ):
         moments = step(tf.ones([4, 3]))
     np.testing.assert_array_equal(moments[1][2].numpy(), np.zeros([2]))
+
+
+def test_xla_compiled_step_is_refused():
+    """Under jit_compile=True XLA miscomputes the chunk loops: a clear error, not wrong numbers."""
+    w = tf.Variable(tf.ones([3, 2]), name="w")
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, w) ** 2, axis=1))
+        return gradmom.gradients_and_moments(loss, [w])
+
+    with pytest.raises(RuntimeError, match="jit_compile"):
+        step(tf.ones([4, 3]))

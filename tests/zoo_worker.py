@@ -424,6 +424,46 @@ def _report(args) -> int:
     return 0
 
 
+def _paths_summary(result: dict) -> str:
+    """``rules: MatMul 12, Conv2D 4; fallback 2`` for one result."""
+    counts: dict[str, int] = {}
+    for v in result.get("vars", []):
+        path = v["path"]
+        key = path.split(":", 1)[1] if path.startswith("rule:") else path.split(":", 1)[0]
+        counts[key] = counts.get(key, 0) + 1
+    rules = [f"{k} {c}" for k, c in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return ", ".join(rules)
+
+
+def markdown_table(results) -> str:
+    """The README's table: per entry, its family, what it is, the variables' paths (rule op
+    types), the worst relative error over orders 1-4 and the gradient, and its seconds."""
+    if isinstance(results, dict):
+        results = list(results.values())
+    rows = [
+        "| entry | family | model | variables by path | max rel. error | status | seconds |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        entry = zoo.ENTRIES_BY_ID.get(r["id"])
+        if entry is None:
+            continue
+        worst = max(
+            [e for v in r.get("vars", []) for e in list(v["rel"].values()) + [v["grad_rel"]]]
+            or [float("nan")]
+        )
+        verdict = status(r, entry).split(" (")[0]
+        if r.get("error"):
+            verdict = f"{r['error']['type']}: {r['error']['first_line'][:120]}"
+        elif r.get("floor") is not None:
+            verdict += f" (float32 inside; TF's own gradient: {r['floor']:.1e})"
+        rows.append(
+            f"| `{r['id']}` | {entry.family} | {entry.note or ''} | {_paths_summary(r)} | "
+            f"{worst:.1e} | {verdict} | {r.get('seconds', '')} |"
+        )
+    return "\n".join(rows)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("entry", nargs="?", help="a zoo id (see tests/zoo.py)")
@@ -432,7 +472,14 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="with --report: comma-separated ids")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="with --report: write every result as JSON")
+    parser.add_argument(
+        "--markdown", help="print the README's zoo table from a JSON file written by --out"
+    )
     args = parser.parse_args(argv)
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(markdown_table(json.load(f)))
+        return 0
     if args.report:
         return _report(args)
     if not args.entry:
