@@ -19,8 +19,13 @@ Layer kinds (`KINDS`):
 - image blocks: ``dense_image`` (Dense on ``[n, H, W, C]``), ``conv2d``, ``depthwise2d``, ``grouped_conv2d`` (``groups=2``), ``separable2d``,
   ``residual`` (``h + Conv2D(h)``), ``shared`` (one Conv2D called twice), ``layernorm``,
   ``batchnorm``, ``groupnorm``;
+- more sequence blocks: ``permute_dense`` (a Dense over the sequence axis, between two
+  Permutes), ``glu`` (``x * sigmoid(Dense(x))``), ``concat`` (``[x, Dense(x)]``),
+  ``causal_mha`` (attention of x to a projection of x with a causal mask, residual);
+- more image blocks: ``conv2d_transpose``, ``glu``, ``concat`` (with a 1x1 Conv2D);
 - heads: ``flatten`` or ``pool`` (global average/max pooling) then ``dense``, or for sequences
-  ``dense_seq`` (a per-token output, no pooling).
+  ``dense_seq`` (a per-token output, no pooling), or for tokens ``tied`` (per-token logits
+  ``Dense(h) @ E.T`` with the token embedding table ``E``: one variable, a gather and a matmul).
 
 `UNSUPPORTED` lists the kinds (and batch coincidences) the current core fails on, with the
 failure seen; the test excludes them so the rest runs green. Reproduce one model with
@@ -55,6 +60,10 @@ from tests import zoo  # noqa: E402
 STEMS = ("tokens", "sequence", "image")
 SEQ_BLOCKS = (
     "dense_seq",
+    "permute_dense",
+    "glu",
+    "concat",
+    "causal_mha",
     "conv1d",
     "mha",
     "residual",
@@ -65,6 +74,9 @@ SEQ_BLOCKS = (
 )
 IMAGE_BLOCKS = (
     "dense_image",
+    "conv2d_transpose",
+    "glu",
+    "concat",
     "conv2d",
     "depthwise2d",
     "grouped_conv2d",
@@ -75,7 +87,7 @@ IMAGE_BLOCKS = (
     "batchnorm",
     "groupnorm",
 )
-HEADS = ("flatten", "pool", "dense_seq")
+HEADS = ("flatten", "pool", "dense_seq", "tied")
 # The batch size: equal to the sequence length T, to the width (D for sequences, W for images),
 # to the vocabulary size V (tokens), to the channels C (images), 1, or a small unrelated batch.
 BATCH_RULES = ("seq", "width", "vocab", "channels", "one", "small")
@@ -85,7 +97,7 @@ KINDS = tuple(
         + STEMS[1:]
         + SEQ_BLOCKS
         + IMAGE_BLOCKS
-        + ("flatten", "pool", "dense")
+        + ("flatten", "pool", "dense", "tied")
     )
 )
 
@@ -222,12 +234,32 @@ def generate(seed: int, exclude=None, *, stem=None, blocks=None, batch_rule=None
                 p["multiplier"] = int(_pick(rng, (1, 2)))
             if kind != "depthwise2d":
                 p["filters"] = int(_pick(rng, (2, 4)))
-        elif kind == "mha":
+        elif kind in ("mha", "causal_mha"):
             p["heads"] = int(_pick(rng, (1, 2)))
             p["key_dim"] = int(_pick(rng, (2, 3)))
+        elif kind == "permute_dense":
+            p["units"] = int(rng.integers(2, 6))  # the new sequence length
+            t = p["units"]
+        elif kind == "concat":
+            p["units"] = int(_pick(rng, (1, 2)))
+        elif kind == "conv2d_transpose":
+            p["filters"] = int(_pick(rng, (2, 4)))
+            p["kernel"] = int(rng.integers(1, 4))
+            p["strides"] = int(_pick(rng, (1, 2)))
+            p["padding"] = _pick(rng, ("same", "valid"))
+            s_ = p["strides"]
+            if p["padding"] == "same":
+                h, w = h * s_, w * s_
+            else:
+                h = (h - 1) * s_ + max(p["kernel"], s_)
+                w = (w - 1) * s_ + max(p["kernel"], s_)
         drawn.append((kind, p))
 
-    heads = [hd for hd in HEADS if (seq or hd != "dense_seq")]
+    heads = [
+        hd
+        for hd in HEADS
+        if (seq or hd != "dense_seq") and (stem == "tokens" or hd != "tied") and hd not in exclude
+    ]
     heads = [
         hd
         for hd in heads
@@ -260,6 +292,17 @@ class TokenAndPosition(keras.layers.Layer):
         return x + self.pos(ops.arange(ops.shape(ids)[-1]))
 
 
+class TiedLogits(keras.layers.Layer):
+    """``x @ embedding.T``: the token embedding table reused as the output projection."""
+
+    def __init__(self, embedding, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embedding
+
+    def call(self, x):
+        return ops.matmul(x, ops.transpose(self.embedding.embeddings))
+
+
 def _norm(kind, channels):
     rnd = keras.initializers.RandomNormal(stddev=0.5)
     if kind == "layernorm":
@@ -290,7 +333,8 @@ def build_model(arch: Arch, dtype: str):
     with zoo.dtype_policy(dtype):
         if arch.stem == "tokens":
             inp = keras.Input((d["T"],), dtype="int32")
-            x = TokenAndPosition(d["V"], d["T"], d["D"], position=bool(d["pos"]))(inp)
+            embed = TokenAndPosition(d["V"], d["T"], d["D"], position=bool(d["pos"]))
+            x = embed(inp)
         elif arch.stem == "sequence":
             inp = keras.Input((d["T"], d["D"]))
             x = inp
@@ -314,6 +358,8 @@ def build_model(arch: Arch, dtype: str):
                     "max": keras.layers.GlobalMaxPooling1D,
                 }
             x = keras.layers.Dense(hp["units"])(pool[hp["op"]]()(x))
+        elif head == "tied":  # per-token logits from the token embedding table, transposed
+            x = TiedLogits(embed.tok)(keras.layers.Dense(d["D"])(x))
         else:  # dense_seq: per-token outputs
             x = keras.layers.Dense(hp["units"])(x)
         return keras.Model(inp, x)
@@ -336,6 +382,33 @@ def _block(kind, p, x, image):
     if kind == "mha":
         att = L.MultiHeadAttention(num_heads=p["heads"], key_dim=p["key_dim"])(x, x)
         return L.Add()([x, att])
+    if kind == "causal_mha":  # keys and values from a projection of x, causal mask
+        kv = L.Dense(c, activation="tanh")(x)
+        att = L.MultiHeadAttention(num_heads=p["heads"], key_dim=p["key_dim"])(
+            x, kv, use_causal_mask=True
+        )
+        return L.Add()([x, att])
+    if kind == "permute_dense":  # a Dense that mixes the sequence axis
+        h = L.Dense(p["units"], activation="tanh")(L.Permute((2, 1))(x))
+        return L.Permute((2, 1))(h)
+    if kind == "glu":
+        gate = L.Dense(c, activation="sigmoid")(x)
+        return L.Multiply()([x, gate])
+    if kind == "concat":
+        side = (
+            L.Conv2D(p["units"], 1, activation="tanh")(x)
+            if image
+            else L.Dense(p["units"], activation="tanh")(x)
+        )
+        return L.Concatenate()([x, side])
+    if kind == "conv2d_transpose":
+        return L.Conv2DTranspose(
+            p["filters"],
+            p["kernel"],
+            strides=p["strides"],
+            padding=p["padding"],
+            activation="tanh",
+        )(x)
     if kind == "residual":
         inner = (
             L.Conv2D(c, 3, padding="same", activation="tanh")
