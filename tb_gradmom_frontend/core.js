@@ -602,3 +602,52 @@ export function evenSample(items, max) {
   for (let k = 0; k < max; k++) out.push(items[Math.round((k * (items.length - 1)) / (max - 1))]);
   return out;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Groups: one per summary.moments call (docs/format.md, "Groups: several calls per step").
+
+/** The whole-model tag of a group ("_model", or "<group>/_model"), as metadata.model_tag. */
+export function modelTag(group) {
+  return group ? `${group}/_model` : "_model";
+}
+
+/** A group's readable name: its name, or "(no name)" for the unprefixed group. */
+export function groupLabel(group) {
+  return group ? group : "(no name)";
+}
+
+/** The groups (sorted, "" first) that have a whole-model tag in any of `runs`; `groups` is /tags' `groups`. */
+export function groupsOf(groups, runs) {
+  const out = new Set();
+  for (const r of runs) for (const g of Object.keys(groups?.[r] ?? {})) out.add(g);
+  return [...out].sort();
+}
+
+/**
+ * A robust x range of binned data: the bins from the one holding the `lo` quantile to the one
+ * holding the `hi` quantile of all counts together (the ridges' x range: a few tiny or huge
+ * values, e.g. 1e-36 next to 1e-4, would otherwise squeeze every ridge into a few pixels).
+ * Returns {first, last} bin indices (inclusive) and `outside`, the count left out; null if
+ * there are no counts.
+ */
+export function robustBinRange(countsList, lo = 0.005, hi = 0.995) {
+  if (!countsList.length) return null;
+  const total = new Array(countsList[0].length).fill(0);
+  for (const counts of countsList) counts.forEach((c, k) => { total[k] += c; });
+  const sum = total.reduce((a, b) => a + b, 0);
+  if (!(sum > 0)) return null;
+  let acc = 0;
+  let first = -1;
+  let last = total.length - 1;
+  for (let k = 0; k < total.length; k++) {
+    acc += total[k];
+    if (first < 0 && acc > lo * sum) first = k;
+    if (acc >= hi * sum) {
+      last = k;
+      break;
+    }
+  }
+  first = Math.max(0, first);
+  const inside = total.slice(first, last + 1).reduce((a, b) => a + b, 0);
+  return { first, last, outside: sum - inside };
+}

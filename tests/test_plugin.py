@@ -1293,3 +1293,98 @@ def test_stats_table_split_equals_stats_split_stats_tensor(env):
         for f in metadata.STATS_FIELDS:
             assert s.sums[f][i] == pytest.approx(sums[f], rel=1e-7, nan_ok=True)
         np.testing.assert_array_equal(s.hist_counts[i], counts)
+
+
+# ----------------------------------------------------------------------------- groups
+
+_GAN_SCRIPT = """
+import pathlib, sys, warnings
+sys.path.insert(0, sys.argv[1])
+from test_summary import _gan
+warnings.simplefilter("ignore")
+root = pathlib.Path(sys.argv[2])
+_gan(root / "default")
+_gan(root / "named", names=("discriminator", "generator"))
+"""
+
+
+def write_gan_logdir(path) -> None:
+    """Two GAN-style runs (two `summary.moments` calls per step on one writer, steps 0-2):
+    ``default`` without ``name=`` (groups ``""`` and ``moments_1``) and ``named``
+    (``discriminator``, ``generator``), written by tests/test_summary.py's ``_gan``."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    subprocess.run(
+        [sys.executable, "-c", _GAN_SCRIPT, HERE, str(path)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def gan_env(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gan_logdir")
+    write_gan_logdir(d)
+    from tb_gradmom import data
+
+    client, plugin, _ = make_app(str(d))
+    return client, data.load(str(d))
+
+
+def test_groups_are_listed_and_served_apart(gan_env):
+    """Each `summary.moments` call is a group: /tags lists each run's groups (whole-model tag
+    and steps) and each variable's group; /summary?group= gives that group's variables and its
+    whole-model row only; /series serves each group's whole-model tag."""
+    client, loaded = gan_env
+    tags = get_json(client, "tags")
+    groups = tags["groups"]
+    assert set(groups) == {"default", "named"}
+    assert {g: v["tag"] for g, v in groups["default"].items()} == {
+        "": "_model",
+        "moments_1": "moments_1/_model",
+    }
+    assert {g: v["tag"] for g, v in groups["named"].items()} == {
+        "discriminator": "discriminator/_model",
+        "generator": "generator/_model",
+    }
+    assert all(v["steps"] == [0, 1, 2] for r in groups.values() for v in r.values())
+    # The unnamed group is also the old `model` entry; a run without `_model` has none.
+    assert tags["model"] == {"default": {"steps": [0, 1, 2]}}
+    for run, want in (("default", {"", "moments_1"}), ("named", {"discriminator", "generator"})):
+        run_tags = tags["runs"][run]
+        assert {t["group"] for t in run_tags.values()} == want
+        for tag, info in run_tags.items():
+            prefix = info["group"] + "/" if info["group"] else ""
+            assert tag.startswith(prefix), tag
+            if not prefix:
+                assert not tag.startswith("moments_1/"), tag
+    for run, group in (
+        ("default", ""),
+        ("default", "moments_1"),
+        ("named", "generator"),
+        ("named", "discriminator"),
+    ):
+        s = get_json(client, "summary", run=run, group=group)
+        want = {t for t, i in tags["runs"][run].items() if i["group"] == group}
+        assert {r["tag"] for r in s["rows"]} == want and want
+        model_tag = metadata.model_tag(group)
+        assert s["model"]["tag"] == model_tag and s["group"] == group
+        # The group's model row is its own call's sums: the sum over its variables' |m|^2.
+        rec = loaded[run][model_tag][-1]
+        assert s["model"]["grad_norm_sq"] == pytest.approx(rec.stats["sum_m2"])
+        assert s["model"]["grad_norm_sq"] == pytest.approx(
+            sum(loaded[run][t][-1].stats["sum_m2"] for t in want), rel=1e-5
+        )
+        series = get_json(client, "series", run=run, tag=model_tag)
+        assert series["steps"] == [0, 1, 2]
+        got = nums(series["values"]["grad_norm_sq"])
+        np.testing.assert_allclose(got, [r.stats["sum_m2"] for r in loaded[run][model_tag]])
+    # Without group=, every variable (the old payload); the model row is `_model` if any.
+    everything = get_json(client, "summary", run="named")
+    assert {r["tag"] for r in everything["rows"]} == set(tags["runs"]["named"])
+    assert everything["model"] is None and "group" not in everything
+    # The table's column tooltips come from stats.STATISTICS.
+    assert everything["statistics"]["snr"] == stats.STATISTICS["gsnr_mean"].as_dict()
+    # An unknown group names the run's groups.
+    r = get(client, "summary", status=404, run="named", group="nope")
+    assert "'discriminator', 'generator'" in r.get_data(as_text=True)

@@ -51,6 +51,14 @@ MAX_GRID = 4096  # the largest max_rows / max_cols a heatmap may ask for
 MAX_BINS = reductions.MAX_BINS
 EXPORT_WHAT = ("heatmap", "histogram", "series", "moments")
 EXPORT_FORMATS = ("csv", "json", "npy")
+# The /summary columns that are derived statistics, and their `stats.STATISTICS` entries.
+SUMMARY_STATISTICS = {
+    "total_variance": "total_variance",
+    "snr": "gsnr_mean",
+    "noise_scale": "noise_scale",
+    "grad_norm_sq": "grad_norm_sq",
+    "norm_test": "norm_test",
+}
 
 
 def _route(fn):
@@ -87,6 +95,29 @@ def _bad(e: ValueError) -> errors.InvalidArgumentError:
 def _safe_name(s: str) -> str:
     s = re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("._")
     return s[:80] or "x"
+
+
+def _groups_of(ri) -> list[str]:
+    """The groups of a run: the prefix of each whole-model stats tag (``""`` for ``_model``).
+
+    One `summary.moments` call writes one group (docs/format.md, "Groups").
+    """
+    suffix = metadata.STATS_SUFFIX
+    names = []
+    for st in ri.stats:
+        tag = st[: -len(suffix)] if st.endswith(suffix) else None
+        if tag is not None and metadata.is_model_tag(tag):
+            names.append(tag[: -len(metadata.MODEL_TAG)].rstrip("/"))
+    return sorted(names)
+
+
+def _group_of(tag: str, names) -> str:
+    """The group a variable tag belongs to: the longest group name that prefixes it, or ``""``."""
+    best = ""
+    for name in names:
+        if name and tag.startswith(name + "/") and len(name) > len(best):
+            best = name
+    return best
 
 
 class GradMomentsPlugin(base_plugin.TBPlugin):
@@ -176,6 +207,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         """
         runs: dict = {}
         model: dict = {}
+        groups: dict = {}
         if index is None:
             index = self._reader.index(ctx, experiment)
         for run, ri in sorted(index.items()):
@@ -185,6 +217,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 else {}
             )
             tags = {}
+            names = _groups_of(ri)
             for tag, entry in sorted(ri.moments.items()):
                 st = ri.stats_for(tag)
                 s = series.get(st.tag) if st is not None else None
@@ -206,12 +239,20 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                     "dtype": c.dtype,
                     "steps": steps,
                     "has_stats": s is not None,
+                    "group": _group_of(tag, names),
                 }
             runs[run] = tags
             ms = series.get(metadata.stats_tag(metadata.MODEL_TAG))
             if ms is not None:
                 model[run] = {"steps": ms.steps}
-        return {"runs": runs, "model": model}
+            run_groups = {}
+            for name in names:
+                gs = series.get(metadata.stats_tag(metadata.model_tag(name)))
+                if gs is not None:
+                    run_groups[name] = {"tag": metadata.model_tag(name), "steps": gs.steps}
+            if run_groups:
+                groups[run] = run_groups
+        return {"runs": runs, "model": model, "groups": groups}
 
     def _moment_steps(self, ctx, experiment, entry) -> list[int]:
         # Only for a moments tag logged without its stats tag (not what the writer does).
@@ -550,11 +591,26 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         ctx, experiment = self._ctx(request)
         run = _params.string(request, "run", required=True)
         step = _params.step(request)
-        return self._json(request, self.summary_impl(ctx, experiment, run=run, step=step))
+        group = _params.string(request, "group", default=None)
+        return self._json(
+            request, self.summary_impl(ctx, experiment, run=run, step=step, group=group)
+        )
 
-    def summary_impl(self, ctx, experiment, *, run, step) -> dict:
-        """One row per moments tag (and the model) at ``step`` (None: each tag's latest)."""
+    def summary_impl(self, ctx, experiment, *, run, step, group=None) -> dict:
+        """One row per moments tag (and the model) at ``step`` (None: each tag's latest).
+
+        ``group`` (None: every variable and the ``_model`` row): only the variables of that
+        group of tags (``""`` the unprefixed one) and its whole-model row
+        (`metadata.model_tag`).
+        """
         ri = self._reader.run_index(ctx, experiment, run)
+        names = _groups_of(ri)
+        if group is not None and group not in names:
+            shown = ", ".join(repr(g) for g in sorted(names)) or "none"
+            raise errors.NotFoundError(
+                f"run {run!r} has no group {group!r} (no whole-model tag "
+                f"{metadata.stats_tag(metadata.model_tag(group))!r}); its groups: {shown}"
+            )
         series = self._reader.stats_series(ctx, experiment, list(ri.stats.values()))
 
         def row(tag, s, extra):
@@ -590,6 +646,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         rows = []
         found = False
         for tag, entry in sorted(ri.moments.items()):
+            if group is not None and _group_of(tag, names) != group:
+                continue
             st = ri.stats_for(tag)
             c = entry.content
             r, ok = row(
@@ -605,17 +663,28 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             rows.append(r)
             found = found or ok
         model = None
-        ms = series.get(metadata.stats_tag(metadata.MODEL_TAG))
+        model_tag = metadata.model_tag(group)
+        ms = series.get(metadata.stats_tag(model_tag))
         if ms is not None:
             last = float(ms.sums["num_elements"][-1]) if ms.steps.size else math.nan
             size = int(last) if math.isfinite(last) and 0 <= last < 2**63 else None
-            model, ok = row(
-                metadata.MODEL_TAG, ms, {"layer": "", "op": "", "shape": None, "size": size}
-            )
+            model, ok = row(model_tag, ms, {"layer": "", "op": "", "shape": None, "size": size})
             found = found or ok
         if step is not None and not found:
             raise errors.NotFoundError(f"run {run!r} has no Grad Moments stats at step {step}")
-        return {"run": run, "step": step, "rows": rows, "model": model}
+        out = {
+            "run": run,
+            "step": step,
+            "rows": rows,
+            "model": model,
+            # What the numeric columns are (the table's header tooltips): `snr` is gsnr_mean.
+            "statistics": {
+                col: stats.STATISTICS[key].as_dict() for col, key in SUMMARY_STATISTICS.items()
+            },
+        }
+        if group is not None:
+            out["group"] = group
+        return out
 
     # ------------------------------------------------------------------------ /export
 

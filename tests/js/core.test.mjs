@@ -255,3 +255,26 @@ test("argmaxRow and evenSample", () => {
   assert.deepEqual(c.evenSample([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 4), [0, 3, 6, 9]);
   assert.deepEqual(c.evenSample([1, 2], 4), [1, 2]);
 });
+
+test("groups: model tags, labels, the groups of the shown runs", () => {
+  assert.equal(core.modelTag(""), "_model");
+  assert.equal(core.modelTag("generator"), "generator/_model");
+  assert.equal(core.groupLabel(""), "(no name)");
+  assert.equal(core.groupLabel("moments_1"), "moments_1");
+  const groups = { a: { "": {}, generator: {} }, b: { moments_1: {} }, c: {} };
+  assert.deepEqual(core.groupsOf(groups, ["a", "b"]), ["", "generator", "moments_1"]);
+  assert.deepEqual(core.groupsOf(groups, ["b", "c", "missing"]), ["moments_1"]);
+  assert.deepEqual(core.groupsOf(undefined, ["a"]), []);
+});
+
+test("robustBinRange leaves out the tails of the pooled counts", () => {
+  // 1 tiny value in bin 0, 1 huge in bin 9, the bulk in bins 3-6 over two steps.
+  const a = [1, 0, 0, 100, 200, 0, 0, 0, 0, 0];
+  const b = [0, 0, 0, 0, 150, 149, 100, 0, 0, 1];
+  assert.deepEqual(core.robustBinRange([a, b]), { first: 3, last: 6, outside: 2 });
+  assert.deepEqual(core.robustBinRange([[0, 5, 0]]), { first: 1, last: 1, outside: 0 });
+  assert.equal(core.robustBinRange([[0, 0]]), null);
+  assert.equal(core.robustBinRange([]), null);
+  // Wider quantiles keep everything.
+  assert.deepEqual(core.robustBinRange([a, b], 0, 1), { first: 0, last: 9, outside: 0 });
+});
