@@ -52,8 +52,6 @@ The load average (`os.getloadavg`) is recorded at the start and end of every mod
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import os
 import re
@@ -240,26 +238,15 @@ def make_steps(model, variants=("plain", "moments", "vmap")) -> dict:
     return {k: steps[k] for k in variants}
 
 
-@contextlib.contextmanager
 def spy_prepare():
-    """Collects the `Prepared` objects `gradients_and_moments` builds while tracing."""
-    core = importlib.import_module("tb_gradmom._core")
-    orig = getattr(core, "prepare", None)
-    seen: list = []
-    if orig is None:
-        yield seen
-        return
+    """Collects the `Prepared` objects `gradients_and_moments` builds while tracing (the zoo
+    test's spy, `tests.zoo_worker.spy_prepare`)."""
+    root = os.path.dirname(HERE)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from tests.zoo_worker import spy_prepare as spy
 
-    def spy(*args, **kwargs):
-        out = orig(*args, **kwargs)
-        seen.append(out)
-        return out
-
-    core.prepare = spy
-    try:
-        yield seen
-    finally:
-        core.prepare = orig
+    return spy()
 
 
 def paths_of(prepared) -> list[dict]:
