@@ -132,7 +132,7 @@ def test_dynamic_batch_and_small_chunks(case_id):
 
 
 def test_old_tf1_conv_rule_counterexample():
-    """MATH.md's counter-example: two positions, inputs [1, 1], output gradients [1, -1].
+    """The counter-example of docs/math.md: two positions, inputs [1, 1], output gradients [1, -1].
 
     The true per-example filter gradient is 0, so its square is 0; raising patches and output
     gradients to the power first (the TF1 rule) gives 2.
