@@ -41,7 +41,7 @@ const numbers = (a) => decodeArray(a ?? []);
 /** GET tags: {runs: {run: {tag: info}}, model: {run: {steps}}}. */
 export async function fetchTags(signal) {
   const d = await getJSON("tags", {}, signal);
-  return { runs: d.runs ?? {}, model: d.model ?? {} };
+  return { runs: d.runs ?? {}, model: d.model ?? {}, groups: d.groups ?? {} };
 }
 
 /** GET heatmap: the statistic of one variable at one step, values decoded to a Float64Array. */
@@ -86,8 +86,8 @@ function summaryRow(r) {
 }
 
 /** GET summary: one row per variable at a step, and the whole model's row (or null). */
-export async function fetchSummary({ run, step }, signal) {
-  const d = await getJSON("summary", { run, step }, signal);
+export async function fetchSummary({ run, step, group }, signal) {
+  const d = await getJSON("summary", { run, step, group }, signal);
   return { ...d, rows: (d.rows ?? []).map(summaryRow), model: d.model ? summaryRow(d.model) : null };
 }
 

@@ -5,7 +5,8 @@
 
 import * as api from "./api.js";
 import {
-  COLORMAPS, STAT_LABELS, THEMES, argmaxRow, availableStats, defaultView, filterTags, nearestStep, runColors,
+  COLORMAPS, STAT_LABELS, THEMES, argmaxRow, availableStats, defaultView, filterTags, groupLabel, groupsOf, modelTag,
+  nearestStep, runColors,
 } from "./core.js";
 import { h, select } from "./views/common.js";
 import { CurvesView, METRICS } from "./views/curves.js";
@@ -13,7 +14,6 @@ import { HeatmapView } from "./views/heatmap.js";
 import { HistogramView } from "./views/histogram.js";
 import { TableView } from "./views/table.js";
 
-const MODEL_TAG = "_model";
 const RELOAD_MS = 30000; // TensorBoard's default reload period
 // The noise curves' default smoothing. Higher than TensorBoard's 0.6 for raw scalars: these are
 // ratios of estimates logged every N steps, and 0.9 averages about ten logged steps.
@@ -52,7 +52,7 @@ class App {
   constructor(root) {
     this.root = root;
     this.state = {
-      runs: {}, model: {}, runList: [], checked: new Set(), known: new Set(),
+      runs: {}, model: {}, groups: {}, group: "", runList: [], checked: new Set(), known: new Set(),
       run: null, tag: null, filter: "", stat: "variance", ...defaultView("variance"),
       step: null, follow: true, histMode: "step", histLog: false, metric: "noise_scale", logy: false,
       smoothing: DEFAULT_SMOOTHING, statistics: {}, landed: false,
@@ -206,6 +206,7 @@ class App {
     const s = this.state;
     s.runs = data.runs;
     s.model = data.model;
+    s.groups = data.groups;
     s.runList = [...new Set([...Object.keys(data.runs), ...Object.keys(data.model)])].sort();
     for (const r of s.runList) {
       if (!s.known.has(r)) {
@@ -226,6 +227,7 @@ class App {
     }
     this.setStatus("");
     if (!withTags.includes(s.run)) s.run = withTags[0];
+    this.ensureGroup();
     this.ensureTag();
     if (s.follow) s.step = null;
     this.renderRuns();
@@ -240,8 +242,28 @@ class App {
     this.el.status.hidden = !text;
   }
 
+  /** The groups (one per summary.moments call) with a whole-model tag in the shown runs. */
+  groupList() {
+    const s = this.state;
+    return groupsOf(s.groups, s.runList.filter((r) => s.checked.has(r) || r === s.run));
+  }
+
+  /** Whether the tab shows one group at a time (more than one whole-model tag is shown). */
+  grouped() {
+    return this.groupList().length > 1;
+  }
+
+  /** Keeps the chosen group one of the shown runs' groups (the first, "" when it exists). */
+  ensureGroup() {
+    const groups = this.groupList();
+    if (groups.length && !groups.includes(this.state.group)) this.state.group = groups[0];
+  }
+
+  /** The variables of a run, only the chosen group's when the tab shows groups. */
   tagsOf(run) {
-    return Object.keys(this.state.runs[run] ?? {}).sort();
+    const info = this.state.runs[run] ?? {};
+    const grouped = this.grouped();
+    return Object.keys(info).filter((t) => !grouped || (info[t].group ?? "") === this.state.group).sort();
   }
 
   tagInfo() {
@@ -283,7 +305,11 @@ class App {
       box.addEventListener("change", () => {
         if (box.checked) s.checked.add(run);
         else s.checked.delete(run);
-        this.loadCurves();
+        const group = s.group;
+        const wasGrouped = this.grouped();
+        this.ensureGroup();
+        if (group !== s.group || wasGrouped !== this.grouped()) this.selectGroup(s.group);
+        else this.loadCurves();
       });
       return h("label", { class: `run-row ${run === s.run ? "active" : ""}`, title: run }, [
         box,
@@ -343,7 +369,10 @@ class App {
     reload.addEventListener("click", () => this.reload());
 
     this.el.toolbar.replaceChildren(
-      field("Run", select(withTags, s.run, (v) => { s.run = v; this.ensureTag(); this.renderRuns(); this.renderTags(); this.renderToolbar(); this.loadViews(); }, { class: "run-select" })),
+      field("Run", select(withTags, s.run, (v) => { s.run = v; this.ensureGroup(); this.ensureTag(); this.renderRuns(); this.renderTags(); this.renderToolbar(); this.loadViews(); }, { class: "run-select" })),
+      ...(this.grouped() ? [field("Model", select(this.groupList().map((g) => ({ value: g, label: groupLabel(g) })), s.group, (v) => this.selectGroup(v), {
+        class: "group-select", title: "One group per summary.moments call (name=): its whole-model curves, summary table and variables",
+      }))] : []),
       field("Statistic", select(stats, s.stat, (v) => {
         s.stat = v;
         Object.assign(s, defaultView(v));
@@ -416,6 +445,18 @@ class App {
       row("formula", st.formula), row("unit", st.unit), row("reading", st.reading),
       row("smoothing", st.smoothing), row("reference", st.reference),
     );
+  }
+
+  /** Shows another group: its model curves and table, landing on its noisiest variable. */
+  selectGroup(group) {
+    const s = this.state;
+    s.group = group;
+    s.landed = false;
+    this.ensureTag();
+    this.renderRuns();
+    this.renderTags();
+    this.renderToolbar();
+    this.loadViews();
   }
 
   selectTag(tag, scroll) {
@@ -509,7 +550,7 @@ class App {
     const tag = s.tag;
     const [layer, model] = await Promise.all([
       fetchAll(tag, (r) => !!s.runs[r]?.[tag]),
-      fetchAll(MODEL_TAG, (r) => !!s.model[r]),
+      fetchAll(modelTag(s.group), (r) => !!s.groups[r]?.[s.group]),
     ]);
     if (gen !== this.generation.curves) return;
     const common = {
@@ -519,15 +560,18 @@ class App {
     this.views.layerCurves.update({ ...common, label: tag, tag, series: layer.filter((x) => !x.error) });
     if (model.some((x) => !x.error)) {
       const ok = model.filter((x) => !x.error);
-      this.views.modelCurves.update({ ...common, label: "whole model", tag: MODEL_TAG, series: ok });
+      const label = this.grouped() ? `whole model ${groupLabel(s.group)}` : "whole model";
+      this.views.modelCurves.update({ ...common, label, tag: modelTag(s.group), series: ok });
       const loss = ok.map((x) => x.loss).filter((x) => x.values.some(Number.isFinite));
       if (loss.length) {
         this.views.lossCurves.update({
-          ...common, metric: "loss", logy: false, statistic: { name: "Training loss", unit: "" }, label: "as logged", tag: MODEL_TAG, series: loss,
+          ...common, metric: "loss", logy: false, statistic: { name: "Training loss", unit: "" },
+          label: this.grouped() ? `${groupLabel(s.group)}, as logged` : "as logged", tag: modelTag(s.group), series: loss,
         });
       } else this.views.lossCurves.showMessage("No loss logged with the moments.");
     } else {
-      this.views.modelCurves.showMessage("No whole-model statistics (_model/_stats) in the shown runs.");
+      this.views.modelCurves.showMessage(`No whole-model statistics (${modelTag(s.group)}/_stats) in the shown runs.`);
+      this.views.lossCurves.clear();
     }
     const failed = [...layer, ...model].filter((x) => x.error);
     if (failed.length) this.setStatus(`Some curves could not be loaded: ${failed.map((x) => `${x.run}: ${x.error}`).join("; ")}`, "error");
@@ -537,10 +581,12 @@ class App {
     const gen = ++this.generation.table;
     const s = this.state;
     const run = s.run;
-    const modelSteps = s.model[run]?.steps ?? this.steps();
+    const groupInfo = s.groups[run]?.[s.group];
+    const group = groupInfo ? s.group : undefined;
+    const modelSteps = groupInfo?.steps ?? this.steps();
     const step = nearestStep([...modelSteps].sort((a, b) => a - b), this.currentStep());
     try {
-      const d = await this.cached(`summary|${run}|${step}`, () => api.fetchSummary({ run, step }));
+      const d = await this.cached(`summary|${run}|${step}|${group}`, () => api.fetchSummary({ run, step, group }));
       if (gen !== this.generation.table) return;
       const { tags } = filterTags(d.rows.map((r) => r.tag), s.filter);
       const keep = new Set(tags);
@@ -556,6 +602,7 @@ class App {
       }
       this.views.table.update({
         rows: d.rows.filter((r) => keep.has(r.tag)), model: d.model, run, step, selected: s.tag, theme: this.theme, exportTheme: THEMES.light,
+        group: this.grouped() ? groupLabel(s.group) : null, statistics: d.statistics ?? {},
       });
     } catch (e) {
       if (gen === this.generation.table) this.views.table.showMessage(`Could not load the summary of run ${run}: ${e.message}`, "error");

@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tb_gradmom.stats import STATISTICS
+
 ROOT = Path(__file__).resolve().parents[1]
 FRONTEND = ROOT / "tb_gradmom_frontend"
 SHOTS = ROOT / "artifacts" / "screenshots"
@@ -435,6 +437,21 @@ def conv_index(row: int, col: int, shape) -> list[int]:
     return [row // (kw * cin), (row // cin) % kw, row % cin, col]
 
 
+def shown_view(pg) -> tuple[str, str]:
+    """The heatmap's colour map and scale as the tab's controls show them."""
+    return (
+        pg.locator("select.colormap-select").input_value(),
+        pg.locator("select.scale-select").input_value(),
+    )
+
+
+def canvas_box(pg):
+    """The heatmap canvas scrolled into the viewport (the curves come first), and its box."""
+    canvas = pg.locator(".heatmap-canvas")
+    canvas.scroll_into_view_if_needed()
+    return canvas, canvas.bounding_box()
+
+
 def check_cell_colours(canvas_png: bytes, data: dict, colormap: str, scale: str):
     """Every cell's centre pixel in a canvas screenshot has the colour map colour of its value."""
     img = decode_png(canvas_png)
@@ -520,8 +537,12 @@ def test_heatmap_pixels_have_the_colour_of_their_values(page):
     assert (data["rows"], data["cols"]) == (6, 4)
     canvas = pg.locator(".heatmap-canvas")
     assert int(canvas.get_attribute("data-rows")) == 6
-    check_cell_colours(canvas.screenshot(), data, "viridis", "linear")
+    # Variances open on a log colour scale (issue 13): every cell has its log-scale colour.
+    assert shown_view(pg) == ("viridis", "log")
+    check_cell_colours(canvas.screenshot(), data, "viridis", "log")
     shot(pg, "heatmap_dense_kernel.png")
+    choose(pg, "select.scale-select", "linear", page)
+    check_cell_colours(canvas.screenshot(), data, "viridis", "linear")
 
     # A conv kernel, another colour map, a log scale: every cell again.
     choose(pg, "select.colormap-select", "magma", page)
@@ -543,7 +564,7 @@ def test_heatmap_tooltip_shows_index_and_value(page):
     pg = open_variable_page(page, "alpha", "conv2d/kernel", "variance")
     data = heatmap_json(page, "alpha", "conv2d/kernel", "variance")
     mean = heatmap_json(page, "alpha", "conv2d/kernel", "mean")
-    box = pg.locator(".heatmap-canvas").bounding_box()
+    _, box = canvas_box(pg)
     rows, cols = data["rows"], data["cols"]
     for row, col in [(0, 0), (13, 2), (17, 4)]:
         pg.mouse.move(
@@ -598,7 +619,7 @@ def test_heatmap_exports_png_svg_csv_json(page):
     plot = img[round(2 * y0) : round(2 * (y0 + h)), round(2 * x0) : round(2 * (x0 + w))]
     buf = io.BytesIO()
     _write_png(buf, plot)
-    check_cell_colours(buf.getvalue(), data, "viridis", "linear")
+    check_cell_colours(buf.getvalue(), data, *shown_view(pg))
     ticks = [t for t in texts if re.fullmatch(r"[0-9.e-]+", t or "")]
     assert ticks, texts
 
@@ -690,14 +711,28 @@ def test_noise_curves_overlay_runs_and_export(page):
 
     _, body = download(pg, pg.locator(".curves-layer").get_by_role("button", name="CSV"))
     rows = list(csv.reader(io.StringIO(body.decode())))
-    assert rows[0] == ["run", "step", "wall_time", "noise_scale"]
+    # Smoothing is on by default: the raw per-step values and the smoothed ones, both exported.
+    smoothing = float(pg.locator("input.smoothing").input_value())
+    assert smoothing == 0.9
+    assert rows[0] == ["run", "step", "wall_time", "noise_scale", "noise_scale_smoothed"]
     for run in runs:
-        ref = get_json(page.base, "series", run=run, tag="dense/kernel")
-        got = [(int(r[1]), float(r[3])) for r in rows[1:] if r[0] == run]
-        want = list(zip(ref["steps"], map(js_value, ref["values"]["noise_scale"]), strict=True))
+        ref = get_json(page.base, "series", run=run, tag="dense/kernel", smoothing=smoothing)
+        got = [(int(r[1]), float(r[3]), float(r[4])) for r in rows[1:] if r[0] == run]
+        want = list(
+            zip(
+                ref["steps"],
+                map(js_value, ref["values"]["noise_scale"]),
+                map(js_value, ref["smoothed"]["noise_scale"]),
+                strict=True,
+            )
+        )
         assert len(got) == len(want)
-        for (s1, v1), (s2, v2) in zip(got, want, strict=True):
-            assert s1 == s2 and (v1 == v2 or (math.isnan(v1) and math.isnan(v2)))
+        for (s1, *v1), (s2, *v2) in zip(got, want, strict=True):
+            assert s1 == s2
+            for a, b in zip(v1, v2, strict=True):
+                assert a == b or (math.isnan(a) and math.isnan(b))
+        # The first smoothed step is the raw one (a bias-corrected EMA).
+        assert math.isclose(got[0][2], got[0][1], rel_tol=1e-9) or math.isnan(got[0][1])
     shot(pg, "noise_curves.png")
 
     # Hiding a run removes its line; another quantity, log y.
@@ -711,7 +746,8 @@ def test_noise_curves_overlay_runs_and_export(page):
     pg.check("input.curves-log")
     page.settle()
     titles = pg.locator(".curves-layer text.title").all_text_contents()
-    assert titles and titles[0].startswith("total variance")
+    want_title = get_json(page.base, "series", run="alpha")["statistics"]["total_variance"]["name"]
+    assert titles and titles[0].startswith(want_title), titles
     _, png = download(pg, pg.locator(".curves-model").get_by_role("button", name="PNG"))
     assert decode_png(png).shape[0] > 100
 
@@ -727,6 +763,13 @@ def test_summary_table_sorts_and_opens_heatmap(page):
     order = [rows.nth(k).get_attribute("data-tag") for k in range(rows.count())]
     want = [r["tag"] for r in sorted(ref["rows"], key=lambda r: -js_value(r["total_variance"]))]
     assert order == want
+    # The statistics' headers explain them (name, meaning, formula, reference) from the backend.
+    for key, stat in (("noise_scale", "noise_scale"), ("snr", "gsnr_mean")):
+        title = pg.locator(f'table.summary th[data-key="{key}"]').get_attribute("title")
+        st = ref["statistics"][key]
+        assert st == STATISTICS[stat].as_dict()
+        assert title.startswith(f"{st['name']}: {st['meaning']}.") and st["formula"] in title
+        assert st["reference"] in title, title
     pg.click('table.summary th[data-key="size"]')
     order = [rows.nth(k).get_attribute("data-tag") for k in range(rows.count())]
     assert order == [r["tag"] for r in sorted(ref["rows"], key=lambda r: -js_value(r["size"]))]
@@ -759,7 +802,7 @@ def test_summary_table_sorts_and_opens_heatmap(page):
     assert pg.locator(".tag-list button.selected").get_attribute("data-tag") == "dense/bias"
     bias = heatmap_json(page, "alpha", "dense/bias", "variance")
     assert (bias["rows"], bias["cols"]) == (1, 4)
-    check_cell_colours(pg.locator(".heatmap-canvas").screenshot(), bias, "viridis", "linear")
+    check_cell_colours(pg.locator(".heatmap-canvas").screenshot(), bias, *shown_view(pg))
     shot(pg, "summary_and_bias_heatmap.png")
 
 
@@ -786,7 +829,7 @@ def test_regex_filter_and_step_slider(page):
     assert pg.locator("output.step-value").inner_text() == str(sorted(steps)[1])
     data = heatmap_json(page, "alpha", "dense/kernel", "variance", step=sorted(steps)[1])
     assert f"step {sorted(steps)[1]}" in pg.locator("#heatmap-card text.subtitle").text_content()
-    check_cell_colours(pg.locator(".heatmap-canvas").screenshot(), data, "viridis", "linear")
+    check_cell_colours(pg.locator(".heatmap-canvas").screenshot(), data, *shown_view(pg))
 
 
 def test_html_run_name_is_text(page):
@@ -828,9 +871,9 @@ def test_heatmap_zoom_keeps_cells_and_colours(page):
     assert (rows, cols) == (96, 64)
     values = [js_value(v) for v in data["values"]]
     lo, hi = min(values), max(values)
-    lut = colormap_lut("viridis")
-    canvas = pg.locator(".heatmap-canvas")
-    box = canvas.bounding_box()
+    colormap, scale = shown_view(pg)
+    lut = colormap_lut(colormap)
+    canvas, box = canvas_box(pg)
     row, col = 30, 17
     x = box["x"] + (col + 0.5) * box["width"] / cols
     y = box["y"] + (row + 0.5) * box["height"] / rows
@@ -851,7 +894,7 @@ def test_heatmap_zoom_keeps_cells_and_colours(page):
     pg.mouse.move(0, 0)
     img = decode_png(canvas.screenshot())
     got = tuple(int(c) for c in img[int(y - box["y"]), int(x - box["x"]), :3])
-    assert got == expected_colour(values[row * cols + col], lo, hi, lut)
+    assert got == expected_colour(values[row * cols + col], lo, hi, lut, scale)
     shot(pg, "heatmap_zoomed.png")
     pg.dblclick(".heatmap-canvas")
     pg.wait_for_function("() => window.gradmom.views.heatmap.transform.k === 1")
@@ -863,8 +906,8 @@ def test_pooled_variable_shows_block_ranges(page):
     assert data["pooled"] and data["block"] != [1, 1]
     br, bc = data["block"]
     r_total, c_total = data["grid_shape"]
-    check_cell_colours(pg.locator(".heatmap-canvas").screenshot(), data, "viridis", "linear")
-    box = pg.locator(".heatmap-canvas").bounding_box()
+    canvas, box = canvas_box(pg)
+    check_cell_colours(canvas.screenshot(), data, *shown_view(pg))
     row, col = data["rows"] - 1, data["cols"] - 1  # the last block may be cut by the edge
     pg.mouse.move(
         box["x"] + (col + 0.5) * box["width"] / data["cols"],
@@ -896,10 +939,9 @@ def test_demo_runs_render_with_right_colours(page):
         for tag in sorted(tags["runs"][run]):
             open_variable(page, run, tag, "variance")
             data = heatmap_json(page, run, tag, "variance")
-            canvas = pg.locator(".heatmap-canvas")
-            box = canvas.bounding_box()
+            canvas, box = canvas_box(pg)
             if box["height"] / data["rows"] >= 2 and box["width"] / data["cols"] >= 2:
-                check_cell_colours(canvas.screenshot(), data, "viridis", "linear")
+                check_cell_colours(canvas.screenshot(), data, *shown_view(pg))
                 checked += 1
             if len(data["shape"]) == 4:  # a conv kernel: the tooltip names [i, j, c_in, c_out]
                 row, col = data["rows"] - 1, data["cols"] - 1

@@ -33,6 +33,11 @@ export class CurvesView {
     message(this.container, text, kind);
   }
 
+  clear() {
+    this.model = null;
+    this.container.replaceChildren();
+  }
+
   /**
    * model: {label (what the curves are of), tag, metric, logy, smoothing, statistic (the
    * backend's explanation, or null), series: [{run, color, steps, values (numbers), smoothed

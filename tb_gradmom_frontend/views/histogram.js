@@ -2,19 +2,13 @@
 // offset ("ridge") view in the manner of TensorBoard's histogram dashboard; linear or log x.
 
 import * as d3 from "../vendor/d3.js";
-import { formatTick, histogramStepsLabel, linePath, toCSV } from "../core.js";
+import { evenSample, formatTick, histogramStepsLabel, linePath, robustBinRange, toCSV } from "../core.js";
 import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 66 };
-const MAX_RIDGES = 60;
-
-/** At most `n` series, evenly spaced over the steps, always keeping the first and the last. */
-export function thinSeries(series, n = MAX_RIDGES) {
-  if (series.length <= n) return series;
-  const out = [];
-  for (let k = 0; k < n; k++) out.push(series[Math.round((k * (series.length - 1)) / (n - 1))]);
-  return out;
-}
+// At most this many ridges (evenly spaced steps, first and last kept): about 7 px apart at the
+// plot's height, so each stays readable.
+export const MAX_RIDGES = 40;
 
 export class HistogramView {
   constructor(container) {
@@ -53,9 +47,18 @@ export class HistogramView {
     const svg = newFigure(width, height, theme);
     const series = [...data.series].sort((a, b) => a.step - b.step);
     const log = data.scale === "log";
-    drawTitle(svg, `Histogram of ${stat} over the elements of ${tag}`,
-      `run ${run} · ${histogramStepsLabel(data, mode)} · ${data.edges.length - 1} bins${log ? " · log x" : ""}`,
-      theme);
+    const shown = mode === "steps" ? evenSample(series, MAX_RIDGES) : series.slice(-1);
+    // The ridges' x range: the bins holding the 0.5-99.5 % quantiles of the shown counts (a few
+    // extreme values would otherwise squeeze the data into a few pixels); the rest is counted.
+    const full = { first: 0, last: data.edges.length - 2, outside: 0 };
+    const range = (mode === "steps" ? robustBinRange(shown.map((s) => s.counts)) : null) ?? full;
+    const notes = [
+      histogramStepsLabel(data, mode),
+      shown.length < series.length ? `${shown.length} of ${series.length} steps drawn` : "",
+      `${data.edges.length - 1} bins${log ? " · log x" : ""}`,
+      range.outside ? `x: 0.5–99.5 % of the values, ${range.outside} outside` : "",
+    ].filter(Boolean);
+    drawTitle(svg, `Histogram of ${stat} over the elements of ${tag}`, `run ${run} · ${notes.join(" · ")}`, theme);
     if (!series.length || data.edges.length < 2) {
       svg.append("text").attr("x", width / 2).attr("y", height / 2).attr("text-anchor", "middle")
         .attr("fill", theme.muted).text("no finite values to bin");
@@ -63,13 +66,15 @@ export class HistogramView {
     }
     const plotW = width - MARGIN.left - MARGIN.right;
     const plotH = height - MARGIN.top - MARGIN.bottom;
-    const edges = data.edges;
+    // Only the bins of the robust range are drawn.
+    const edges = data.edges.slice(range.first, range.last + 2);
+    const clip = (counts) => counts.slice(range.first, range.last + 1);
     const x = (log ? d3.scaleLog() : d3.scaleLinear()).domain([edges[0], edges[edges.length - 1]]).range([0, plotW]);
     const g = svg.append("g").attr("transform", `translate(${MARGIN.left},${MARGIN.top})`);
     const xlabel = `${stat}${log ? " (log scale)" : ""}`;
 
     if (mode !== "steps") {
-      const counts = series[series.length - 1].counts;
+      const counts = clip(series[series.length - 1].counts);
       const y = d3.scaleLinear().domain([0, Math.max(1, ...counts)]).nice().range([plotH, 0]);
       drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, { orient: "bottom", log, theme, label: xlabel, count: Math.floor(plotW / 80) });
       drawAxis(g.append("g"), y, { orient: "left", theme, label: "elements", gridLength: plotW, count: 5, tickValues: y.ticks(5).filter(Number.isInteger) });
@@ -85,8 +90,7 @@ export class HistogramView {
     }
 
     // Offset view: oldest step at the top, newest in front at the bottom.
-    const shown = thinSeries(series);
-    const maxCount = Math.max(1, ...shown.flatMap((s) => s.counts));
+    const maxCount = Math.max(1, ...shown.flatMap((s) => clip(s.counts)));
     // Each ridge is OVERLAP times as tall as the spacing between baselines (the oldest at the
     // top, its ridge fully inside the plot): ridgeH = OVERLAP * (plotH - ridgeH) / (n - 1).
     const OVERLAP = 2.5;
@@ -103,7 +107,7 @@ export class HistogramView {
     shown.forEach((s, idx) => {
       const base = yStep(s.step);
       const pts = [[x(edges[0]), base]];
-      s.counts.forEach((c, k) => {
+      clip(s.counts).forEach((c, k) => {
         const top = base - (c / maxCount) * ridgeH;
         pts.push([x(edges[k]), top], [x(edges[k + 1]), top]);
       });

@@ -13,6 +13,20 @@ export const COLUMNS = [
   { key: "batch_size", label: "batch", numeric: true },
 ];
 
+const PLAIN_TITLES = {
+  tag: "The variable's tag (its path without the model's name); a click on a row opens its heatmap",
+  size: "Number of scalar parameters of the variable",
+  batch_size: "n, the number of examples the moments average over at this step",
+};
+
+/** A column header's tooltip: the backend's explanation of the statistic (stats.STATISTICS). */
+export function columnTitle(key, statistics) {
+  const st = statistics?.[key];
+  if (!st) return PLAIN_TITLES[key] ?? key;
+  return [`${st.name}: ${st.meaning}.`, `Formula: ${st.formula}`, st.unit && `Unit: ${st.unit}`,
+    st.reading && `Reading: ${st.reading}`, st.reference && `Reference: ${st.reference}`].filter(Boolean).join("\n");
+}
+
 const cellText = (col, v) => (v === null || v === undefined ? "–" : col.numeric ? (col.key === "size" || col.key === "batch_size" ? formatValue(v, 12) : formatValue(v, 4)) : String(v));
 
 export class TableView {
@@ -30,7 +44,11 @@ export class TableView {
     message(this.container, text, kind);
   }
 
-  /** model: {rows, model (the whole model's row or null), run, step, selected, theme, exportTheme}. */
+  /**
+   * model: {rows, model (the whole model's row or null), run, step, selected, group (its label
+   * when the tab shows one group of several, else null), statistics (the columns'
+   * explanations, from /summary), theme, exportTheme}.
+   */
   update(model) {
     this.model = model;
     this.render();
@@ -48,6 +66,7 @@ export class TableView {
         class: `${col.numeric ? "num" : ""} ${active ? "sorted" : ""}`, scope: "col", tabindex: 0, role: "columnheader",
         "aria-sort": active ? (this.descending ? "descending" : "ascending") : "none",
         "data-key": col.key,
+        title: columnTitle(col.key, this.model.statistics),
         text: `${col.label}${active ? (this.descending ? " ▼" : " ▲") : ""}`,
       });
       const sort = () => {
@@ -71,10 +90,10 @@ export class TableView {
     }));
     const whole = this.model.model;
     const foot = whole && h("tfoot", {}, [h("tr", { class: "model-row" },
-      COLUMNS.map((col) => h("td", { class: col.numeric ? "num" : "tag-cell", text: col.key === "tag" ? "whole model" : cellText(col, whole[col.key]) })))]);
+      COLUMNS.map((col) => h("td", { class: col.numeric ? "num" : "tag-cell", text: col.key === "tag" ? this.wholeLabel() : cellText(col, whole[col.key]) })))]);
     this.container.replaceChildren(
       h("div", { class: "card-tools" }, [
-        h("span", { class: "hint", text: `run ${run} · step ${step} · ${this.model.rows.length} variables` }),
+        h("span", { class: "hint", text: `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · ${this.model.rows.length} variables` }),
         exportButtons({
           figure: () => this.figure(this.model.exportTheme).node(),
           csv: () => this.csv(),
@@ -96,7 +115,7 @@ export class TableView {
     const whole = this.model.model;
     const height = 60 + rowH * (rows.length + (whole ? 2 : 1)) + 12;
     const svg = newFigure(width, height, theme);
-    drawTitle(svg, "Model summary", `run ${run} · step ${step} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`, theme);
+    drawTitle(svg, "Model summary", `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`, theme);
     const g = svg.append("g").attr("transform", "translate(12,52)");
     const xs = widths.map((_, k) => widths.slice(0, k).reduce((a, b) => a + b, 0));
     COLUMNS.forEach((col, k) => {
@@ -117,15 +136,19 @@ export class TableView {
       COLUMNS.forEach((col, k) => {
         g.append("text").attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k]).attr("y", y)
           .attr("text-anchor", col.numeric ? "end" : "start").attr("font-weight", 600).attr("fill", theme.text)
-          .text(col.key === "tag" ? "whole model" : cellText(col, whole[col.key]));
+          .text(col.key === "tag" ? this.wholeLabel() : cellText(col, whole[col.key]));
       });
     }
     return svg;
   }
 
+  wholeLabel() {
+    return this.model.group ? `whole model ${this.model.group}` : "whole model";
+  }
+
   csv() {
     const rows = this.sorted().map((row) => COLUMNS.map((c) => row[c.key]));
-    if (this.model.model) rows.push(COLUMNS.map((c) => (c.key === "tag" ? "_model" : this.model.model[c.key])));
+    if (this.model.model) rows.push(COLUMNS.map((c) => (c.key === "tag" ? this.model.model.tag : this.model.model[c.key])));
     return toCSV(COLUMNS.map((c) => c.key), rows);
   }
 }
