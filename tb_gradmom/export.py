@@ -298,14 +298,22 @@ def _numbers(job: Job, runs, opts: dict) -> tuple[dict, str, list[str], list[lis
         return d, ["bin_lo", "bin_hi", "count"], rows
     if job.plot == "curves":
         d = plot.curves_data(
-            runs, tag=job.tag, runs=job.runs, quantities=opts["quantities"], ema=opts["ema"]
+            runs,
+            tag=job.tag,
+            runs=job.runs,
+            quantities=opts["quantities"],
+            ema=opts["ema"],
+            smoothing=opts["smoothing"],
         )
         qs = list(d["quantities"])
+        # Each quantity, then its smoothed values (from separately smoothed parts) if any.
+        cols = [c for q in qs for c in (q, f"{q}_smoothed")]
+        cols = [c for c in cols if all(c in series for series in d["runs"].values())]
         rows = []
         for r, series in d["runs"].items():
             for k, s in enumerate(series["step"]):
-                rows.append([r, int(s), *[float(series[q][k]) for q in qs]])
-        return d, ["run", "step", *qs], rows
+                rows.append([r, int(s), *[float(series[c][k]) for c in cols]])
+        return d, ["run", "step", *cols], rows
     d = plot.summary_data(runs, run=job.run, step=job.step)
     qs = list(stats.DERIVED)
     rows = [
@@ -352,6 +360,7 @@ def _figure(job: Job, runs, opts: dict):
             quantities=opts["quantities"],
             ema=opts["ema"],
             yscale=opts["yscale"],
+            smoothing=opts["smoothing"],
         )
     return plot.summary(runs, run=job.run, step=job.step)
 
@@ -470,11 +479,12 @@ def export(
     stat: str = "variance",
     fmt: str = "png",
     scale: str = "linear",
-    cmap: str = "viridis",
+    cmap: str | None = None,
     bins: int = 30,
     quantities: Sequence[str] | None = None,
     ema: float | None = None,
     yscale: str = "linear",
+    smoothing: float | None = plot.DEFAULT_SMOOTHING,
     dpi: int = 300,
     progress: TextIO | None = None,
     overwrite: bool = False,
@@ -495,10 +505,13 @@ def export(
       stat: one of `reductions.STATS` (heatmap, histogram).
       fmt: one of `FORMATS`.
       scale: ``"linear"`` or ``"log"``: colour scale of heatmaps, bins of histograms.
-      cmap: one of `plot.COLORMAPS`.
+      cmap: one of `plot.COLORMAPS`; default per statistic (`plot.heatmap`).
       bins: the number of histogram bins, 1 to `reductions.MAX_BINS`.
       quantities: the derived quantities of curves (`stats.DERIVED` names).
       ema: EMA decay for the noise scale in curves, in ``[0, 1)``.
+      smoothing: EMA decay in ``[0, 1)`` of every statistic in curves (numerators and
+        denominators smoothed separately, `stats.smoothed`; the tab's default 0.9); ``None``
+        or 0: per-step values only.
       yscale: y scale of curves (``linear``, ``log``, ``symlog``).
       dpi: resolution of PNG files, 1 to `MAX_DPI`.
       progress: a stream for a progress bar when there are many files (e.g. ``sys.stderr``).
@@ -517,7 +530,7 @@ def export(
     """
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; expected one of: {', '.join(FORMATS)}")
-    if cmap not in plot.COLORMAPS:
+    if cmap is not None and cmap not in plot.COLORMAPS:
         raise ExportError(
             f"unknown colour map {cmap!r}; expected one of: {', '.join(plot.COLORMAPS)}"
         )
@@ -529,6 +542,12 @@ def export(
         raise ExportError(f"--dpi must be an integer from 1 to {MAX_DPI}, got {dpi}")
     if ema is not None and not (isinstance(ema, (int, float)) and 0 <= ema < 1):
         raise ExportError(f"--ema must be a number in [0, 1), got {ema}")
+    if smoothing is not None and not (
+        isinstance(smoothing, (int, float))
+        and not isinstance(smoothing, bool)
+        and 0 <= smoothing < 1
+    ):
+        raise ExportError(f"--smoothing must be a number in [0, 1), got {smoothing}")
     if quantities:
         bad = [q for q in quantities if q not in stats.DERIVED and q != "noise_scale_ema"]
         if bad:
@@ -547,6 +566,7 @@ def export(
         "quantities": tuple(quantities) if quantities else None,
         "ema": ema,
         "yscale": yscale,
+        "smoothing": smoothing or None,
     }
     out = os.fspath(out)
     os.makedirs(out, exist_ok=True)
@@ -617,7 +637,13 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--format", default="png", choices=FORMATS, help="default: png")
     parser.add_argument("--scale", default="linear", choices=reductions.SCALES)
-    parser.add_argument("--cmap", default="viridis", choices=plot.COLORMAPS)
+    parser.add_argument(
+        "--cmap",
+        default=None,
+        choices=plot.COLORMAPS,
+        help="default: RdBu_r, symmetric around 0, for signed statistics "
+        f"({', '.join(plot.SIGNED_STATS)}), else viridis",
+    )
     parser.add_argument(
         "--bins",
         type=int,
@@ -630,6 +656,13 @@ def add_arguments(parser) -> None:
         f"(default: {','.join(plot.CURVE_DEFAULTS)}; any of {','.join(stats.DERIVED)})",
     )
     parser.add_argument("--ema", type=float, help="EMA decay for the noise scale in curves")
+    parser.add_argument(
+        "--smoothing",
+        type=float,
+        default=plot.DEFAULT_SMOOTHING,
+        help="EMA decay of every statistic in curves, numerator and denominator smoothed "
+        f"separately (default: {plot.DEFAULT_SMOOTHING}, as the tab; 0: per step only)",
+    )
     parser.add_argument("--yscale", default="linear", choices=("linear", "log", "symlog"))
     parser.add_argument(
         "--dpi", type=int, default=300, help=f"PNG resolution, 1 to {MAX_DPI} (default: 300)"
@@ -683,6 +716,7 @@ def run_from_args(args, stderr: TextIO | None = None, stdout: TextIO | None = No
                 quantities=quantities,
                 ema=args.ema,
                 yscale=args.yscale,
+                smoothing=getattr(args, "smoothing", plot.DEFAULT_SMOOTHING),
                 dpi=args.dpi,
                 progress=None if args.quiet else stderr,
                 overwrite=getattr(args, "overwrite", False),

@@ -28,6 +28,8 @@ from tb_gradmom import data, metadata, reductions, stats
 
 __all__ = [
     "COLORMAPS",
+    "SIGNED_STATS",
+    "DEFAULT_SMOOTHING",
     "PLOTS",
     "RUN_PALETTE",
     "CURVE_DEFAULTS",
@@ -45,7 +47,24 @@ __all__ = [
 ]
 
 # The colour maps of the tab (same names and lookup tables as matplotlib's).
-COLORMAPS: tuple[str, ...] = ("viridis", "magma", "inferno", "plasma", "cividis", "gray")
+COLORMAPS: tuple[str, ...] = (
+    "viridis",
+    "magma",
+    "inferno",
+    "plasma",
+    "cividis",
+    "gray",
+    "RdBu_r",
+)
+# Statistics that take both signs: a diverging map (RdBu_r) symmetric around zero by default,
+# as in the tab (core.js SIGNED_STATS).
+SIGNED_STATS: tuple[str, ...] = ("mean", "third_moment", "skewness")
+# The curves' default smoothing, the tab's: a decay of 0.9 averages about ten logged steps
+# (numerators and denominators separately, `stats.smoothed`).
+DEFAULT_SMOOTHING = 0.9
+# Curves whose non-positive values are not estimates of a positive quantity but a sign that
+# the noise dominates (docs/math.md): marked, not drawn.
+_POSITIVE_ONLY = ("noise_scale", "cabs_batch_size")
 PLOTS: tuple[str, ...] = ("heatmap", "histogram", "curves", "summary")
 # Run colours of the tab (TensorBoard's classic palette), assigned in sorted run order.
 RUN_PALETTE: tuple[str, ...] = (
@@ -289,6 +308,7 @@ def curves_data(
     runs: Sequence[str] | None = None,
     quantities: Sequence[str] | None = None,
     ema: float | None = None,
+    smoothing: float | None = None,
 ) -> dict[str, Any]:
     """The numbers of curves: derived quantities (`stats.DERIVED`) of one tag over steps.
 
@@ -299,10 +319,13 @@ def curves_data(
       quantities: names from `stats.DERIVED`; default `CURVE_DEFAULTS`. ``"noise_scale_ema"``
         is allowed with ``ema``.
       ema: a decay in ``[0, 1)`` to smooth the noise scale (`stats.derived`).
+      smoothing: a decay in ``[0, 1)``: adds ``<quantity>_smoothed`` for each quantity, from
+        separately smoothed numerators and denominators (`stats.smoothed`).
 
     Returns:
-      A dict with ``tag``, ``quantities`` and ``runs``: run -> {``"step"``: int64 ``[T]``,
-      quantity: float64 ``[T]``}, using only the steps that have stats.
+      A dict with ``tag``, ``quantities``, ``smoothing`` and ``runs``: run -> {``"step"``:
+      int64 ``[T]``, quantity: float64 ``[T]``, and ``<quantity>_smoothed`` with
+      ``smoothing``}, using only the steps that have stats.
     """
     loaded = load_source(source)
     quantities = tuple(quantities or CURVE_DEFAULTS)
@@ -327,9 +350,14 @@ def curves_data(
         d = stats.derived(fields, ema=ema)
         out[run] = {"step": np.array([r.step for r in recs], dtype=np.int64)}
         out[run].update({q: np.asarray(d[q], dtype=np.float64) for q in quantities})
+        if smoothing is not None:
+            sm = stats.smoothed(fields, smoothing)
+            for q in quantities:
+                if q in sm:
+                    out[run][f"{q}_smoothed"] = np.asarray(sm[q], dtype=np.float64)
     if not out:
         raise ValueError(f"no stats logged for tag {tag!r} in runs {list(runs)}")
-    return {"tag": tag, "quantities": quantities, "runs": out}
+    return {"tag": tag, "quantities": quantities, "smoothing": smoothing, "runs": out}
 
 
 def summary_data(
@@ -436,7 +464,7 @@ def heatmap(
     step: int | str | None = None,
     stat: str = "variance",
     scale: str = "linear",
-    cmap: str = "viridis",
+    cmap: str | None = None,
     max_cells: tuple[int, int] = (512, 512),
     vmin: float | None = None,
     vmax: float | None = None,
@@ -457,7 +485,8 @@ def heatmap(
       step: an exact step, or None / ``"latest"``.
       stat: one of `reductions.STATS`.
       scale: colour scale, ``"linear"`` or ``"log"``.
-      cmap: one of `COLORMAPS`.
+      cmap: one of `COLORMAPS`; default ``"RdBu_r"`` on a range symmetric around zero for the
+        signed statistics (`SIGNED_STATS`: mean, third moment, skewness), else ``"viridis"``.
       max_cells: the most ``(rows, cols)`` drawn.
       vmin: lower end of the colour scale; default the smallest finite (positive) value.
       vmax: upper end; default the largest finite value.
@@ -466,6 +495,9 @@ def heatmap(
     Returns:
       A `matplotlib.figure.Figure`.
     """
+    diverging = cmap is None and stat in SIGNED_STATS and scale == "linear"
+    if cmap is None:
+        cmap = "RdBu_r" if diverging else "viridis"
     _check_cmap(cmap)
     if scale not in reductions.SCALES:
         raise ValueError(f"unknown scale {scale!r}; expected 'linear' or 'log'")
@@ -486,6 +518,9 @@ def heatmap(
         shown = np.where(shown > 0, shown, np.nan)
     else:
         lo, hi = (0.0, 1.0) if lo is None else (lo, hi)
+        if diverging and vmin is None and vmax is None:
+            a = max(abs(lo), abs(hi)) or 1.0
+            lo, hi = -a, a  # zero in the middle of the map
         if lo == hi:
             lo, hi = lo - 0.5, hi + 0.5
         norm = colors.Normalize(vmin=lo, vmax=hi)
@@ -544,7 +579,7 @@ def histogram(
     stat: str = "variance",
     bins: int = 30,
     scale: str = "linear",
-    cmap: str = "viridis",
+    cmap: str | None = "viridis",
     figsize: tuple[float, float] | None = None,
 ):
     """A histogram of an element-wise statistic over the elements of one variable.
@@ -566,6 +601,7 @@ def histogram(
     Returns:
       A `matplotlib.figure.Figure`.
     """
+    cmap = cmap or "viridis"
     _check_cmap(cmap)
     d = histogram_data(source, tag, run=run, step=step, stat=stat, bins=bins, scale=scale)
     matplotlib, _, _ = _mpl()
@@ -601,8 +637,17 @@ def curves(
     ema: float | None = None,
     yscale: str = "linear",
     figsize: tuple[float, float] | None = None,
+    smoothing: float | None = DEFAULT_SMOOTHING,
 ):
     """Derived quantities (`stats.DERIVED`) of one tag over steps: one panel per quantity.
+
+    As in the tab: with ``smoothing`` (default 0.9) the line is each statistic from separately
+    smoothed numerator and denominator (`stats.smoothed`) and the raw per-step values are drawn
+    faint; the y range fits the line, so single-step spikes of the raw values are clipped
+    rather than flattening the curve. Steps whose value cannot be drawn are marked along the
+    bottom, never dropped: a triangle for a noise-dominated estimate (a noise scale or CABS
+    batch size <= 0 or infinite, or any value <= 0 on a log axis), a cross for an undefined one
+    (NaN).
 
     Args:
       source: a logdir or the result of `data.load`.
@@ -613,13 +658,15 @@ def curves(
         named in ``quantities``).
       yscale: ``"linear"``, ``"log"`` or ``"symlog"`` (the noise scale can be negative).
       figsize: inches; default one paper column, 1.1 inches per panel.
+      smoothing: EMA decay in ``[0, 1)`` (`DEFAULT_SMOOTHING`); ``None`` or 0 for raw values.
 
     Returns:
       A `matplotlib.figure.Figure`.
     """
     if quantities is None and ema is not None:
         quantities = (*CURVE_DEFAULTS, "noise_scale_ema")
-    d = curves_data(source, tag=tag, runs=runs, quantities=quantities, ema=ema)
+    smoothing = smoothing or None
+    d = curves_data(source, tag=tag, runs=runs, quantities=quantities, ema=ema, smoothing=smoothing)
     matplotlib, _, _ = _mpl()
     qs = d["quantities"]
     if figsize is None:
@@ -629,21 +676,85 @@ def curves(
     colours = {r: RUN_PALETTE[i % len(RUN_PALETTE)] for i, r in enumerate(run_names)}
     with matplotlib.rc_context(_RC):
         axes = fig.subplots(len(qs), 1, sharex=True, squeeze=False)[:, 0]
+        marked_any = False
         for ax, q in zip(axes, qs, strict=True):
+            positive = yscale == "log" or q in _POSITIVE_ONLY
+            shown = []
             for run in run_names:
                 series = d["runs"][run]
-                ax.plot(series["step"], series[q], color=colours[run], lw=1.0, label=run)
+                smooth = series.get(f"{q}_smoothed")
+                raw = series[q]
+                line = raw if smooth is None else smooth
+                drawn, noisy, undefined = _split_curve(line, positive)
+                if smooth is not None:
+                    faint, _, _ = _split_curve(raw, positive)
+                    ax.plot(series["step"], faint, color=colours[run], lw=0.6, alpha=0.3)
+                ax.plot(series["step"], drawn, color=colours[run], lw=1.0, label=run)
+                shown.append(drawn[np.isfinite(drawn)])
+                # Marks along the bottom of the axes (x in data, y in axes coordinates).
+                at = ax.get_xaxis_transform()
+                steps = series["step"]
+                if noisy.any():
+                    ax.plot(
+                        steps[noisy],
+                        np.full(noisy.sum(), 0.04),
+                        "v",
+                        ms=3,
+                        transform=at,
+                        color=colours[run],
+                        clip_on=False,
+                    )
+                if undefined.any():
+                    ax.plot(
+                        steps[undefined],
+                        np.full(undefined.sum(), 0.04),
+                        "x",
+                        ms=3,
+                        transform=at,
+                        color=colours[run],
+                        clip_on=False,
+                    )
+                marked_any = marked_any or bool(noisy.any() or undefined.any())
             ax.set_ylabel(q.replace("_", " "))
             ax.set_yscale(yscale)
+            _fit_ylim(ax, np.concatenate(shown) if shown else np.array([]), yscale)
             ax.grid(True, color="#e0e0e0", lw=0.5)
-        axes[-1].set_xlabel("step")
+        axes[-1].set_xlabel(
+            "step\n▼ noise-dominated (≤ 0 or ∞) · × undefined" if marked_any else "step"
+        )
         # At most 6 integer step ticks: long runs' 5-digit steps would overlap otherwise.
         axes[-1].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=6, integer=True))
         if len(run_names) > 1:
             axes[0].legend(frameon=False, ncols=min(3, len(run_names)))
         name = "whole model" if tag == metadata.MODEL_TAG else tag
-        axes[0].set_title(_title(name, "derived quantities"))
+        if metadata.is_model_tag(tag) and tag != metadata.MODEL_TAG:
+            name = f"whole model {tag[: -len(metadata.MODEL_TAG) - 1]}"
+        smooth_note = f"smoothing {smoothing} (raw faint)" if smoothing else ""
+        axes[0].set_title(_title(name, "derived quantities", smooth_note))
     return fig
+
+
+def _split_curve(values: np.ndarray, positive: bool):
+    """(line with gaps, noise-dominated mask, undefined mask), as core.js splitCurve."""
+    v = np.asarray(values, dtype=np.float64)
+    undefined = np.isnan(v)
+    noisy = ~undefined & (~np.isfinite(v) | ((v <= 0) if positive else False))
+    return np.where(undefined | noisy, np.nan, v), noisy, undefined
+
+
+def _fit_ylim(ax, values: np.ndarray, yscale: str) -> None:
+    """The y range of the drawn line (padded), so that faint raw spikes are clipped."""
+    if yscale == "log":
+        values = values[values > 0]
+    if not values.size:
+        return
+    lo, hi = float(values.min()), float(values.max())
+    if yscale == "log":
+        lo, hi = (lo / 1.5, hi * 1.5) if lo < hi else (lo / 3, hi * 3)
+    else:
+        pad = 0.08 * (hi - lo) if hi > lo else max(abs(hi), 1.0) * 0.5
+        lo, hi = lo - pad, hi + pad
+    ax.set_ylim(lo, hi)
 
 
 def _fmt(v) -> str:

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from tb_gradmom import cli, export, metadata, plot  # noqa: E402
+from tb_gradmom import cli, data, export, metadata, plot, stats  # noqa: E402
 
 try:  # the real-TF event files of test_data (tests as a package, or tests/ on sys.path)
     from tests.test_data import LAYOUT, STEPS, _write_logdir
@@ -295,19 +295,37 @@ def test_curves_and_summary_equal_formulas(logdir, logged, tmp_path, capsys):
     assert code == 0, err
     with open(tmp_path / "model-curves.csv", newline="") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == ["run", "step", "noise_scale", "norm_test", "cabs_batch_size"]
-    assert [int(r[1]) for r in rows[1:]] == list(STEPS)
-    for r in rows[1:]:
+    # Each quantity per step, then smoothed (default 0.9, the tab's) from separately smoothed
+    # numerator and denominator.
+    assert rows[0] == [
+        "run",
+        "step",
+        "noise_scale",
+        "noise_scale_smoothed",
+        "norm_test",
+        "norm_test_smoothed",
+        "cabs_batch_size",
+        "cabs_batch_size_smoothed",
+    ]
+    rows = [r for r in rows[1:] if r[0] == "."]
+    assert [int(r[1]) for r in rows] == list(STEPS)
+    beta, num, den, w = plot.DEFAULT_SMOOTHING, 0.0, 0.0, 0.0
+    for r in rows:
         _, st = logged[(".", "_model")][int(r[1])]
         s = dict(zip(metadata.STATS_FIELDS, st[:NF], strict=True))
         n = s["batch_size"]
         assert float(r[2]) == pytest.approx(
             s["sum_var"] / (s["sum_m2"] - s["sum_var"] / n), rel=1e-12
         )
-        assert float(r[3]) == pytest.approx(np.sqrt(s["sum_var"] / (n * s["sum_m2"])), rel=1e-12)
-        assert float(r[4]) == pytest.approx(
+        assert float(r[4]) == pytest.approx(np.sqrt(s["sum_var"] / (n * s["sum_m2"])), rel=1e-12)
+        assert float(r[6]) == pytest.approx(
             s["learning_rate"] * (s["sum_m2_raw"] - s["sum_m2"]) / s["loss"], rel=1e-12
         )
+        # EMA(tr Sigma) / EMA(|G|^2), both bias-corrected by the same weight (docs/math.md).
+        num = beta * num + (1 - beta) * s["sum_var"]
+        den = beta * den + (1 - beta) * (s["sum_m2"] - s["sum_var"] / n)
+        w = beta * w + (1 - beta)
+        assert float(r[3]) == pytest.approx((num / w) / (den / w), rel=1e-9)
 
     code, _, err = _run(
         [
@@ -535,6 +553,151 @@ def test_plot_api_errors(logdir):
         plot.heatmap(logdir, "dense/kernel", cmap="jet")
     with pytest.raises(ValueError, match="holds stats only"):
         plot.heatmap_data(logdir, "_model")
+
+
+def _outside_figure(fig) -> list[str]:
+    """What a drawn figure puts outside itself (clipped in PNG/SVG): matplotlib's tight box of
+    everything it draws, and each title, axis label and note text, against the figure's box."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    w, h = fig.bbox.width, fig.bbox.height
+    out = []
+    tight = fig.get_tightbbox(renderer)  # inches, of what is drawn
+    if tight.x0 < -0.01 or tight.y0 < -0.01 or tight.x1 > w / fig.dpi + 0.01:
+        out.append(f"tight box {tight.bounds}")
+    elif tight.y1 > h / fig.dpi + 0.01:
+        out.append(f"tight box {tight.bounds}")
+    texts = [*fig.texts]
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
+    for t in texts:
+        if t.get_visible() and t.get_text():
+            b = t.get_window_extent(renderer)
+            if b.x0 < -0.5 or b.y0 < -0.5 or b.x1 > w + 0.5 or b.y1 > h + 0.5:
+                out.append(t.get_text())
+    return out
+
+
+def _noisy_logdir(root) -> str:
+    """One run whose whole-model noise scale is negative (|G|^2 < 0) at some steps and NaN
+    (n = 1) at one, written by `test_data._write_logdir`'s writer with the sums overridden."""
+    import tensorflow as tf
+
+    writer = tf.summary.create_file_writer(str(root))
+    rng = np.random.default_rng(0)
+    with writer.as_default():
+        for step in range(12):
+            n = 1.0 if step == 7 else 8.0
+            # n = 1: no unbiased variance (NaN, as the writer logs it).
+            sum_var = float(rng.uniform(1, 2)) if n > 1 else float("nan")
+            # |m|^2 below tr(Sigma)/n on every third step: a negative estimate of |G|^2.
+            sum_m2 = (1.5 if n == 1 else sum_var) / n * (0.5 if step % 3 == 0 else 4.0)
+            sums = {
+                "batch_size": n,
+                "num_elements": 10.0,
+                "sum_m2": sum_m2,
+                "sum_var": sum_var,
+                "sum_gsnr": 1.0,
+                "gsnr_count": 10.0,
+                "sum_m2_raw": sum_m2 + sum_var,
+                "loss": 1.0,
+                "learning_rate": 0.1,
+            }
+            values = [sums[f] for f in metadata.STATS_FIELDS]
+            values += [0.0] * (len(metadata.HIST_EDGES) + 1)
+            tf.summary.write(
+                metadata.stats_tag(metadata.MODEL_TAG),
+                np.asarray(values, np.float32),
+                step=step,
+                metadata=metadata.create_summary_metadata(
+                    metadata.StatsContent(variable=metadata.MODEL_TAG)
+                ),
+            )
+    writer.close()
+    return str(root)
+
+
+def test_curves_smooth_mark_and_keep_labels_inside(logdir, tmp_path):
+    """Curves: the smoothed line (stats.smoothed) over faint raw values, noise-dominated and
+    undefined steps marked (not dropped, also on a log axis), every label inside the figure
+    and inside the SVG's view box."""
+    root = _noisy_logdir(tmp_path / "noisy")
+    d = plot.curves_data(root, quantities=["noise_scale"], smoothing=0.9)["runs"]["."]
+    fields = {f: [] for f in metadata.STATS_FIELDS}
+    for rec in data.load(root)["."]["_model"]:
+        for f in fields:
+            fields[f].append(rec.stats[f])
+    want = stats.smoothed({f: np.asarray(v) for f, v in fields.items()}, 0.9)["noise_scale"]
+    np.testing.assert_array_equal(d["noise_scale_smoothed"], want)
+    raw = d["noise_scale"]
+    noisy = int(np.sum(~np.isnan(raw) & ~(raw > 0)))
+    assert noisy >= 3 and np.isnan(raw[7])
+    for yscale in ("linear", "log"):
+        fig = plot.curves(root, quantities=["noise_scale"], smoothing=0, yscale=yscale)
+        ax = fig.axes[0]
+        marks = {
+            m: sum(len(line.get_xdata()) for line in ax.get_lines() if line.get_marker() == m)
+            for m in ("v", "x")
+        }
+        assert marks == {"v": noisy, "x": 1}, (yscale, marks)
+        assert "noise-dominated" in ax.get_xlabel()
+        assert _outside_figure(fig) == [], yscale
+    fig = plot.curves(root)  # every default quantity, smoothed: raw faint under the line
+    ax = fig.axes[0]
+    assert "smoothing 0.9" in ax.get_title()
+    faint = [ln for ln in ax.get_lines() if ln.get_alpha() == 0.3]
+    assert len(faint) == 1
+    assert _outside_figure(fig) == []
+    # The y range fits the smoothed line, not the raw spikes.
+    line = [ln for ln in ax.get_lines() if ln.get_label() == "."][0]
+    y = np.asarray(line.get_ydata(), dtype=float)
+    y = y[np.isfinite(y)]
+    lo, hi = ax.get_ylim()
+    assert lo <= y.min() and hi >= y.max() and hi - lo < 3 * (y.max() - y.min()) + 1e-9
+
+
+def _svg_text_outside(svg: bytes) -> list[str]:
+    """Texts of an SVG whose anchor lies outside its view box (what a viewer clips)."""
+    tree = ET.fromstring(svg)
+    _, _, vw, vh = (float(v) for v in tree.get("viewBox").split())
+    out = []
+    for g in tree.iter("{http://www.w3.org/2000/svg}text"):
+        m = re.search(r"translate\(([-0-9.e]+)[ ,]+([-0-9.e]+)\)", g.get("transform", ""))
+        x = float(g.get("x", m.group(1) if m else 0))
+        y = float(g.get("y", m.group(2) if m else 0))
+        if not (0 <= x <= vw and 0 <= y <= vh):
+            out.append("".join(g.itertext()))
+    return out
+
+
+def test_figures_keep_every_label_inside(logdir, tmp_path):
+    """Heatmap (colour-bar title), histogram and curves: matplotlib's tight box of every text
+    inside the figure, and every SVG text anchored inside the view box."""
+    figs = {
+        "heatmap": plot.heatmap(logdir, "dense/kernel", run="."),
+        "histogram": plot.histogram(logdir, "dense/bias", step="all", stat="snr"),
+        "curves": plot.curves(logdir, tag="_model"),
+    }
+    for name, fig in figs.items():
+        assert _outside_figure(fig) == [], name
+        buf = io.BytesIO()
+        fig.savefig(buf, format="svg")
+        assert _svg_text_outside(buf.getvalue()) == [], name
+
+
+def test_signed_statistics_get_a_diverging_symmetric_map(logdir):
+    fig = plot.heatmap(logdir, "dense/kernel", run=".", stat="mean")
+    mesh = fig.axes[0].collections[0]
+    assert mesh.get_cmap().name == "RdBu_r"
+    lo, hi = mesh.norm.vmin, mesh.norm.vmax
+    assert lo == -hi and hi > 0
+    fig = plot.heatmap(logdir, "dense/kernel", run=".", stat="variance")
+    assert fig.axes[0].collections[0].get_cmap().name == "viridis"
+    fig = plot.heatmap(logdir, "dense/kernel", run=".", stat="mean", cmap="magma")
+    assert fig.axes[0].collections[0].get_cmap().name == "magma"
 
 
 def test_histogram_and_curves_figures(logdir):
