@@ -651,3 +651,30 @@ export function robustBinRange(countsList, lo = 0.005, hi = 0.995) {
   const inside = total.slice(first, last + 1).reduce((a, b) => a + b, 0);
   return { first, last, outside: sum - inside };
 }
+
+/**
+ * A y range robust to spikes: [lo, hi] of the finite values, except that when the largest
+ * (smallest) value is more than `factor` times farther from the median than the 95th (5th)
+ * percentile, the range stops at 1.5 times that percentile's distance; `clipped` says whether
+ * values lie outside (the curve marks them at the edge). A ratio whose smoothed denominator
+ * crosses zero spikes to huge values, which would flatten the rest of the curve.
+ */
+export function robustRange(values, factor = 4) {
+  const v = values.filter(Number.isFinite).sort((a, b) => a - b);
+  if (!v.length) return null;
+  const q = (p) => v[Math.min(v.length - 1, Math.max(0, Math.round(p * (v.length - 1))))];
+  const med = q(0.5);
+  let [lo, hi] = [v[0], v[v.length - 1]];
+  const up = q(0.95) - med;
+  const down = med - q(0.05);
+  let clipped = false;
+  if (up > 0 && hi - med > factor * up) {
+    hi = med + 1.5 * up;
+    clipped = true;
+  }
+  if (down > 0 && med - lo > factor * down) {
+    lo = med - 1.5 * down;
+    clipped = true;
+  }
+  return { lo, hi, clipped };
+}

@@ -2,7 +2,7 @@
 // line per run, for one variable or the whole model. Hover shows each run's value.
 
 import * as d3 from "../vendor/d3.js";
-import { finiteExtent, formatValue, linePath, niceDomain, splitCurve, toCSV } from "../core.js";
+import { formatValue, linePath, niceDomain, robustRange, splitCurve, toCSV } from "../core.js";
 import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 72 };
@@ -82,9 +82,13 @@ export class CurvesView {
     const plotH = height - top - MARGIN.bottom;
     const allSteps = series.flatMap((s) => s.steps);
     const shown = (s) => splitCurve(s.smoothed ?? s.values, positiveOnly).line;
-    // The axis fits what the line shows (the smoothed values); raw spikes beyond it are clipped.
+    // The axis fits what the line shows (the smoothed values; raw values beyond it are
+    // clipped), robust to spikes (robustRange, on log10 for a log axis): a ratio whose smoothed
+    // denominator nears 0 spikes far beyond the rest; such steps are drawn at the edge, marked.
     const allValues = series.flatMap(shown);
-    const yext = finiteExtent(allValues, logy ? "log" : "linear");
+    const pool = logy ? allValues.filter((v) => v > 0).map(Math.log10) : allValues;
+    const rr = robustRange(pool);
+    const yext = rr && (logy ? [10 ** rr.lo, 10 ** rr.hi] : [rr.lo, rr.hi]);
     if (!allSteps.length || !yext) {
       svg.append("text").attr("x", width / 2).attr("y", height / 2).attr("text-anchor", "middle")
         .attr("fill", theme.muted).text(`no ${logy ? "positive " : ""}finite values of ${metric}`);
@@ -111,6 +115,8 @@ export class CurvesView {
       return v >= Math.min(d0, d1) && v <= Math.max(d0, d1);
     };
     let markedCount = 0;
+    let clippedCount = 0;
+    const [dLo, dHi] = [Math.min(...y.domain()), Math.max(...y.domain())];
     for (const s of series) {
       if (s.smoothed) {
         const raw = splitCurve(s.values, positiveOnly).line;
@@ -119,7 +125,17 @@ export class CurvesView {
           .attr("fill", "none").attr("stroke", s.color).attr("stroke-opacity", 0.25).attr("stroke-width", 1);
       }
       const { line, marked } = splitCurve(s.smoothed ?? s.values, positiveOnly);
-      const pts = s.steps.map((st, k) => [x(st), Number.isFinite(line[k]) ? y(line[k]) : NaN]);
+      const pts = s.steps.map((st, k) => [x(st), Number.isFinite(line[k]) ? y(Math.min(dHi, Math.max(dLo, line[k]))) : NaN]);
+      s.steps.forEach((st, k) => {
+        const v = line[k];
+        if (!Number.isFinite(v) || (v >= dLo && v <= dHi)) return;
+        clippedCount += 1;
+        const top = v > dHi;
+        lines.append("path").attr("class", "clip-marker").attr("data-run", s.run)
+          .attr("transform", `translate(${x(st)},${top ? 4 : plotH - 12})`)
+          .attr("d", top ? "M-3.5,3L3.5,3L0,-3Z" : "M-3.5,-3L3.5,-3L0,3Z").attr("fill", "none").attr("stroke", s.color)
+          .append("title").text(`${s.run} @ ${st}: ${formatValue(v, 4)}, beyond the axis`);
+      });
       lines.append("path").attr("class", s.smoothed ? "curve smoothed" : "curve").attr("data-run", s.run).attr("d", linePath(pts))
         .attr("fill", "none").attr("stroke", s.color).attr("stroke-width", 1.75);
       // Gaps get a marker at the bottom of the plot: a triangle for noise-dominated
@@ -141,9 +157,12 @@ export class CurvesView {
         });
       }
     }
-    if (markedCount) {
+    const notes = [];
+    if (markedCount) notes.push(`▼ ${markedCount} step${markedCount === 1 ? "" : "s"} noise-dominated (≤ 0 or infinite) or undefined (×): not on the line`);
+    if (clippedCount) notes.push(`△ ${clippedCount} beyond the axis (spikes), drawn at its edge`);
+    if (notes.length) {
       svg.append("text").attr("class", "gap-note").attr("x", MARGIN.left).attr("y", height - 6).attr("fill", theme.muted)
-        .text(`▼ ${markedCount} step${markedCount === 1 ? "" : "s"} noise-dominated (estimate ≤ 0 or infinite) or undefined (×): not on the line`);
+        .text(notes.join(" · "));
     }
     // Legend: run names as text, top right, one per line.
     const legend = svg.append("g").attr("class", "legend").attr("transform", `translate(${width - MARGIN.right},${16})`);

@@ -278,3 +278,15 @@ test("robustBinRange leaves out the tails of the pooled counts", () => {
   // Wider quantiles keep everything.
   assert.deepEqual(core.robustBinRange([a, b], 0, 1), { first: 0, last: 9, outside: 0 });
 });
+
+test("robustRange keeps ordinary curves whole and cuts spikes", () => {
+  const calm = Array.from({ length: 50 }, (_, k) => 100 + k);
+  assert.deepEqual(core.robustRange(calm), { lo: 100, hi: 149, clipped: false });
+  const spiky = [...calm, 1e6, NaN, Infinity];
+  const r = core.robustRange(spiky);
+  assert.ok(r.clipped && r.hi < 200 && r.hi >= 146 && r.lo === 100, JSON.stringify(r));
+  const dip = [...calm, -1e6];
+  const d = core.robustRange(dip);
+  assert.ok(d.clipped && d.lo > 0 && d.hi === 149, JSON.stringify(d));
+  assert.equal(core.robustRange([NaN]), null);
+});
