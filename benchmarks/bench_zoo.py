@@ -759,7 +759,9 @@ def summary_child(rounds: int, steps: int) -> dict:
         r, c = -(-rows // block[0]), -(-cols // block[1])
         return tf.reshape(x, [-1])[: r * c] * 0.0 + tf.zeros([r * c])  # keeps x, no pooling
 
-    def records_moments_only(prepared, indices, tags, contents, orders, lr, chunk_size, moms=None):
+    def records_moments_only(
+        prepared, indices, tags, contents, orders, lr, chunk_size, moms=None, group=None
+    ):
         if moms is None:
             moms = prepared.moments(orders, chunk_size, indices)
         total = tf.add_n([tf.reduce_sum(m[p]) for m in moms for p in orders])

@@ -401,3 +401,30 @@ def test_tags_leave_out_the_model_name(tmp_path):
     # Variables without a common model name keep their paths.
     a, b = tf.Variable(1.0, name="a"), tf.Variable(2.0, name="b")
     assert gradmom.summary.tag_names([a, b]) == ["a", "b"]
+
+
+def test_variance_histogram_equals_numpy_searchsorted():
+    """The variance histogram (buckets from a log, a binary search only near an edge) equals
+    numpy's ``bincount(searchsorted(HIST_EDGES, s2, side="right"))`` exactly, values at and
+    next to every edge included; values that are not finite are left out."""
+    from tb_gradmom import summary
+
+    edges = np.asarray(metadata.HIST_EDGES, np.float64)
+    rng = np.random.default_rng(0)
+    values = np.concatenate(
+        [
+            edges,
+            np.nextafter(edges, 0.0),
+            np.nextafter(edges, np.inf),
+            10.0 ** rng.uniform(-30, 12, size=20000),
+            [0.0, 0.0, 5e-324, 1e-300, 1e300, np.finfo(np.float64).max],
+        ]
+    )
+    nb = metadata.NUM_HIST_BUCKETS
+    want = np.bincount(np.searchsorted(edges, values, side="right"), minlength=nb)
+    got = summary._histogram(tf.constant(values), tf.constant(np.isfinite(values))).numpy()
+    np.testing.assert_array_equal(got, want)
+    odd = np.concatenate([values[:50], [np.nan, np.inf, -np.inf]])
+    got = summary._histogram(tf.constant(odd), tf.constant(np.isfinite(odd))).numpy()
+    want = np.bincount(np.searchsorted(edges, values[:50], side="right"), minlength=nb)
+    np.testing.assert_array_equal(got, want)
