@@ -253,10 +253,15 @@ class App {
     return this.groupList().length > 1;
   }
 
-  /** Keeps the chosen group one of the shown runs' groups (the first, "" when it exists). */
+  /**
+   * Keeps the chosen group one the active run has (else its first, "" when it exists), or,
+   * for a run without whole-model tags, one of the shown runs' groups.
+   */
   ensureGroup() {
-    const groups = this.groupList();
-    if (groups.length && !groups.includes(this.state.group)) this.state.group = groups[0];
+    const s = this.state;
+    const own = groupsOf(s.groups, [s.run]);
+    const groups = own.length ? own : this.groupList();
+    if (groups.length && !groups.includes(s.group)) s.group = groups[0];
   }
 
   /** The variables of a run, only the chosen group's when the tab shows groups. */
@@ -451,6 +456,11 @@ class App {
   selectGroup(group) {
     const s = this.state;
     s.group = group;
+    if (!s.groups[s.run]?.[group]) {
+      // Another run has this group: show that run's variables and table.
+      const other = s.runList.find((r) => s.groups[r]?.[group] && Object.keys(s.runs[r] ?? {}).length);
+      if (other) s.run = other;
+    }
     s.landed = false;
     this.ensureTag();
     this.renderRuns();

@@ -755,6 +755,8 @@ def test_noise_curves_overlay_runs_and_export(page):
 def test_summary_table_sorts_and_opens_heatmap(page):
     pg = open_variable_page(page, "alpha", "dense/kernel", "variance")
     tags = get_json(page.base, "tags")
+    # One call per run (one whole-model tag): no group selector.
+    assert pg.locator("select.group-select").count() == 0
     step = max(tags["model"]["alpha"]["steps"])
     ref = get_json(page.base, "summary", run="alpha", step=step)
     rows = pg.locator("table.summary tbody tr")
@@ -957,6 +959,87 @@ def test_demo_runs_render_with_right_colours(page):
         shot(pg, f"demo_{safe}.png")
 
 
+# ------------------------------------------------------------------ groups (issue 14, point 4)
+
+
+@pytest.fixture(scope="module")
+def gan_tensorboard(tmp_path_factory):
+    """TensorBoard on two GAN-style runs (two `summary.moments` calls per step on one
+    writer): ``default`` (groups ``""`` and ``moments_1``) and ``named`` (``discriminator``,
+    ``generator``)."""
+    from tests.test_plugin import write_gan_logdir
+
+    logdir = tmp_path_factory.mktemp("gan")
+    write_gan_logdir(logdir)
+    gen = tensorboard.__wrapped__(logdir, tmp_path_factory)
+    yield next(gen)
+    next(gen, None)
+
+
+def test_group_selector_shows_one_call_at_a_time(browser, gan_tensorboard):
+    p = Page(browser, gan_tensorboard)
+    try:
+        pg = p.open_plugin()
+        p.settle()
+        tags = get_json(p.base, "tags")
+
+        def group_tags(run, group):
+            return sorted(t for t, i in tags["runs"][run].items() if i["group"] == group)
+
+        def shown():
+            p.settle()
+            pg.wait_for_selector("table.summary tbody tr")
+            table = pg.locator("table.summary tbody tr").evaluate_all(
+                "rs => rs.map(r => r.dataset.tag)"
+            )
+            side = pg.locator(".tag-list button").evaluate_all("bs => bs.map(b => b.dataset.tag)")
+            model_runs = pg.locator(".curves-model path.curve").evaluate_all(
+                "ps => ps.map(p => p.dataset.run)"
+            )
+            title = pg.locator(".curves-model text.title").text_content()
+            foot = pg.locator("table.summary tfoot td").first.text_content()
+            return sorted(table), side, sorted(model_runs), title, foot
+
+        options = pg.locator("select.group-select option").all_inner_texts()
+        assert options == ["(no name)", "discriminator", "generator", "moments_1"]
+        # The active run's first group: the unprefixed call's model, table and variables.
+        assert pg.locator("select.run-select").input_value() == "default"
+        table, side, model_runs, title, foot = shown()
+        assert table == side == group_tags("default", "") and table
+        assert model_runs == ["default"] and "whole model (no name)" in title
+        assert foot == "whole model (no name)"
+        shot(pg, "groups_default.png")
+
+        choose(pg, "select.group-select", "moments_1", p)
+        table, side, model_runs, title, foot = shown()
+        assert table == side == group_tags("default", "moments_1") and table
+        assert all(t.startswith("moments_1/") for t in table)
+        assert model_runs == ["default"] and "whole model moments_1" in title
+        # The model row is the group's own: /summary?group= for the table, and the heatmap
+        # shows one of the group's variables.
+        ref = get_json(p.base, "summary", run="default", group="moments_1")
+        assert ref["model"]["tag"] == "moments_1/_model"
+        assert pg.locator(".tag-list button.selected").get_attribute("data-tag") in table
+
+        # A group of another run switches the run.
+        choose(pg, "select.group-select", "generator", p)
+        assert pg.locator("select.run-select").input_value() == "named"
+        table, side, model_runs, title, foot = shown()
+        assert table == side == group_tags("named", "generator") and table
+        assert model_runs == ["named"] and foot == "whole model generator"
+        shot(pg, "groups_generator.png")
+
+        # Hiding the run leaves the unnamed run's two groups: still a selector.
+        pg.locator(".run-row", has_text="named").locator("input").uncheck()
+        p.settle()
+        choose(pg, "select.run-select", "default", p)
+        options = pg.locator("select.group-select option").all_inner_texts()
+        assert options == ["(no name)", "moments_1"]
+        assert not p.errors, p.errors
+    finally:
+        p.close()
+
+
 # ---------------------------------------------------------------------- the full demo (issue 13)
 
 DEMO_SHOTS = Path(os.environ.get("GRADMOM_SHOTS", str(SHOTS)))
@@ -1050,6 +1133,15 @@ def test_demo_landing_smoothing_info_and_resize(browser, demo_tensorboard):
         assert st["formula"] in info and st["unit"] in info and "McCandlish" in info
         p.screenshot(path=str(DEMO_SHOTS / "demo_curves_info.png"), full_page=False)
 
+        # Ridges over all steps: at most 40 (evenly spaced), the rest said in the subtitle.
+        p.select_option("select.hist-mode", "steps")
+        pg.settle()
+        ridges = p.locator("#histogram-card path.ridge")
+        drawn = [int(ridges.nth(k).get_attribute("data-step")) for k in range(ridges.count())]
+        sub = p.locator("#histogram-card text.subtitle").text_content()
+        assert 2 <= len(drawn) <= 40, len(drawn)
+        if len(drawn) == 40:
+            assert "40 of " in sub, sub
         # Resize: every plot re-lays out, labels stay inside their SVGs.
         before = p.evaluate(
             "() => document.querySelector('#heatmap-card svg').getAttribute('width')"

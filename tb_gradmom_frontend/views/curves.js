@@ -157,13 +157,19 @@ export class CurvesView {
         });
       }
     }
+    // One note per line below the axis; the figure grows by a line for the second.
     const notes = [];
-    if (markedCount) notes.push(`▼ ${markedCount} step${markedCount === 1 ? "" : "s"} noise-dominated (≤ 0 or infinite) or undefined (×): not on the line`);
-    if (clippedCount) notes.push(`△ ${clippedCount} beyond the axis (spikes), drawn at its edge`);
-    if (notes.length) {
-      svg.append("text").attr("class", "gap-note").attr("x", MARGIN.left).attr("y", height - 6).attr("fill", theme.muted)
-        .text(notes.join(" · "));
+    if (markedCount) notes.push(`▼ ${markedCount} step${markedCount === 1 ? "" : "s"} noise-dominated (≤ 0 or ∞), × undefined: not on the line`);
+    if (clippedCount) notes.push(`△ ${clippedCount} spike${clippedCount === 1 ? "" : "s"} beyond the axis, drawn at its edge`);
+    const full = height + 14 * Math.max(0, notes.length - 1);
+    if (full !== height) {
+      svg.attr("height", full).attr("viewBox", `0 0 ${width} ${full}`);
+      svg.select("rect.bg").attr("height", full);
     }
+    notes.forEach((note, k) => {
+      svg.append("text").attr("class", "gap-note").attr("x", 8).attr("y", height - 6 + 14 * k)
+        .attr("fill", theme.muted).text(note);
+    });
     // Legend: run names as text, top right, one per line.
     const legend = svg.append("g").attr("class", "legend").attr("transform", `translate(${width - MARGIN.right},${16})`);
     series.forEach((s, k) => {
