@@ -72,7 +72,7 @@ export class CurvesView {
     const smooth = series.some((s) => s.smoothed);
     drawTitle(svg, `${name}: ${label}`,
       `${series.length} run${series.length === 1 ? "" : "s"}${logy ? " · log y" : ""}` +
-      `${smooth ? ` · smoothing ${smoothing} (EMA of numerator and denominator; raw per step faint)` : ""}`, theme);
+      `${smooth ? ` · smoothing ${smoothing} (${statistic?.smoothing ?? "EMA, bias-corrected"}; raw per step faint)` : ""}`, theme);
     // Positive-only quantities (a noise scale, a batch size) and log axes: values <= 0 are
     // not drawn as a line but marked, with the reason, along the bottom of the plot.
     const positiveOnly = logy || metric === "noise_scale" || metric === "cabs_batch_size";
