@@ -241,7 +241,8 @@ def generate(seed: int, exclude=None, *, stem=None, blocks=None, batch_rule=None
             p["units"] = int(rng.integers(2, 6))  # the new sequence length
             t = p["units"]
         elif kind == "concat":
-            p["units"] = int(_pick(rng, (1, 2)))
+            # images keep an even channel count (a later grouped_conv2d has groups=2)
+            p["units"] = 2 if stem == "image" else int(_pick(rng, (1, 2)))
         elif kind == "conv2d_transpose":
             p["filters"] = int(_pick(rng, (2, 4)))
             p["kernel"] = int(rng.integers(1, 4))
