@@ -1,7 +1,7 @@
 """plot.py, export.py and the `tb-gradmom export` command on event files written by real TF.
 
 The numbers in CSV and JSON files are checked against the event files read independently
-(TensorBoard's EventAccumulator) with the statistics written out here from MATH.md.
+(TensorBoard's EventAccumulator) with the statistics written out here from docs/math.md.
 """
 
 from __future__ import annotations
