@@ -59,9 +59,8 @@ COLORMAPS: tuple[str, ...] = (
 # Statistics that take both signs: a diverging map (RdBu_r) symmetric around zero by default,
 # as in the tab (core.js SIGNED_STATS).
 SIGNED_STATS: tuple[str, ...] = ("mean", "third_moment", "skewness")
-# The curves' default smoothing, the tab's: a decay of 0.9 averages about ten logged steps
-# (numerators and denominators separately, `stats.smoothed`).
-DEFAULT_SMOOTHING = 0.9
+# The curves' default smoothing, the tab's (`stats.DEFAULT_SMOOTHING`).
+DEFAULT_SMOOTHING = stats.DEFAULT_SMOOTHING
 # Curves whose non-positive values are not estimates of a positive quantity but a sign that
 # the noise dominates (docs/math.md): marked, not drawn.
 _POSITIVE_ONLY = ("noise_scale", "cabs_batch_size")

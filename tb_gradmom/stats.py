@@ -268,6 +268,12 @@ def split_stats_tensor(
     return sums, values[len(fields) :].copy()
 
 
+# The default smoothing of the curves (the tab, `plot`, `tb-gradmom export`): a decay of 0.9
+# averages about ten logged steps, numerators and denominators separately (`smoothed`). The
+# tab's copy (tb_gradmom_frontend/index.js DEFAULT_SMOOTHING) is checked against it by a test.
+DEFAULT_SMOOTHING = 0.9
+
+
 def ema(x: np.ndarray, beta: float) -> np.ndarray:
     """Bias-corrected exponential moving average over the last axis (steps, oldest first).
 

@@ -278,3 +278,16 @@ def test_split_stats_tensor_round_trip():
     np.testing.assert_array_equal(got_counts, counts)
     with pytest.raises(ValueError, match="at least 9 values"):
         stats.split_stats_tensor(np.zeros(3))
+
+
+def test_the_tabs_default_smoothing_is_the_librarys():
+    """One default for the tab, the figures and the export (the tab keeps a copy in JS)."""
+    import pathlib
+    import re
+
+    from tb_gradmom import plot
+
+    js = (pathlib.Path(__file__).parents[1] / "tb_gradmom_frontend" / "index.js").read_text()
+    found = re.search(r"const DEFAULT_SMOOTHING = ([0-9.]+);", js)
+    assert found, "index.js no longer defines DEFAULT_SMOOTHING"
+    assert float(found.group(1)) == stats.DEFAULT_SMOOTHING == plot.DEFAULT_SMOOTHING
