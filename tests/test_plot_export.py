@@ -497,6 +497,11 @@ def test_demo_subcommand_calls_demo_main_lazily(monkeypatch):
 
     fake.main = main
     monkeypatch.setitem(sys.modules, "tb_gradmom.demo", fake)
+    # `from tb_gradmom import demo` reads the package's attribute first: set once an earlier
+    # test imported the real module
+    import tb_gradmom
+
+    monkeypatch.setattr(tb_gradmom, "demo", fake, raising=False)
     assert cli.main(["demo", "--quick"]) == 0
     args = seen["args"]
     assert (args.logdir, args.steps, args.quick) == ("runs/demo", None, True)
