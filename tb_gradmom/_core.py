@@ -307,10 +307,7 @@ def _region_contributions(raw, outs, others, name, dtype, on_path, ex, depth, co
                     raw.view, outs, others, f.view, stop, dtype, contribution
                 )
             except RuleError as e:
-                raise UnsupportedOpError(
-                    _unsupported_message(name, op, str(e)),
-                    reason=f"{op.type} op '{op.name}': {e}",
-                ) from None
+                raise _refused(name, op, e) from None
             found.append((site, chained))
     return found, coupled
 
@@ -362,10 +359,7 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
                     try:
                         chained = derived_contribution(raw.view, derived, factor, contribution)
                     except RuleError as e:
-                        raise UnsupportedOpError(
-                            _unsupported_message(name, op, str(e)),
-                            reason=f"{op.type} op '{op.name}': {e}",
-                        ) from None
+                        raise _refused(name, op, e) from None
                     found.append((site, chained))
         return found, coupled
     rule = REGISTRY.get(op.type)
@@ -396,9 +390,14 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
             return [(site, masked_vjp_rule(site))], False
         except RuleError:
             pass
-        raise UnsupportedOpError(
-            _unsupported_message(name, op, str(e)), reason=f"{op.type} op '{op.name}': {e}"
-        ) from None
+        raise _refused(name, op, e) from None
+
+
+def _refused(name, op, e: RuleError) -> UnsupportedOpError:
+    """The error for variable ``name`` whose use by ``op`` no rule covers (``e`` says why)."""
+    return UnsupportedOpError(
+        _unsupported_message(name, op, str(e)), reason=f"{op.type} op '{op.name}': {e}"
+    )
 
 
 def _make_site(raw, op, dtype, var_shape, ex) -> Site:

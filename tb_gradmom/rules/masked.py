@@ -23,15 +23,9 @@ from tensorflow.python.framework import ops as _tf_ops  # get_gradient_function 
 
 from tb_gradmom._axes import per_example_masked
 from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
+from tb_gradmom.rules.derived import _elements
 
 __all__ = ["masked_vjp_rule"]
-
-
-def _elements(shape: tf.TensorShape, unknown: int = 1024) -> int:
-    out = 1
-    for d in shape:
-        out *= d if d is not None else unknown
-    return int(out)
 
 
 def masked_vjp_rule(site: Site) -> Contribution:
