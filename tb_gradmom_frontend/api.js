@@ -45,13 +45,23 @@ export async function fetchTags(signal) {
 }
 
 /** GET heatmap: the statistic of one variable at one step, values decoded to a Float64Array. */
-export async function fetchHeatmap({ run, tag, step, stat, maxRows = 1024, maxCols = 1024 }, signal) {
-  const d = await getJSON("heatmap", { run, tag, step, stat, max_rows: maxRows, max_cols: maxCols }, signal);
+export async function fetchHeatmap(
+  { run, tag, step, stat, maxRows = 1024, maxCols = 1024 },
+  signal,
+) {
+  const d = await getJSON(
+    "heatmap",
+    { run, tag, step, stat, max_rows: maxRows, max_cols: maxCols },
+    signal,
+  );
   return { ...d, values: numbers(d.values), min: decodeNumber(d.min), max: decodeNumber(d.max) };
 }
 
 /** GET histogram: {edges, scale, stat, downsampled, stored_steps, series: [{step, counts}]} with numeric edges. */
-export async function fetchHistogram({ run, tag, stat, step, bins = 30, scale = "linear" }, signal) {
+export async function fetchHistogram(
+  { run, tag, stat, step, bins = 30, scale = "linear" },
+  signal,
+) {
   const d = await getJSON("histogram", { run, tag, stat, step, bins, scale }, signal);
   return {
     ...d,
@@ -73,10 +83,24 @@ export async function fetchSeries({ run, tag, smoothing }, signal) {
     smoothed = {};
     for (const [k, v] of Object.entries(d.smoothed)) smoothed[k] = Array.from(numbers(v));
   }
-  return { ...d, steps: d.steps ?? [], wall_times: Array.from(numbers(d.wall_times)), values, smoothed };
+  return {
+    ...d,
+    steps: d.steps ?? [],
+    wall_times: Array.from(numbers(d.wall_times)),
+    values,
+    smoothed,
+  };
 }
 
-const SUMMARY_NUMBERS = ["size", "total_variance", "snr", "noise_scale", "batch_size", "grad_norm_sq", "norm_test"];
+const SUMMARY_NUMBERS = [
+  "size",
+  "total_variance",
+  "snr",
+  "noise_scale",
+  "batch_size",
+  "grad_norm_sq",
+  "norm_test",
+];
 
 function summaryRow(r) {
   const out = { ...r };
@@ -88,7 +112,11 @@ function summaryRow(r) {
 /** GET summary: one row per variable at a step, and the whole model's row (or null). */
 export async function fetchSummary({ run, step, group }, signal) {
   const d = await getJSON("summary", { run, step, group }, signal);
-  return { ...d, rows: (d.rows ?? []).map(summaryRow), model: d.model ? summaryRow(d.model) : null };
+  return {
+    ...d,
+    rows: (d.rows ?? []).map(summaryRow),
+    model: d.model ? summaryRow(d.model) : null,
+  };
 }
 
 /** The URL of the backend's export route (the server-side raw data: npy and friends). */

@@ -36,7 +36,9 @@ const lutCache = new Map();
 /** The 256-entry lookup table of a colour map: Uint8Array of 768 bytes (r, g, b per entry). */
 export function colormapLUT(name) {
   if (!(name in COLORMAP_HEX)) {
-    throw new Error(`unknown colour map ${JSON.stringify(name)}; expected one of ${COLORMAPS.join(", ")}`);
+    throw new Error(
+      `unknown colour map ${JSON.stringify(name)}; expected one of ${COLORMAPS.join(", ")}`,
+    );
   }
   let lut = lutCache.get(name);
   if (!lut) {
@@ -415,7 +417,8 @@ export function svgElement(tag, attrs = {}, children = []) {
 /** A standalone SVG file from serialised markup of an <svg> element (adds the XML prolog). */
 export function svgDocument(markup) {
   let m = markup.trim();
-  if (!/^<svg[^>]*\sxmlns=/.test(m)) m = m.replace(/^<svg/, '<svg xmlns="http://www.w3.org/2000/svg"');
+  if (!/^<svg[^>]*\sxmlns=/.test(m))
+    m = m.replace(/^<svg/, '<svg xmlns="http://www.w3.org/2000/svg"');
   return `<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n${m}\n`;
 }
 
@@ -441,7 +444,11 @@ export function linePath(points) {
 export function fileName(parts, ext) {
   const stem = parts
     .filter((p) => p !== null && p !== undefined && p !== "")
-    .map((p) => String(p).replace(/[^A-Za-z0-9._-]+/g, "_").replace(/^_+|_+$/g, ""))
+    .map((p) =>
+      String(p)
+        .replace(/[^A-Za-z0-9._-]+/g, "_")
+        .replace(/^_+|_+$/g, ""),
+    )
     .filter(Boolean)
     .join("-");
   return `${stem || "gradmom"}.${ext}`;
@@ -452,10 +459,22 @@ export function fileName(parts, ext) {
 
 /** The run colours: TensorBoard's default palette (light and dark variants), in sorted run order. */
 export const RUN_PALETTE = Object.freeze([
-  "#425066", "#12b5cb", "#e52592", "#f9ab00", "#9334e6", "#7cb342", "#e8710a",
+  "#425066",
+  "#12b5cb",
+  "#e52592",
+  "#f9ab00",
+  "#9334e6",
+  "#7cb342",
+  "#e8710a",
 ]);
 export const RUN_PALETTE_DARK = Object.freeze([
-  "#8e98a3", "#12b5cb", "#e52592", "#f9ab00", "#9334e6", "#7cb342", "#e8710a",
+  "#8e98a3",
+  "#12b5cb",
+  "#e52592",
+  "#f9ab00",
+  "#9334e6",
+  "#7cb342",
+  "#e8710a",
 ]);
 
 export function runColors(runs, dark = false) {
@@ -527,20 +546,36 @@ export function nearestStep(steps, wanted) {
  * strings by locale order.
  */
 export function sortRows(rows, key, descending = false) {
-  const missing = (v) => v === null || v === undefined || (typeof v === "number" && Number.isNaN(v));
+  const missing = (v) =>
+    v === null || v === undefined || (typeof v === "number" && Number.isNaN(v));
   return [...rows].sort((a, b) => {
     const x = a[key];
     const y = b[key];
     if (missing(x) || missing(y)) return missing(x) - missing(y);
-    const c = typeof x === "string" || typeof y === "string" ? String(x).localeCompare(String(y)) : x - y;
+    const c =
+      typeof x === "string" || typeof y === "string" ? String(x).localeCompare(String(y)) : x - y;
     return descending ? -c : c;
   });
 }
 
 /** Colours of the plots for TensorBoard's light and dark themes (attributes, for export). */
 export const THEMES = Object.freeze({
-  light: { background: "#ffffff", text: "#212121", muted: "#616161", grid: "#e0e0e0", axis: "#9e9e9e", missing: [204, 204, 204, 255] },
-  dark: { background: "#303030", text: "#e0e0e0", muted: "#a0a0a0", grid: "#484848", axis: "#8a8a8a", missing: [90, 90, 90, 255] },
+  light: {
+    background: "#ffffff",
+    text: "#212121",
+    muted: "#616161",
+    grid: "#e0e0e0",
+    axis: "#9e9e9e",
+    missing: [204, 204, 204, 255],
+  },
+  dark: {
+    background: "#303030",
+    text: "#e0e0e0",
+    muted: "#a0a0a0",
+    grid: "#484848",
+    axis: "#8a8a8a",
+    missing: [90, 90, 90, 255],
+  },
 });
 
 // ---------------------------------------------------------------------------------------------
@@ -554,7 +589,9 @@ export const SIGNED_STATS = Object.freeze(["mean", "third_moment", "skewness"]);
  * span decades; log shows dead filters at once), a linear diverging map for signed ones.
  */
 export function defaultView(stat) {
-  return SIGNED_STATS.includes(stat) ? { scale: "linear", colormap: "rdbu_r" } : { scale: "log", colormap: "viridis" };
+  return SIGNED_STATS.includes(stat)
+    ? { scale: "linear", colormap: "rdbu_r" }
+    : { scale: "log", colormap: "viridis" };
 }
 
 /** A colour domain symmetric around zero ([-a, a], a the largest |finite value|), or null. */
@@ -633,7 +670,10 @@ export function groupsOf(groups, runs) {
 export function robustBinRange(countsList, lo = 0.005, hi = 0.995) {
   if (!countsList.length) return null;
   const total = new Array(countsList[0].length).fill(0);
-  for (const counts of countsList) counts.forEach((c, k) => { total[k] += c; });
+  for (const counts of countsList)
+    counts.forEach((c, k) => {
+      total[k] += c;
+    });
   const sum = total.reduce((a, b) => a + b, 0);
   if (!(sum > 0)) return null;
   let acc = 0;

@@ -5,8 +5,18 @@
 
 import * as api from "./api.js";
 import {
-  COLORMAPS, STAT_LABELS, THEMES, argmaxRow, availableStats, defaultView, filterTags, groupLabel, groupsOf, modelTag,
-  nearestStep, runColors,
+  COLORMAPS,
+  STAT_LABELS,
+  THEMES,
+  argmaxRow,
+  availableStats,
+  defaultView,
+  filterTags,
+  groupLabel,
+  groupsOf,
+  modelTag,
+  nearestStep,
+  runColors,
 } from "./core.js";
 import { h, select } from "./views/common.js";
 import { CurvesView, METRICS } from "./views/curves.js";
@@ -52,10 +62,27 @@ class App {
   constructor(root) {
     this.root = root;
     this.state = {
-      runs: {}, model: {}, groups: {}, group: "", runList: [], checked: new Set(), known: new Set(),
-      run: null, tag: null, filter: "", stat: "variance", ...defaultView("variance"),
-      step: null, follow: true, histMode: "step", histLog: false, metric: "noise_scale", logy: false,
-      smoothing: DEFAULT_SMOOTHING, statistics: {}, landed: false,
+      runs: {},
+      model: {},
+      groups: {},
+      group: "",
+      runList: [],
+      checked: new Set(),
+      known: new Set(),
+      run: null,
+      tag: null,
+      filter: "",
+      stat: "variance",
+      ...defaultView("variance"),
+      step: null,
+      follow: true,
+      histMode: "step",
+      histLog: false,
+      metric: "noise_scale",
+      logy: false,
+      smoothing: DEFAULT_SMOOTHING,
+      statistics: {},
+      landed: false,
       theme: detectTheme(),
     };
     this.cache = new Map();
@@ -86,8 +113,11 @@ class App {
     this.el = {};
     this.el.runs = h("div", { class: "run-list" });
     this.el.filter = h("input", {
-      type: "search", class: "tag-filter", placeholder: "Filter variables (regular expressions supported)",
-      "aria-label": "Filter variables by regular expression", value: this.state.filter,
+      type: "search",
+      class: "tag-filter",
+      placeholder: "Filter variables (regular expressions supported)",
+      "aria-label": "Filter variables by regular expression",
+      value: this.state.filter,
     });
     this.el.filter.addEventListener("input", () => {
       this.state.filter = this.el.filter.value;
@@ -98,7 +128,12 @@ class App {
     this.el.tags = h("ul", { class: "tag-list" });
     const sidebar = h("aside", { class: "sidebar" }, [
       h("section", {}, [h("h3", { text: "Runs" }), this.el.runs]),
-      h("section", { class: "grow" }, [h("h3", { text: "Variables" }), this.el.filter, this.el.filterError, this.el.tags]),
+      h("section", { class: "grow" }, [
+        h("h3", { text: "Variables" }),
+        this.el.filter,
+        this.el.filterError,
+        this.el.tags,
+      ]),
     ]);
 
     this.el.toolbar = h("div", { class: "toolbar" });
@@ -126,7 +161,14 @@ class App {
     };
     this.el.heatmapCard = heatmap.node;
     // The whole model first (noise and loss over training, the table), then one variable.
-    const main = h("main", { class: "main" }, [this.el.toolbar, this.el.status, curves.node, summary.node, heatmap.node, hist.node]);
+    const main = h("main", { class: "main" }, [
+      this.el.toolbar,
+      this.el.status,
+      curves.node,
+      summary.node,
+      heatmap.node,
+      hist.node,
+    ]);
     this.root.replaceChildren(h("div", { class: "app" }, [sidebar, main]));
     this.applyTheme();
     this.watchResize(main);
@@ -147,7 +189,8 @@ class App {
   relayout() {
     const v = this.views;
     if (v.heatmap.model) v.heatmap.render();
-    for (const c of [v.histogram, v.layerCurves, v.modelCurves, v.lossCurves]) if (c.model) c.update(c.model);
+    for (const c of [v.histogram, v.layerCurves, v.modelCurves, v.lossCurves])
+      if (c.model) c.update(c.model);
     this.resized = (this.resized ?? 0) + 1;
   }
 
@@ -163,7 +206,10 @@ class App {
     };
     try {
       if (window.parent !== window) {
-        new window.parent.MutationObserver(update).observe(window.parent.document.body, { attributes: true, attributeFilter: ["class"] });
+        new window.parent.MutationObserver(update).observe(window.parent.document.body, {
+          attributes: true,
+          attributeFilter: ["class"],
+        });
       }
     } catch {
       // Not reachable: only the media query below.
@@ -219,7 +265,9 @@ class App {
     if (!withTags.length) {
       this.setStatus(
         "No Grad Moments data in this log directory yet. Log moments with tb_gradmom (see the README), " +
-        "or write a demo with `tb-gradmom demo --logdir <dir>`; this page reloads every 30 s.", "info");
+          "or write a demo with `tb-gradmom demo --logdir <dir>`; this page reloads every 30 s.",
+        "info",
+      );
       this.renderRuns();
       this.renderTags();
       this.renderToolbar();
@@ -245,7 +293,10 @@ class App {
   /** The groups (one per summary.moments call) with a whole-model tag in the shown runs. */
   groupList() {
     const s = this.state;
-    return groupsOf(s.groups, s.runList.filter((r) => s.checked.has(r) || r === s.run));
+    return groupsOf(
+      s.groups,
+      s.runList.filter((r) => s.checked.has(r) || r === s.run),
+    );
   }
 
   /** Whether the tab shows one group at a time (more than one whole-model tag is shown). */
@@ -268,7 +319,9 @@ class App {
   tagsOf(run) {
     const info = this.state.runs[run] ?? {};
     const grouped = this.grouped();
-    return Object.keys(info).filter((t) => !grouped || (info[t].group ?? "") === this.state.group).sort();
+    return Object.keys(info)
+      .filter((t) => !grouped || (info[t].group ?? "") === this.state.group)
+      .sort();
   }
 
   tagInfo() {
@@ -305,23 +358,29 @@ class App {
 
   renderRuns() {
     const s = this.state;
-    this.el.runs.replaceChildren(...s.runList.map((run) => {
-      const box = h("input", { type: "checkbox", checked: s.checked.has(run), "aria-label": `show run ${run} in the noise curves` });
-      box.addEventListener("change", () => {
-        if (box.checked) s.checked.add(run);
-        else s.checked.delete(run);
-        const group = s.group;
-        const wasGrouped = this.grouped();
-        this.ensureGroup();
-        if (group !== s.group || wasGrouped !== this.grouped()) this.selectGroup(s.group);
-        else this.loadCurves();
-      });
-      return h("label", { class: `run-row ${run === s.run ? "active" : ""}`, title: run }, [
-        box,
-        h("span", { class: "swatch", style: `background:${this.colors.get(run)}` }),
-        h("span", { class: "run-name", text: run }),
-      ]);
-    }));
+    this.el.runs.replaceChildren(
+      ...s.runList.map((run) => {
+        const box = h("input", {
+          type: "checkbox",
+          checked: s.checked.has(run),
+          "aria-label": `show run ${run} in the noise curves`,
+        });
+        box.addEventListener("change", () => {
+          if (box.checked) s.checked.add(run);
+          else s.checked.delete(run);
+          const group = s.group;
+          const wasGrouped = this.grouped();
+          this.ensureGroup();
+          if (group !== s.group || wasGrouped !== this.grouped()) this.selectGroup(s.group);
+          else this.loadCurves();
+        });
+        return h("label", { class: `run-row ${run === s.run ? "active" : ""}`, title: run }, [
+          box,
+          h("span", { class: "swatch", style: `background:${this.colors.get(run)}` }),
+          h("span", { class: "run-name", text: run }),
+        ]);
+      }),
+    );
   }
 
   renderTags() {
@@ -332,16 +391,29 @@ class App {
     this.el.filterError.textContent = error ? `Invalid regular expression: ${error}` : "";
     this.el.filter.classList.toggle("invalid", !!error);
     const info = s.runs[s.run] ?? {};
-    this.el.tags.replaceChildren(...tags.map((tag) => {
-      const t = info[tag];
-      const meta = `[${(t.shape ?? []).join("×")}] ${t.op ?? ""}${t.pooled ? " · pooled" : ""}`;
-      const button = h("button", { type: "button", class: `tag ${tag === s.tag ? "selected" : ""}`, "data-tag": tag, title: tag }, [
-        h("span", { class: "tag-name", text: tag }), h("span", { class: "tag-meta", text: meta }),
-      ]);
-      button.addEventListener("click", () => this.selectTag(tag, false));
-      return h("li", {}, [button]);
-    }));
-    if (!tags.length && all.length) this.el.tags.append(h("li", { class: "empty", text: "No variable matches the filter." }));
+    this.el.tags.replaceChildren(
+      ...tags.map((tag) => {
+        const t = info[tag];
+        const meta = `[${(t.shape ?? []).join("×")}] ${t.op ?? ""}${t.pooled ? " · pooled" : ""}`;
+        const button = h(
+          "button",
+          {
+            type: "button",
+            class: `tag ${tag === s.tag ? "selected" : ""}`,
+            "data-tag": tag,
+            title: tag,
+          },
+          [
+            h("span", { class: "tag-name", text: tag }),
+            h("span", { class: "tag-meta", text: meta }),
+          ],
+        );
+        button.addEventListener("click", () => this.selectTag(tag, false));
+        return h("li", {}, [button]);
+      }),
+    );
+    if (!tags.length && all.length)
+      this.el.tags.append(h("li", { class: "empty", text: "No variable matches the filter." }));
   }
 
   renderToolbar() {
@@ -350,15 +422,26 @@ class App {
     const steps = this.steps();
     const step = this.currentStep();
     const withTags = s.runList.filter((r) => Object.keys(s.runs[r] ?? {}).length);
-    const field = (label, control) => h("label", { class: "field" }, [h("span", { text: label }), control]);
-    const stats = availableStats(info?.orders ?? [1, 2]).map((v) => ({ value: v, label: STAT_LABELS[v] ?? v }));
+    const field = (label, control) =>
+      h("label", { class: "field" }, [h("span", { text: label }), control]);
+    const stats = availableStats(info?.orders ?? [1, 2]).map((v) => ({
+      value: v,
+      label: STAT_LABELS[v] ?? v,
+    }));
 
     const slider = h("input", {
-      type: "range", class: "step-slider", min: 0, max: Math.max(0, steps.length - 1),
-      value: Math.max(0, steps.indexOf(step)), "aria-label": "step", disabled: steps.length < 2,
+      type: "range",
+      class: "step-slider",
+      min: 0,
+      max: Math.max(0, steps.length - 1),
+      value: Math.max(0, steps.indexOf(step)),
+      "aria-label": "step",
+      disabled: steps.length < 2,
     });
     const stepLabel = h("output", { class: "step-value", text: step ?? "–" });
-    slider.addEventListener("input", () => { stepLabel.textContent = String(steps[+slider.value]); });
+    slider.addEventListener("input", () => {
+      stepLabel.textContent = String(steps[+slider.value]);
+    });
     slider.addEventListener("change", () => {
       s.step = steps[+slider.value];
       s.follow = +slider.value === steps.length - 1 && s.follow;
@@ -370,34 +453,112 @@ class App {
       s.follow = follow.checked;
       if (s.follow) this.reload();
     });
-    const reload = h("button", { type: "button", class: "reload", text: "Reload", title: "Fetch new runs and steps" });
+    const reload = h("button", {
+      type: "button",
+      class: "reload",
+      text: "Reload",
+      title: "Fetch new runs and steps",
+    });
     reload.addEventListener("click", () => this.reload());
 
     this.el.toolbar.replaceChildren(
-      field("Run", select(withTags, s.run, (v) => { s.run = v; this.ensureGroup(); this.ensureTag(); this.renderRuns(); this.renderTags(); this.renderToolbar(); this.loadViews(); }, { class: "run-select" })),
-      ...(this.grouped() ? [field("Model", select(this.groupList().map((g) => ({ value: g, label: groupLabel(g) })), s.group, (v) => this.selectGroup(v), {
-        class: "group-select", title: "One group per summary.moments call (name=): its whole-model curves, summary table and variables",
-      }))] : []),
-      field("Statistic", select(stats, s.stat, (v) => {
-        s.stat = v;
-        Object.assign(s, defaultView(v));
-        this.renderToolbar();
-        this.loadViews({ only: ["heatmap", "histogram"] });
-      }, { class: "stat-select" })),
-      field("Colour map", select(COLORMAPS, s.colormap, (v) => { s.colormap = v; this.loadViews({ only: ["heatmap"], keepZoom: true }); }, { class: "colormap-select" })),
-      field("Scale", select(["linear", "log"], s.scale, (v) => { s.scale = v; this.loadViews({ only: ["heatmap"], keepZoom: true }); }, { class: "scale-select" })),
+      field(
+        "Run",
+        select(
+          withTags,
+          s.run,
+          (v) => {
+            s.run = v;
+            this.ensureGroup();
+            this.ensureTag();
+            this.renderRuns();
+            this.renderTags();
+            this.renderToolbar();
+            this.loadViews();
+          },
+          { class: "run-select" },
+        ),
+      ),
+      ...(this.grouped()
+        ? [
+            field(
+              "Model",
+              select(
+                this.groupList().map((g) => ({ value: g, label: groupLabel(g) })),
+                s.group,
+                (v) => this.selectGroup(v),
+                {
+                  class: "group-select",
+                  title:
+                    "One group per summary.moments call (name=): its whole-model curves, summary table and variables",
+                },
+              ),
+            ),
+          ]
+        : []),
+      field(
+        "Statistic",
+        select(
+          stats,
+          s.stat,
+          (v) => {
+            s.stat = v;
+            Object.assign(s, defaultView(v));
+            this.renderToolbar();
+            this.loadViews({ only: ["heatmap", "histogram"] });
+          },
+          { class: "stat-select" },
+        ),
+      ),
+      field(
+        "Colour map",
+        select(
+          COLORMAPS,
+          s.colormap,
+          (v) => {
+            s.colormap = v;
+            this.loadViews({ only: ["heatmap"], keepZoom: true });
+          },
+          { class: "colormap-select" },
+        ),
+      ),
+      field(
+        "Scale",
+        select(
+          ["linear", "log"],
+          s.scale,
+          (v) => {
+            s.scale = v;
+            this.loadViews({ only: ["heatmap"], keepZoom: true });
+          },
+          { class: "scale-select" },
+        ),
+      ),
       h("div", { class: "field step-field" }, [h("span", { text: "Step" }), slider, stepLabel]),
       h("label", { class: "field check" }, [follow, h("span", { text: "Follow latest" })]),
       reload,
     );
 
     this.el.histControls.replaceChildren(
-      select([{ value: "step", label: "this step" }, { value: "steps", label: "over steps (offset)" }], s.histMode,
-        (v) => { s.histMode = v; this.loadHistogram(); }, { class: "hist-mode", "aria-label": "histogram mode" }),
+      select(
+        [
+          { value: "step", label: "this step" },
+          { value: "steps", label: "over steps (offset)" },
+        ],
+        s.histMode,
+        (v) => {
+          s.histMode = v;
+          this.loadHistogram();
+        },
+        { class: "hist-mode", "aria-label": "histogram mode" },
+      ),
       h("label", { class: "check" }, [
         (() => {
           const c = h("input", { type: "checkbox", checked: s.histLog, class: "hist-log" });
-          c.addEventListener("change", () => { s.histLog = c.checked; this.loadHistogram(); });
+          c.addEventListener("change", () => {
+            s.histLog = c.checked;
+            this.loadHistogram();
+          });
           return c;
         })(),
         h("span", { text: "log x" }),
@@ -405,14 +566,28 @@ class App {
     );
     const metricLabel = (k) => s.statistics[k]?.name ?? METRICS[k] ?? k;
     const smoothing = h("input", {
-      type: "range", class: "smoothing", min: 0, max: 0.99, step: 0.01, value: s.smoothing,
-      "aria-label": "smoothing", title: "EMA decay: numerator and denominator are smoothed separately, then divided",
+      type: "range",
+      class: "smoothing",
+      min: 0,
+      max: 0.99,
+      step: 0.01,
+      value: s.smoothing,
+      "aria-label": "smoothing",
+      title: "EMA decay: numerator and denominator are smoothed separately, then divided",
     });
     const smoothingValue = h("output", { class: "smoothing-value", text: s.smoothing.toFixed(2) });
-    smoothing.addEventListener("input", () => { smoothingValue.textContent = (+smoothing.value).toFixed(2); });
-    smoothing.addEventListener("change", () => { s.smoothing = +smoothing.value; this.loadCurves(); });
+    smoothing.addEventListener("input", () => {
+      smoothingValue.textContent = (+smoothing.value).toFixed(2);
+    });
+    smoothing.addEventListener("change", () => {
+      s.smoothing = +smoothing.value;
+      this.loadCurves();
+    });
     const infoButton = h("button", {
-      type: "button", class: "info-button", text: "What is this?", "aria-label": "what this statistic is",
+      type: "button",
+      class: "info-button",
+      text: "What is this?",
+      "aria-label": "what this statistic is",
       "aria-expanded": String(!this.el.info.hidden),
     });
     infoButton.addEventListener("click", () => {
@@ -421,14 +596,31 @@ class App {
       this.renderInfo();
     });
     this.el.curveControls.replaceChildren(
-      select(Object.keys(METRICS).filter((k) => k !== "loss").map((k) => ({ value: k, label: metricLabel(k) })), s.metric,
-        (v) => { s.metric = v; this.renderInfo(); this.loadCurves(); }, { class: "metric-select", "aria-label": "quantity" }),
+      select(
+        Object.keys(METRICS)
+          .filter((k) => k !== "loss")
+          .map((k) => ({ value: k, label: metricLabel(k) })),
+        s.metric,
+        (v) => {
+          s.metric = v;
+          this.renderInfo();
+          this.loadCurves();
+        },
+        { class: "metric-select", "aria-label": "quantity" },
+      ),
       infoButton,
-      h("label", { class: "check smoothing-field" }, [h("span", { text: "Smoothing" }), smoothing, smoothingValue]),
+      h("label", { class: "check smoothing-field" }, [
+        h("span", { text: "Smoothing" }),
+        smoothing,
+        smoothingValue,
+      ]),
       h("label", { class: "check" }, [
         (() => {
           const c = h("input", { type: "checkbox", checked: s.logy, class: "curves-log" });
-          c.addEventListener("change", () => { s.logy = c.checked; this.loadCurves(); });
+          c.addEventListener("change", () => {
+            s.logy = c.checked;
+            this.loadCurves();
+          });
           return c;
         })(),
         h("span", { text: "log y" }),
@@ -440,15 +632,25 @@ class App {
   renderInfo() {
     const st = this.state.statistics[this.state.metric];
     if (!st) {
-      this.el.info.replaceChildren(h("p", { text: METRICS[this.state.metric] ?? this.state.metric }));
+      this.el.info.replaceChildren(
+        h("p", { text: METRICS[this.state.metric] ?? this.state.metric }),
+      );
       return;
     }
-    const row = (k, v) => v && h("div", { class: `info-row info-${k}` }, [h("span", { class: "info-key", text: k }), h("span", { class: "info-value", text: v })]);
+    const row = (k, v) =>
+      v &&
+      h("div", { class: `info-row info-${k}` }, [
+        h("span", { class: "info-key", text: k }),
+        h("span", { class: "info-value", text: v }),
+      ]);
     this.el.info.replaceChildren(
       h("h3", { text: st.name }),
       h("p", { class: "info-meaning", text: `${st.meaning}.` }),
-      row("formula", st.formula), row("unit", st.unit), row("reading", st.reading),
-      row("smoothing", st.smoothing), row("reference", st.reference),
+      row("formula", st.formula),
+      row("unit", st.unit),
+      row("reading", st.reading),
+      row("smoothing", st.smoothing),
+      row("reference", st.reference),
     );
   }
 
@@ -458,7 +660,9 @@ class App {
     s.group = group;
     if (!s.groups[s.run]?.[group]) {
       // Another run has this group: show that run's variables and table.
-      const other = s.runList.find((r) => s.groups[r]?.[group] && Object.keys(s.runs[r] ?? {}).length);
+      const other = s.runList.find(
+        (r) => s.groups[r]?.[group] && Object.keys(s.runs[r] ?? {}).length,
+      );
       if (other) s.run = other;
     }
     s.landed = false;
@@ -498,17 +702,39 @@ class App {
     const { run, tag, stat } = s;
     const step = this.currentStep();
     const info = this.tagInfo();
-    const get = (st) => this.cached(`heatmap|${run}|${tag}|${step}|${st}`, () => api.fetchHeatmap({ run, tag, step, stat: st }));
+    const get = (st) =>
+      this.cached(`heatmap|${run}|${tag}|${step}|${st}`, () =>
+        api.fetchHeatmap({ run, tag, step, stat: st }),
+      );
     try {
-      const extraStats = ["mean", "variance", "std", "snr"].filter((x) => x !== stat && availableStats(info.orders ?? [1, 2]).includes(x));
-      const [data, ...extras] = await Promise.all([get(stat), ...extraStats.map((x) => get(x).catch(() => null))]);
+      const extraStats = ["mean", "variance", "std", "snr"].filter(
+        (x) => x !== stat && availableStats(info.orders ?? [1, 2]).includes(x),
+      );
+      const [data, ...extras] = await Promise.all([
+        get(stat),
+        ...extraStats.map((x) => get(x).catch(() => null)),
+      ]);
       if (gen !== this.generation.heatmap) return;
-      this.views.heatmap.update({
-        data, extras: Object.fromEntries(extraStats.map((x, k) => [x, extras[k]])), stat, run, tag,
-        colormap: s.colormap, scale: s.scale, theme: this.theme, exportTheme: THEMES.light,
-      }, { keepZoom });
+      this.views.heatmap.update(
+        {
+          data,
+          extras: Object.fromEntries(extraStats.map((x, k) => [x, extras[k]])),
+          stat,
+          run,
+          tag,
+          colormap: s.colormap,
+          scale: s.scale,
+          theme: this.theme,
+          exportTheme: THEMES.light,
+        },
+        { keepZoom },
+      );
     } catch (e) {
-      if (gen === this.generation.heatmap) this.views.heatmap.showMessage(`Could not load the heatmap of ${tag}: ${e.message}`, "error");
+      if (gen === this.generation.heatmap)
+        this.views.heatmap.showMessage(
+          `Could not load the heatmap of ${tag}: ${e.message}`,
+          "error",
+        );
     }
   }
 
@@ -519,14 +745,26 @@ class App {
     const step = histMode === "steps" ? "all" : this.currentStep();
     const scale = s.histLog ? "log" : "linear";
     try {
-      const data = await this.cached(`histogram|${run}|${tag}|${stat}|${step}|${scale}`,
-        () => api.fetchHistogram({ run, tag, stat, step, bins: 30, scale }));
+      const data = await this.cached(`histogram|${run}|${tag}|${stat}|${step}|${scale}`, () =>
+        api.fetchHistogram({ run, tag, stat, step, bins: 30, scale }),
+      );
       if (gen !== this.generation.histogram) return;
       this.views.histogram.update({
-        data, mode: histMode, run, tag, stat, color: this.colors.get(run), theme: this.theme, exportTheme: THEMES.light,
+        data,
+        mode: histMode,
+        run,
+        tag,
+        stat,
+        color: this.colors.get(run),
+        theme: this.theme,
+        exportTheme: THEMES.light,
       });
     } catch (e) {
-      if (gen === this.generation.histogram) this.views.histogram.showMessage(`Could not load the histogram of ${tag}: ${e.message}`, "error");
+      if (gen === this.generation.histogram)
+        this.views.histogram.showMessage(
+          `Could not load the histogram of ${tag}: ${e.message}`,
+          "error",
+        );
     }
   }
 
@@ -540,15 +778,21 @@ class App {
         if (!hasTag(run)) continue;
         try {
           const smoothing = s.smoothing;
-          const d = await this.cached(`series|${run}|${tag}|${smoothing}`, () => api.fetchSeries({ run, tag, smoothing: smoothing > 0 ? smoothing : undefined }));
+          const d = await this.cached(`series|${run}|${tag}|${smoothing}`, () =>
+            api.fetchSeries({ run, tag, smoothing: smoothing > 0 ? smoothing : undefined }),
+          );
           if (d.statistics && !Object.keys(s.statistics).length) {
             s.statistics = d.statistics;
             this.renderToolbar();
             this.renderInfo();
           }
           const pick = (m) => ({
-            run, color: this.colors.get(run), steps: d.steps, wall_times: d.wall_times,
-            values: d.values[m] ?? [], smoothed: d.smoothed?.[m] ?? null,
+            run,
+            color: this.colors.get(run),
+            steps: d.steps,
+            wall_times: d.wall_times,
+            values: d.values[m] ?? [],
+            smoothed: d.smoothed?.[m] ?? null,
           });
           out.push({ ...pick(s.metric), loss: pick("loss") });
         } catch (e) {
@@ -564,10 +808,19 @@ class App {
     ]);
     if (gen !== this.generation.curves) return;
     const common = {
-      metric: s.metric, logy: s.logy, smoothing: s.smoothing, statistic: s.statistics[s.metric] ?? null,
-      theme: this.theme, exportTheme: THEMES.light,
+      metric: s.metric,
+      logy: s.logy,
+      smoothing: s.smoothing,
+      statistic: s.statistics[s.metric] ?? null,
+      theme: this.theme,
+      exportTheme: THEMES.light,
     };
-    this.views.layerCurves.update({ ...common, label: tag, tag, series: layer.filter((x) => !x.error) });
+    this.views.layerCurves.update({
+      ...common,
+      label: tag,
+      tag,
+      series: layer.filter((x) => !x.error),
+    });
     if (model.some((x) => !x.error)) {
       const ok = model.filter((x) => !x.error);
       const label = this.grouped() ? `whole model ${groupLabel(s.group)}` : "whole model";
@@ -575,16 +828,27 @@ class App {
       const loss = ok.map((x) => x.loss).filter((x) => x.values.some(Number.isFinite));
       if (loss.length) {
         this.views.lossCurves.update({
-          ...common, metric: "loss", logy: false, statistic: { name: "Training loss", unit: "" },
-          label: this.grouped() ? `${groupLabel(s.group)}, as logged` : "as logged", tag: modelTag(s.group), series: loss,
+          ...common,
+          metric: "loss",
+          logy: false,
+          statistic: { name: "Training loss", unit: "" },
+          label: this.grouped() ? `${groupLabel(s.group)}, as logged` : "as logged",
+          tag: modelTag(s.group),
+          series: loss,
         });
       } else this.views.lossCurves.showMessage("No loss logged with the moments.");
     } else {
-      this.views.modelCurves.showMessage(`No whole-model statistics (${modelTag(s.group)}/_stats) in the shown runs.`);
+      this.views.modelCurves.showMessage(
+        `No whole-model statistics (${modelTag(s.group)}/_stats) in the shown runs.`,
+      );
       this.views.lossCurves.clear();
     }
     const failed = [...layer, ...model].filter((x) => x.error);
-    if (failed.length) this.setStatus(`Some curves could not be loaded: ${failed.map((x) => `${x.run}: ${x.error}`).join("; ")}`, "error");
+    if (failed.length)
+      this.setStatus(
+        `Some curves could not be loaded: ${failed.map((x) => `${x.run}: ${x.error}`).join("; ")}`,
+        "error",
+      );
   }
 
   async loadTable() {
@@ -594,16 +858,27 @@ class App {
     const groupInfo = s.groups[run]?.[s.group];
     const group = groupInfo ? s.group : undefined;
     const modelSteps = groupInfo?.steps ?? this.steps();
-    const step = nearestStep([...modelSteps].sort((a, b) => a - b), this.currentStep());
+    const step = nearestStep(
+      [...modelSteps].sort((a, b) => a - b),
+      this.currentStep(),
+    );
     try {
-      const d = await this.cached(`summary|${run}|${step}|${group}`, () => api.fetchSummary({ run, step, group }));
+      const d = await this.cached(`summary|${run}|${step}|${group}`, () =>
+        api.fetchSummary({ run, step, group }),
+      );
       if (gen !== this.generation.table) return;
-      const { tags } = filterTags(d.rows.map((r) => r.tag), s.filter);
+      const { tags } = filterTags(
+        d.rows.map((r) => r.tag),
+        s.filter,
+      );
       const keep = new Set(tags);
       if (!s.landed) {
         // Land on the noisiest variable (largest total variance), once per page load.
         s.landed = true;
-        const best = argmaxRow(d.rows.filter((r) => keep.has(r.tag)), "total_variance");
+        const best = argmaxRow(
+          d.rows.filter((r) => keep.has(r.tag)),
+          "total_variance",
+        );
         const rows = d.rows.filter((r) => keep.has(r.tag));
         if (best >= 0 && rows[best].tag !== s.tag) {
           this.selectTag(rows[best].tag, false);
@@ -611,11 +886,22 @@ class App {
         }
       }
       this.views.table.update({
-        rows: d.rows.filter((r) => keep.has(r.tag)), model: d.model, run, step, selected: s.tag, theme: this.theme, exportTheme: THEMES.light,
-        group: this.grouped() ? groupLabel(s.group) : null, statistics: d.statistics ?? {},
+        rows: d.rows.filter((r) => keep.has(r.tag)),
+        model: d.model,
+        run,
+        step,
+        selected: s.tag,
+        theme: this.theme,
+        exportTheme: THEMES.light,
+        group: this.grouped() ? groupLabel(s.group) : null,
+        statistics: d.statistics ?? {},
       });
     } catch (e) {
-      if (gen === this.generation.table) this.views.table.showMessage(`Could not load the summary of run ${run}: ${e.message}`, "error");
+      if (gen === this.generation.table)
+        this.views.table.showMessage(
+          `Could not load the summary of run ${run}: ${e.message}`,
+          "error",
+        );
     }
   }
 }

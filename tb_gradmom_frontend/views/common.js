@@ -84,13 +84,15 @@ export function exportButtons({ figure, csv, json, name, extra = [] }) {
     try {
       await fn();
     } catch (e) {
-      console.warn("export failed:", e); // eslint-disable-line no-console
+      console.warn("export failed:", e);
     }
   };
   const bar = h("div", { class: "export" }, [
     h("span", { class: "export-label", text: "Download" }),
     h("button", {
-      type: "button", text: "PNG", title: "The figure as a PNG image (2x resolution)",
+      type: "button",
+      text: "PNG",
+      title: "The figure as a PNG image (2x resolution)",
       onclick: run(async () => {
         const svg = figure();
         const w = +svg.getAttribute("width");
@@ -99,17 +101,33 @@ export function exportButtons({ figure, csv, json, name, extra = [] }) {
       }),
     }),
     h("button", {
-      type: "button", text: "SVG", title: "The figure as an SVG vector image",
-      onclick: run(() => download(new Blob([serializeSVG(figure())], { type: "image/svg+xml" }), fileName(name(), "svg"))),
+      type: "button",
+      text: "SVG",
+      title: "The figure as an SVG vector image",
+      onclick: run(() =>
+        download(
+          new Blob([serializeSVG(figure())], { type: "image/svg+xml" }),
+          fileName(name(), "svg"),
+        ),
+      ),
     }),
     h("button", {
-      type: "button", text: "CSV", title: "The plotted data as CSV",
-      onclick: run(() => download(new Blob([csv()], { type: "text/csv" }), fileName(name(), "csv"))),
+      type: "button",
+      text: "CSV",
+      title: "The plotted data as CSV",
+      onclick: run(() =>
+        download(new Blob([csv()], { type: "text/csv" }), fileName(name(), "csv")),
+      ),
     }),
-    json && h("button", {
-      type: "button", text: "JSON", title: "The plotted data as JSON",
-      onclick: run(() => download(new Blob([json()], { type: "application/json" }), fileName(name(), "json"))),
-    }),
+    json &&
+      h("button", {
+        type: "button",
+        text: "JSON",
+        title: "The plotted data as JSON",
+        onclick: run(() =>
+          download(new Blob([json()], { type: "application/json" }), fileName(name(), "json")),
+        ),
+      }),
     ...extra,
   ]);
   return bar;
@@ -120,8 +138,12 @@ export function toJSON(obj) {
   return JSON.stringify(
     obj,
     (_, v) => {
-      if (typeof v === "number" && !Number.isFinite(v)) return Number.isNaN(v) ? null : v > 0 ? "Infinity" : "-Infinity";
-      if (ArrayBuffer.isView(v)) return Array.from(v, (x) => (Number.isFinite(x) ? x : Number.isNaN(x) ? null : x > 0 ? "Infinity" : "-Infinity"));
+      if (typeof v === "number" && !Number.isFinite(v))
+        return Number.isNaN(v) ? null : v > 0 ? "Infinity" : "-Infinity";
+      if (ArrayBuffer.isView(v))
+        return Array.from(v, (x) =>
+          Number.isFinite(x) ? x : Number.isNaN(x) ? null : x > 0 ? "Infinity" : "-Infinity",
+        );
       return v;
     },
     1,
@@ -130,7 +152,8 @@ export function toJSON(obj) {
 
 /** A fresh <svg> of the given size with a background, text colour and font set as attributes. */
 export function newFigure(width, height, theme) {
-  const svg = d3.create("svg")
+  const svg = d3
+    .create("svg")
     .attr("xmlns", SVG_NS)
     .attr("width", width)
     .attr("height", height)
@@ -139,47 +162,84 @@ export function newFigure(width, height, theme) {
     .attr("font-size", 11)
     .attr("color", theme.text)
     .attr("fill", theme.text);
-  svg.append("rect").attr("class", "bg").attr("width", width).attr("height", height).attr("fill", theme.background);
+  svg
+    .append("rect")
+    .attr("class", "bg")
+    .attr("width", width)
+    .attr("height", height)
+    .attr("fill", theme.background);
   return svg;
 }
 
 /** A figure's title (and an optional subtitle) at its top left. */
 export function drawTitle(svg, title, subtitle, theme) {
-  svg.append("text").attr("class", "title").attr("x", 12).attr("y", 18)
-    .attr("font-size", 13).attr("font-weight", 600).attr("fill", theme.text).text(title);
+  svg
+    .append("text")
+    .attr("class", "title")
+    .attr("x", 12)
+    .attr("y", 18)
+    .attr("font-size", 13)
+    .attr("font-weight", 600)
+    .attr("fill", theme.text)
+    .text(title);
   if (subtitle) {
-    svg.append("text").attr("class", "subtitle").attr("x", 12).attr("y", 34)
-      .attr("font-size", 11).attr("fill", theme.muted).text(subtitle);
+    svg
+      .append("text")
+      .attr("class", "subtitle")
+      .attr("x", 12)
+      .attr("y", 34)
+      .attr("font-size", 11)
+      .attr("fill", theme.muted)
+      .text(subtitle);
   }
 }
 
 /** The ticks of a d3 linear or log scale with core's tick choice. */
 export function scaleTicks(scale, log, count) {
   const [a, b] = scale.domain();
-  return log ? logTicks(Math.min(a, b), Math.max(a, b), count) : niceTicks(Math.min(a, b), Math.max(a, b), count);
+  return log
+    ? logTicks(Math.min(a, b), Math.max(a, b), count)
+    : niceTicks(Math.min(a, b), Math.max(a, b), count);
 }
 
 /**
  * An axis with core's ticks and labels, coloured by the theme, optional grid lines across
  * `gridLength` pixels, and a label.
  */
-export function drawAxis(g, scale, { orient, log = false, count = 5, theme, label, gridLength = 0, tickValues, tickFormat }) {
-  const make = { bottom: d3.axisBottom, left: d3.axisLeft, right: d3.axisRight, top: d3.axisTop }[orient];
+export function drawAxis(
+  g,
+  scale,
+  { orient, log = false, count = 5, theme, label, gridLength = 0, tickValues, tickFormat },
+) {
+  const make = { bottom: d3.axisBottom, left: d3.axisLeft, right: d3.axisRight, top: d3.axisTop }[
+    orient
+  ];
   const values = tickValues ?? scaleTicks(scale, log, count);
-  const axis = make(scale).tickValues(values).tickFormat(tickFormat ?? formatTick).tickSizeOuter(0);
+  const axis = make(scale)
+    .tickValues(values)
+    .tickFormat(tickFormat ?? formatTick)
+    .tickSizeOuter(0);
   g.attr("color", theme.axis).call(axis);
   g.selectAll(".tick text").attr("fill", theme.muted);
   if (gridLength) {
     const sign = orient === "bottom" || orient === "right" ? -1 : 1;
-    g.selectAll(".tick").append("line").attr("class", "grid")
+    g.selectAll(".tick")
+      .append("line")
+      .attr("class", "grid")
       .attr(orient === "bottom" || orient === "top" ? "y2" : "x2", sign * gridLength)
-      .attr("stroke", theme.grid).attr("stroke-opacity", 0.7);
+      .attr("stroke", theme.grid)
+      .attr("stroke-opacity", 0.7);
   }
   if (label) {
     const [r0, r1] = scale.range();
     const mid = (r0 + r1) / 2;
-    const t = g.append("text").attr("class", "axis-label").attr("fill", theme.muted)
-      .attr("text-anchor", "middle").attr("font-size", 11).text(label);
+    const t = g
+      .append("text")
+      .attr("class", "axis-label")
+      .attr("fill", theme.muted)
+      .attr("text-anchor", "middle")
+      .attr("font-size", 11)
+      .text(label);
     if (orient === "bottom") t.attr("x", mid).attr("y", 32);
     else if (orient === "left") t.attr("transform", `translate(-46,${mid}) rotate(-90)`);
     else if (orient === "right") t.attr("transform", `translate(48,${mid}) rotate(90)`);

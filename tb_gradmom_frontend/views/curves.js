@@ -49,7 +49,10 @@ export class CurvesView {
     this.size = { width, height: 300 + Math.max(0, 14 * model.series.length - 24) };
     const svg = this.figure(model.theme, true);
     this.tooltip = h("div", { class: "tooltip", role: "tooltip", hidden: true });
-    const fig = h("div", { class: "figure", style: `width:${width}px` }, [svg.node(), this.tooltip]);
+    const fig = h("div", { class: "figure", style: `width:${width}px` }, [
+      svg.node(),
+      this.tooltip,
+    ]);
     this.container.replaceChildren(
       h("div", { class: "card-tools" }, [
         exportButtons({
@@ -70,9 +73,13 @@ export class CurvesView {
     const { statistic, smoothing } = this.model;
     const name = statistic?.name ?? METRICS[metric] ?? metric;
     const smooth = series.some((s) => s.smoothed);
-    drawTitle(svg, `${name}: ${label}`,
+    drawTitle(
+      svg,
+      `${name}: ${label}`,
       `${series.length} run${series.length === 1 ? "" : "s"}${logy ? " · log y" : ""}` +
-      `${smooth ? ` · smoothing ${smoothing} (${statistic?.smoothing ?? "EMA, bias-corrected"}; raw per step faint)` : ""}`, theme);
+        `${smooth ? ` · smoothing ${smoothing} (${statistic?.smoothing ?? "EMA, bias-corrected"}; raw per step faint)` : ""}`,
+      theme,
+    );
     // Positive-only quantities (a noise scale, a batch size) and log axes: values <= 0 are
     // not drawn as a line but marked, with the reason, along the bottom of the plot.
     const positiveOnly = logy || metric === "noise_scale" || metric === "cabs_batch_size";
@@ -90,25 +97,45 @@ export class CurvesView {
     const rr = robustRange(pool);
     const yext = rr && (logy ? [10 ** rr.lo, 10 ** rr.hi] : [rr.lo, rr.hi]);
     if (!allSteps.length || !yext) {
-      svg.append("text").attr("x", width / 2).attr("y", height / 2).attr("text-anchor", "middle")
-        .attr("fill", theme.muted).text(`no ${logy ? "positive " : ""}finite values of ${metric}`);
+      svg
+        .append("text")
+        .attr("x", width / 2)
+        .attr("y", height / 2)
+        .attr("text-anchor", "middle")
+        .attr("fill", theme.muted)
+        .text(`no ${logy ? "positive " : ""}finite values of ${metric}`);
       return svg;
     }
     let [s0, s1] = [Math.min(...allSteps), Math.max(...allSteps)];
     if (s0 === s1) [s0, s1] = [s0 - 1, s1 + 1];
     const x = d3.scaleLinear().domain([s0, s1]).range([0, plotW]);
     let [y0, y1] = yext;
-    if (y0 === y1) [y0, y1] = logy ? [y0 / 2, y1 * 2] : [y0 - Math.abs(y0 || 1) / 2, y1 + Math.abs(y1 || 1) / 2];
+    if (y0 === y1)
+      [y0, y1] = logy ? [y0 / 2, y1 * 2] : [y0 - Math.abs(y0 || 1) / 2, y1 + Math.abs(y1 || 1) / 2];
     const y = logy
       ? d3.scaleLog().domain([y0, y1]).range([plotH, 0])
-      : d3.scaleLinear().domain(niceDomain(y0, y1, 5)).range([plotH, 0]);
+      : d3
+          .scaleLinear()
+          .domain(niceDomain(y0, y1, 5))
+          .range([plotH, 0]);
     const g = svg.append("g").attr("transform", `translate(${MARGIN.left},${top})`);
     drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, {
-      orient: "bottom", theme, label: "step", count: Math.floor(plotW / 90),
-      tickValues: x.ticks(Math.floor(plotW / 90)).filter(Number.isInteger), tickFormat: (v) => String(v),
+      orient: "bottom",
+      theme,
+      label: "step",
+      count: Math.floor(plotW / 90),
+      tickValues: x.ticks(Math.floor(plotW / 90)).filter(Number.isInteger),
+      tickFormat: (v) => String(v),
     });
     const unit = statistic?.unit ? ` [${statistic.unit.replace(/ \(.*\)$/, "")}]` : "";
-    drawAxis(g.append("g"), y, { orient: "left", log: logy, theme, label: `${metric}${unit}`, gridLength: plotW, count: 5 });
+    drawAxis(g.append("g"), y, {
+      orient: "left",
+      log: logy,
+      theme,
+      label: `${metric}${unit}`,
+      gridLength: plotW,
+      count: 5,
+    });
     const lines = g.append("g").attr("class", "lines");
     const inRange = (v) => {
       const [d0, d1] = y.domain();
@@ -120,34 +147,68 @@ export class CurvesView {
     for (const s of series) {
       if (s.smoothed) {
         const raw = splitCurve(s.values, positiveOnly).line;
-        const rawPts = s.steps.map((st, k) => [x(st), Number.isFinite(raw[k]) && inRange(raw[k]) ? y(raw[k]) : NaN]);
-        lines.append("path").attr("class", "curve-raw").attr("data-run", s.run).attr("d", linePath(rawPts))
-          .attr("fill", "none").attr("stroke", s.color).attr("stroke-opacity", 0.25).attr("stroke-width", 1);
+        const rawPts = s.steps.map((st, k) => [
+          x(st),
+          Number.isFinite(raw[k]) && inRange(raw[k]) ? y(raw[k]) : NaN,
+        ]);
+        lines
+          .append("path")
+          .attr("class", "curve-raw")
+          .attr("data-run", s.run)
+          .attr("d", linePath(rawPts))
+          .attr("fill", "none")
+          .attr("stroke", s.color)
+          .attr("stroke-opacity", 0.25)
+          .attr("stroke-width", 1);
       }
       const { line, marked } = splitCurve(s.smoothed ?? s.values, positiveOnly);
-      const pts = s.steps.map((st, k) => [x(st), Number.isFinite(line[k]) ? y(Math.min(dHi, Math.max(dLo, line[k]))) : NaN]);
+      const pts = s.steps.map((st, k) => [
+        x(st),
+        Number.isFinite(line[k]) ? y(Math.min(dHi, Math.max(dLo, line[k]))) : NaN,
+      ]);
       s.steps.forEach((st, k) => {
         const v = line[k];
         if (!Number.isFinite(v) || (v >= dLo && v <= dHi)) return;
         clippedCount += 1;
         const top = v > dHi;
-        lines.append("path").attr("class", "clip-marker").attr("data-run", s.run)
+        lines
+          .append("path")
+          .attr("class", "clip-marker")
+          .attr("data-run", s.run)
           .attr("transform", `translate(${x(st)},${top ? 4 : plotH - 12})`)
-          .attr("d", top ? "M-3.5,3L3.5,3L0,-3Z" : "M-3.5,-3L3.5,-3L0,3Z").attr("fill", "none").attr("stroke", s.color)
-          .append("title").text(`${s.run} @ ${st}: ${formatValue(v, 4)}, beyond the axis`);
+          .attr("d", top ? "M-3.5,3L3.5,3L0,-3Z" : "M-3.5,-3L3.5,-3L0,3Z")
+          .attr("fill", "none")
+          .attr("stroke", s.color)
+          .append("title")
+          .text(`${s.run} @ ${st}: ${formatValue(v, 4)}, beyond the axis`);
       });
-      lines.append("path").attr("class", s.smoothed ? "curve smoothed" : "curve").attr("data-run", s.run).attr("d", linePath(pts))
-        .attr("fill", "none").attr("stroke", s.color).attr("stroke-width", 1.75);
+      lines
+        .append("path")
+        .attr("class", s.smoothed ? "curve smoothed" : "curve")
+        .attr("data-run", s.run)
+        .attr("d", linePath(pts))
+        .attr("fill", "none")
+        .attr("stroke", s.color)
+        .attr("stroke-width", 1.75);
       // Gaps get a marker at the bottom of the plot: a triangle for noise-dominated
       // estimates (<= 0 or infinite), a cross for undefined ones (NaN).
       markedCount += marked.length;
       for (const { index, reason } of marked) {
         const mx = x(s.steps[index]);
-        const mark = lines.append("path").attr("class", `gap-marker ${reason}`).attr("data-run", s.run)
+        const mark = lines
+          .append("path")
+          .attr("class", `gap-marker ${reason}`)
+          .attr("data-run", s.run)
           .attr("transform", `translate(${mx},${plotH - 4})`)
           .attr("d", reason === "undefined" ? "M-3,-3L3,3M-3,3L3,-3" : "M-3.5,-3L3.5,-3L0,3Z")
-          .attr("fill", reason === "undefined" ? "none" : s.color).attr("stroke", s.color).attr("stroke-width", 1);
-        mark.append("title").text(`${s.run} @ ${s.steps[index]}: ${reason} (${formatValue((s.smoothed ?? s.values)[index], 4)})`);
+          .attr("fill", reason === "undefined" ? "none" : s.color)
+          .attr("stroke", s.color)
+          .attr("stroke-width", 1);
+        mark
+          .append("title")
+          .text(
+            `${s.run} @ ${s.steps[index]}: ${reason} (${formatValue((s.smoothed ?? s.values)[index], 4)})`,
+          );
       }
       if (s.steps.length <= 60 || s.steps.length === 1) {
         pts.forEach(([px, py]) => {
@@ -159,28 +220,64 @@ export class CurvesView {
     }
     // One note per line below the axis; the figure grows by a line for the second.
     const notes = [];
-    if (markedCount) notes.push(`▼ ${markedCount} step${markedCount === 1 ? "" : "s"} noise-dominated (≤ 0 or ∞), × undefined: not on the line`);
-    if (clippedCount) notes.push(`△ ${clippedCount} spike${clippedCount === 1 ? "" : "s"} beyond the axis, drawn at its edge`);
+    if (markedCount)
+      notes.push(
+        `▼ ${markedCount} step${markedCount === 1 ? "" : "s"} noise-dominated (≤ 0 or ∞), × undefined: not on the line`,
+      );
+    if (clippedCount)
+      notes.push(
+        `△ ${clippedCount} spike${clippedCount === 1 ? "" : "s"} beyond the axis, drawn at its edge`,
+      );
     const full = height + 14 * Math.max(0, notes.length - 1);
     if (full !== height) {
       svg.attr("height", full).attr("viewBox", `0 0 ${width} ${full}`);
       svg.select("rect.bg").attr("height", full);
     }
     notes.forEach((note, k) => {
-      svg.append("text").attr("class", "gap-note").attr("x", 8).attr("y", height - 6 + 14 * k)
-        .attr("fill", theme.muted).text(note);
+      svg
+        .append("text")
+        .attr("class", "gap-note")
+        .attr("x", 8)
+        .attr("y", height - 6 + 14 * k)
+        .attr("fill", theme.muted)
+        .text(note);
     });
     // Legend: run names as text, top right, one per line.
-    const legend = svg.append("g").attr("class", "legend").attr("transform", `translate(${width - MARGIN.right},${16})`);
+    const legend = svg
+      .append("g")
+      .attr("class", "legend")
+      .attr("transform", `translate(${width - MARGIN.right},${16})`);
     series.forEach((s, k) => {
       const row = legend.append("g").attr("transform", `translate(0,${k * 14})`);
-      row.append("text").attr("x", -14).attr("y", 4).attr("text-anchor", "end").attr("fill", theme.text).text(s.run);
-      row.append("rect").attr("x", -10).attr("y", -4).attr("width", 10).attr("height", 3).attr("fill", s.color);
+      row
+        .append("text")
+        .attr("x", -14)
+        .attr("y", 4)
+        .attr("text-anchor", "end")
+        .attr("fill", theme.text)
+        .text(s.run);
+      row
+        .append("rect")
+        .attr("x", -10)
+        .attr("y", -4)
+        .attr("width", 10)
+        .attr("height", 3)
+        .attr("fill", s.color);
     });
     if (interactive) {
-      const rule = g.append("line").attr("class", "rule").attr("y1", 0).attr("y2", plotH)
-        .attr("stroke", theme.axis).attr("stroke-dasharray", "3,3").attr("visibility", "hidden");
-      g.append("rect").attr("class", "hover-target").attr("width", plotW).attr("height", plotH).attr("fill", "transparent")
+      const rule = g
+        .append("line")
+        .attr("class", "rule")
+        .attr("y1", 0)
+        .attr("y2", plotH)
+        .attr("stroke", theme.axis)
+        .attr("stroke-dasharray", "3,3")
+        .attr("visibility", "hidden");
+      g.append("rect")
+        .attr("class", "hover-target")
+        .attr("width", plotW)
+        .attr("height", plotH)
+        .attr("fill", "transparent")
         .on("pointermove", (event) => this.hover(event, x, rule, plotW, top))
         .on("pointerleave", () => {
           rule.attr("visibility", "hidden");
@@ -202,17 +299,35 @@ export class CurvesView {
         if (Math.abs(st - wanted) < Math.abs(s.steps[best] - wanted)) best = k;
       });
       at = at ?? s.steps[best];
-      rows.push([s.run, s.color, s.steps[best], s.smoothed ? s.smoothed[best] : s.values[best], s.smoothed ? s.values[best] : null]);
+      rows.push([
+        s.run,
+        s.color,
+        s.steps[best],
+        s.smoothed ? s.smoothed[best] : s.values[best],
+        s.smoothed ? s.values[best] : null,
+      ]);
     }
     if (!rows.length) return;
     rule.attr("x1", x(at)).attr("x2", x(at)).attr("visibility", "visible");
     const tip = this.tooltip;
-    const note = (v) => (Number.isNaN(v) ? " (undefined)" : !(v > 0) && this.model.metric === "noise_scale" ? " (noise-dominated)" : "");
-    tip.replaceChildren(...rows.map(([run, color, step, v, raw]) => h("div", { class: "tip-row" }, [
-      h("span", { class: "swatch", style: `background:${color}` }),
-      h("span", { class: "tip-key", text: run }),
-      h("span", { class: "tip-value", text: `${formatValue(v, 5)}${note(v)} @ ${step}${raw === null ? "" : ` · raw ${formatValue(raw, 4)}`}` }),
-    ])));
+    const note = (v) =>
+      Number.isNaN(v)
+        ? " (undefined)"
+        : !(v > 0) && this.model.metric === "noise_scale"
+          ? " (noise-dominated)"
+          : "";
+    tip.replaceChildren(
+      ...rows.map(([run, color, step, v, raw]) =>
+        h("div", { class: "tip-row" }, [
+          h("span", { class: "swatch", style: `background:${color}` }),
+          h("span", { class: "tip-key", text: run }),
+          h("span", {
+            class: "tip-value",
+            text: `${formatValue(v, 5)}${note(v)} @ ${step}${raw === null ? "" : ` · raw ${formatValue(raw, 4)}`}`,
+          }),
+        ]),
+      ),
+    );
     tip.hidden = false;
     const left = MARGIN.left + px + 14;
     tip.style.left = `${left + 240 > MARGIN.left + plotW ? MARGIN.left + px - 14 - tip.offsetWidth : left}px`;
@@ -224,8 +339,19 @@ export class CurvesView {
     const rows = [];
     const smooth = series.some((s) => s.smoothed);
     for (const s of series) {
-      s.steps.forEach((st, k) => rows.push([s.run, st, s.wall_times?.[k], s.values[k], ...(smooth ? [s.smoothed?.[k]] : [])]));
+      s.steps.forEach((st, k) =>
+        rows.push([
+          s.run,
+          st,
+          s.wall_times?.[k],
+          s.values[k],
+          ...(smooth ? [s.smoothed?.[k]] : []),
+        ]),
+      );
     }
-    return toCSV(["run", "step", "wall_time", metric, ...(smooth ? [`${metric}_smoothed`] : [])], rows);
+    return toCSV(
+      ["run", "step", "wall_time", metric, ...(smooth ? [`${metric}_smoothed`] : [])],
+      rows,
+    );
   }
 }

@@ -4,8 +4,20 @@
 
 import * as d3 from "../vendor/d3.js";
 import {
-  cellElements, colorize, colormapLUT, describeCell, finiteExtent, formatValue, histogram,
-  niceTicks, normalizer, poolGrid, SIGNED_STATS, symmetricDomain, to2dShape, toCSV,
+  cellElements,
+  colorize,
+  colormapLUT,
+  describeCell,
+  finiteExtent,
+  formatValue,
+  histogram,
+  niceTicks,
+  normalizer,
+  poolGrid,
+  SIGNED_STATS,
+  symmetricDomain,
+  to2dShape,
+  toCSV,
 } from "../core.js";
 import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
 
@@ -54,9 +66,10 @@ export class HeatmapView {
   colorScale() {
     const { data, scale, stat } = this.model;
     // Signed statistics on a linear scale: centred on zero, for the diverging colour maps.
-    const domain = scale === "linear" && SIGNED_STATS.includes(stat)
-      ? symmetricDomain(data.values) ?? finiteExtent(data.values, scale)
-      : finiteExtent(data.values, scale);
+    const domain =
+      scale === "linear" && SIGNED_STATS.includes(stat)
+        ? (symmetricDomain(data.values) ?? finiteExtent(data.values, scale))
+        : finiteExtent(data.values, scale);
     return { domain, normalize: normalizer(domain, scale) };
   }
 
@@ -65,9 +78,16 @@ export class HeatmapView {
     const key = `${br}x${bc}`;
     if (this.images.has(key)) return this.images.get(key);
     const { data, colormap, theme } = this.model;
-    const pooled = br === 1 && bc === 1
-      ? { values: data.values, rows: data.rows, cols: data.cols }
-      : poolGrid(data.values, data.rows, data.cols, Math.ceil(data.rows / br), Math.ceil(data.cols / bc));
+    const pooled =
+      br === 1 && bc === 1
+        ? { values: data.values, rows: data.rows, cols: data.cols }
+        : poolGrid(
+            data.values,
+            data.rows,
+            data.cols,
+            Math.ceil(data.rows / br),
+            Math.ceil(data.cols / bc),
+          );
     const canvas = document.createElement("canvas");
     canvas.width = pooled.cols;
     canvas.height = pooled.rows;
@@ -94,7 +114,14 @@ export class HeatmapView {
     // Pooled images cover whole blocks: their last block may reach past the grid's edge.
     const w = (img.width * bc * L.plotW) / data.cols;
     const h = (img.height * br * L.plotH) / data.rows;
-    ctx.setTransform(pixelScale * k, 0, 0, pixelScale * k, pixelScale * transform.x, pixelScale * transform.y);
+    ctx.setTransform(
+      pixelScale * k,
+      0,
+      0,
+      pixelScale * k,
+      pixelScale * transform.x,
+      pixelScale * transform.y,
+    );
     ctx.drawImage(img, 0, 0, w, h);
     ctx.restore();
   }
@@ -104,35 +131,75 @@ export class HeatmapView {
     const { data, stat, scale, colormap, run, tag } = this.model;
     const [R, C] = data.grid_shape ?? to2dShape(data.shape);
     const shape = data.shape;
-    const pooledNote = data.block && (data.block[0] > 1 || data.block[1] > 1)
-      ? ` · cells are block means of ${data.block[0]}×${data.block[1]}` : "";
-    drawTitle(svg, `${stat} of ${tag}`,
-      `run ${run} · step ${data.step} · batch ${data.batch_size} · shape [${shape.join(", ")}]${pooledNote}`, theme);
+    const pooledNote =
+      data.block && (data.block[0] > 1 || data.block[1] > 1)
+        ? ` · cells are block means of ${data.block[0]}×${data.block[1]}`
+        : "";
+    drawTitle(
+      svg,
+      `${stat} of ${tag}`,
+      `run ${run} · step ${data.step} · batch ${data.batch_size} · shape [${shape.join(", ")}]${pooledNote}`,
+      theme,
+    );
 
     const x = transform.rescaleX(d3.scaleLinear().domain([0, C]).range([0, L.plotW]));
     const y = transform.rescaleY(d3.scaleLinear().domain([0, R]).range([0, L.plotH]));
-    const plot = svg.append("g").attr("class", "plot").attr("transform", `translate(${L.left},${L.top})`);
-    plot.append("rect").attr("class", "frame").attr("width", L.plotW).attr("height", L.plotH)
-      .attr("fill", "none").attr("stroke", theme.axis).attr("stroke-width", 0.5);
+    const plot = svg
+      .append("g")
+      .attr("class", "plot")
+      .attr("transform", `translate(${L.left},${L.top})`);
+    plot
+      .append("rect")
+      .attr("class", "frame")
+      .attr("width", L.plotW)
+      .attr("height", L.plotH)
+      .attr("fill", "none")
+      .attr("stroke", theme.axis)
+      .attr("stroke-width", 0.5);
     const xt = integerTicks(...x.domain(), Math.max(2, Math.floor(L.plotW / 70)));
     const yt = integerTicks(...y.domain(), Math.max(2, Math.floor(L.plotH / 40)));
     // Ticks at cell centres read as the cell's index: tick v marks the middle of cell v.
-    drawAxis(plot.append("g").attr("class", "x-axis").attr("transform", `translate(0,${L.plotH})`),
-      d3.scaleLinear().domain(x.domain().map((v) => v - 0.5)).range(x.range()), {
-        orient: "bottom", theme, tickValues: xt.filter((v) => v < C && x(v + 0.5) >= 0 && x(v + 0.5) <= L.plotW),
-        tickFormat: (v) => String(v), label: `column: axis ${Math.max(0, shape.length - 1)} (${C})`,
-      });
-    drawAxis(plot.append("g").attr("class", "y-axis"),
-      d3.scaleLinear().domain(y.domain().map((v) => v - 0.5)).range(y.range()), {
-        orient: "left", theme, tickValues: yt.filter((v) => v < R && y(v + 0.5) >= 0 && y(v + 0.5) <= L.plotH),
+    drawAxis(
+      plot.append("g").attr("class", "x-axis").attr("transform", `translate(0,${L.plotH})`),
+      d3
+        .scaleLinear()
+        .domain(x.domain().map((v) => v - 0.5))
+        .range(x.range()),
+      {
+        orient: "bottom",
+        theme,
+        tickValues: xt.filter((v) => v < C && x(v + 0.5) >= 0 && x(v + 0.5) <= L.plotW),
         tickFormat: (v) => String(v),
-        label: shape.length > 2 ? `row: flat index over [${shape.slice(0, -1).join(", ")}]` : shape.length === 2 ? `row: axis 0 (${R})` : "row",
-      });
+        label: `column: axis ${Math.max(0, shape.length - 1)} (${C})`,
+      },
+    );
+    drawAxis(
+      plot.append("g").attr("class", "y-axis"),
+      d3
+        .scaleLinear()
+        .domain(y.domain().map((v) => v - 0.5))
+        .range(y.range()),
+      {
+        orient: "left",
+        theme,
+        tickValues: yt.filter((v) => v < R && y(v + 0.5) >= 0 && y(v + 0.5) <= L.plotH),
+        tickFormat: (v) => String(v),
+        label:
+          shape.length > 2
+            ? `row: flat index over [${shape.slice(0, -1).join(", ")}]`
+            : shape.length === 2
+              ? `row: axis 0 (${R})`
+              : "row",
+      },
+    );
 
     // Colour bar: the LUT as an image, ticks on the colour scale, the values' distribution.
     const { domain } = this.colorScale();
     const bx = L.left + L.plotW + 22;
-    const bar = svg.append("g").attr("class", "colorbar").attr("transform", `translate(${bx},${L.top})`);
+    const bar = svg
+      .append("g")
+      .attr("class", "colorbar")
+      .attr("transform", `translate(${bx},${L.top})`);
     const lut = colormapLUT(colormap);
     const strip = document.createElement("canvas");
     strip.width = 1;
@@ -147,39 +214,85 @@ export class HeatmapView {
       px.data[o + 3] = 255;
     }
     sctx.putImageData(px, 0, 0);
-    bar.append("image").attr("width", 14).attr("height", L.barH).attr("preserveAspectRatio", "none")
+    bar
+      .append("image")
+      .attr("width", 14)
+      .attr("height", L.barH)
+      .attr("preserveAspectRatio", "none")
       .attr("href", strip.toDataURL("image/png"));
-    bar.append("rect").attr("width", 14).attr("height", L.barH).attr("fill", "none").attr("stroke", theme.axis).attr("stroke-width", 0.5);
+    bar
+      .append("rect")
+      .attr("width", 14)
+      .attr("height", L.barH)
+      .attr("fill", "none")
+      .attr("stroke", theme.axis)
+      .attr("stroke-width", 0.5);
     if (domain) {
       const log = scale === "log";
-      const s = (log ? d3.scaleLog() : d3.scaleLinear()).domain(domain[0] === domain[1] ? [domain[0], domain[0] + 1] : domain).range([L.barH, 0]);
-      drawAxis(bar.append("g").attr("transform", "translate(14,0)"), s, { orient: "right", log, count: 6, theme });
+      const s = (log ? d3.scaleLog() : d3.scaleLinear())
+        .domain(domain[0] === domain[1] ? [domain[0], domain[0] + 1] : domain)
+        .range([L.barH, 0]);
+      drawAxis(bar.append("g").attr("transform", "translate(14,0)"), s, {
+        orient: "right",
+        log,
+        count: 6,
+        theme,
+      });
       // The distribution of the values along the colour bar (to its left), in the bar's scale.
       const hist = histogram(data.values, 48, scale);
       const maxCount = Math.max(1, ...hist.counts);
       const dist = bar.append("g").attr("class", "distribution");
-      dist.append("line").attr("x1", -3).attr("x2", -3).attr("y1", 0).attr("y2", L.barH)
-        .attr("stroke", theme.grid).attr("stroke-width", 1);
+      dist
+        .append("line")
+        .attr("x1", -3)
+        .attr("x2", -3)
+        .attr("y1", 0)
+        .attr("y2", L.barH)
+        .attr("stroke", theme.grid)
+        .attr("stroke-width", 1);
       hist.counts.forEach((c, k) => {
         if (!c) return;
         const y0 = s(hist.edges[k + 1]);
         const y1 = s(hist.edges[k]);
         const wdt = Math.max(1.5, 12 * (c / maxCount));
-        dist.append("rect").attr("x", -3 - wdt).attr("y", Math.min(y0, y1)).attr("width", wdt)
-          .attr("height", Math.max(1, Math.abs(y1 - y0))).attr("fill", theme.muted);
+        dist
+          .append("rect")
+          .attr("x", -3 - wdt)
+          .attr("y", Math.min(y0, y1))
+          .attr("width", wdt)
+          .attr("height", Math.max(1, Math.abs(y1 - y0)))
+          .attr("fill", theme.muted);
       });
       dist.append("title").text("distribution of the values over the colour scale");
-      dist.append("text").attr("class", "distribution-label").attr("fill", theme.muted).attr("font-size", 9)
-        .attr("text-anchor", "start").attr("x", -16).attr("y", -5).text("◂ value counts");
+      dist
+        .append("text")
+        .attr("class", "distribution-label")
+        .attr("fill", theme.muted)
+        .attr("font-size", 9)
+        .attr("text-anchor", "start")
+        .attr("x", -16)
+        .attr("y", -5)
+        .text("◂ value counts");
     }
     const missing = data.values.some((v) => Number.isNaN(normalizer(domain, scale)(v)));
     if (missing) {
       const m = svg.append("g").attr("transform", `translate(${bx},${L.top + L.barH + 12})`);
-      m.append("rect").attr("width", 14).attr("height", 10).attr("fill", `rgb(${theme.missing.slice(0, 3).join(",")})`);
-      m.append("text").attr("x", 18).attr("y", 9).attr("fill", theme.muted).text(scale === "log" ? "NaN or ≤ 0" : "NaN");
+      m.append("rect")
+        .attr("width", 14)
+        .attr("height", 10)
+        .attr("fill", `rgb(${theme.missing.slice(0, 3).join(",")})`);
+      m.append("text")
+        .attr("x", 18)
+        .attr("y", 9)
+        .attr("fill", theme.muted)
+        .text(scale === "log" ? "NaN or ≤ 0" : "NaN");
     }
     // Read bottom to top, its glyphs to the left of the anchor: inside the figure's right edge.
-    svg.append("text").attr("class", "colorbar-label").attr("fill", theme.muted).attr("font-size", 11)
+    svg
+      .append("text")
+      .attr("class", "colorbar-label")
+      .attr("fill", theme.muted)
+      .attr("font-size", 11)
       .attr("text-anchor", "middle")
       .attr("transform", `translate(${L.width - 6},${L.top + L.barH / 2}) rotate(-90)`)
       .text(`${stat}${scale === "log" ? " (log scale)" : ""}`);
@@ -192,23 +305,35 @@ export class HeatmapView {
     const L = heatmapLayout(width, data.rows, data.cols);
     this.layout = L;
 
-    const figure = h("div", { class: "figure heatmap-figure", style: `width:${L.width}px;height:${L.height}px` });
+    const figure = h("div", {
+      class: "figure heatmap-figure",
+      style: `width:${L.width}px;height:${L.height}px`,
+    });
     const svg = newFigure(L.width, L.height, theme);
     this.frameSVG = svg;
     figure.append(svg.node());
     const canvas = h("canvas", {
-      class: "heatmap-canvas", width: Math.round(L.plotW * devicePixelRatio), height: Math.round(L.plotH * devicePixelRatio),
+      class: "heatmap-canvas",
+      width: Math.round(L.plotW * devicePixelRatio),
+      height: Math.round(L.plotH * devicePixelRatio),
       style: `left:${L.left}px;top:${L.top}px;width:${L.plotW}px;height:${L.plotH}px`,
-      "data-rows": data.rows, "data-cols": data.cols,
+      "data-rows": data.rows,
+      "data-cols": data.cols,
     });
     this.canvas = canvas;
     const tooltip = h("div", { class: "tooltip", role: "tooltip", hidden: true });
     this.tooltip = tooltip;
     figure.append(canvas, tooltip);
-    const reset = h("button", { type: "button", class: "small", text: "Reset zoom", onclick: () => this.resetZoom() });
+    const reset = h("button", {
+      type: "button",
+      class: "small",
+      text: "Reset zoom",
+      onclick: () => this.resetZoom(),
+    });
     this.container.replaceChildren(
       h("div", { class: "card-tools" }, [
-        h("span", { class: "hint", text: "Wheel to zoom, drag to pan, double-click to reset." }), reset,
+        h("span", { class: "hint", text: "Wheel to zoom, drag to pan, double-click to reset." }),
+        reset,
         exportButtons({
           figure: () => this.exportFigure(),
           csv: () => this.csv(),
@@ -220,11 +345,21 @@ export class HeatmapView {
     );
     this.redraw();
 
-    this.zoom = d3.zoom()
+    this.zoom = d3
+      .zoom()
       .scaleExtent([1, Math.max(4, Math.max(data.rows, data.cols) / 2)])
-      .translateExtent([[0, 0], [L.plotW, L.plotH]])
-      .extent([[0, 0], [L.plotW, L.plotH]])
-      .filter((event) => (!event.ctrlKey || event.type === "wheel") && !event.button && event.type !== "dblclick")
+      .translateExtent([
+        [0, 0],
+        [L.plotW, L.plotH],
+      ])
+      .extent([
+        [0, 0],
+        [L.plotW, L.plotH],
+      ])
+      .filter(
+        (event) =>
+          (!event.ctrlKey || event.type === "wheel") && !event.button && event.type !== "dblclick",
+      )
       .on("zoom", (event) => {
         this.transform = event.transform;
         this.redraw();
@@ -232,7 +367,9 @@ export class HeatmapView {
     const sel = d3.select(canvas).call(this.zoom).call(this.zoom.transform, this.transform);
     sel.on("dblclick", () => this.resetZoom());
     canvas.addEventListener("pointermove", (e) => this.hover(e));
-    canvas.addEventListener("pointerleave", () => { tooltip.hidden = true; });
+    canvas.addEventListener("pointerleave", () => {
+      tooltip.hidden = true;
+    });
   }
 
   resetZoom() {
@@ -277,11 +414,17 @@ export class HeatmapView {
       [stat, formatValue(data.values[k], 6)],
     ];
     for (const [name, d] of Object.entries(extras ?? {})) {
-      if (name !== stat && d && d.values.length === data.values.length) lines.push([name, formatValue(d.values[k], 6)]);
+      if (name !== stat && d && d.values.length === data.values.length)
+        lines.push([name, formatValue(d.values[k], 6)]);
     }
-    tip.replaceChildren(...lines.map(([a, b], i) => h("div", { class: i === 1 ? "tip-row tip-main" : "tip-row" }, [
-      h("span", { class: "tip-key", text: a }), h("span", { class: "tip-value", text: b }),
-    ])));
+    tip.replaceChildren(
+      ...lines.map(([a, b], i) =>
+        h("div", { class: i === 1 ? "tip-row tip-main" : "tip-row" }, [
+          h("span", { class: "tip-key", text: a }),
+          h("span", { class: "tip-value", text: b }),
+        ]),
+      ),
+    );
     tip.dataset.row = cell.row;
     tip.dataset.col = cell.col;
     tip.hidden = false;
@@ -307,8 +450,14 @@ export class HeatmapView {
     this.paint(canvas.getContext("2d"), L, this.transform, scale);
     this.model.theme = saved;
     this.images.clear();
-    svg.append("image").attr("x", L.left).attr("y", L.top).attr("width", L.plotW).attr("height", L.plotH)
-      .attr("preserveAspectRatio", "none").attr("href", canvas.toDataURL("image/png"));
+    svg
+      .append("image")
+      .attr("x", L.left)
+      .attr("y", L.top)
+      .attr("width", L.plotW)
+      .attr("height", L.plotH)
+      .attr("preserveAspectRatio", "none")
+      .attr("href", canvas.toDataURL("image/png"));
     this.drawFrame(svg, L, this.transform, theme);
     return svg.node();
   }
@@ -316,13 +465,21 @@ export class HeatmapView {
   /** The data as CSV: one line per displayed cell with its element index and values. */
   csv() {
     const { data, extras, stat } = this.model;
-    const others = Object.entries(extras ?? {}).filter(([n, d]) => n !== stat && d && d.values.length === data.values.length);
+    const others = Object.entries(extras ?? {}).filter(
+      ([n, d]) => n !== stat && d && d.values.length === data.values.length,
+    );
     const rows = [];
     for (let i = 0; i < data.rows; i++) {
       for (let j = 0; j < data.cols; j++) {
         const k = i * data.cols + j;
         const cell = cellElements(i, j, data.shape, data.block ?? [1, 1]);
-        rows.push([i, j, describeCell(cell), data.values[k], ...others.map(([, d]) => d.values[k])]);
+        rows.push([
+          i,
+          j,
+          describeCell(cell),
+          data.values[k],
+          ...others.map(([, d]) => d.values[k]),
+        ]);
       }
     }
     return toCSV(["row", "col", "element", stat, ...others.map(([n]) => n)], rows);

@@ -2,7 +2,14 @@
 // offset ("ridge") view in the manner of TensorBoard's histogram dashboard; linear or log x.
 
 import * as d3 from "../vendor/d3.js";
-import { evenSample, formatTick, histogramStepsLabel, linePath, robustBinRange, toCSV } from "../core.js";
+import {
+  evenSample,
+  formatTick,
+  histogramStepsLabel,
+  linePath,
+  robustBinRange,
+  toCSV,
+} from "../core.js";
 import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 66 };
@@ -34,7 +41,12 @@ export class HistogramView {
           figure: () => this.figure(this.model.exportTheme).node(),
           csv: () => this.csv(),
           json: () => toJSON(this.model.data),
-          name: () => [model.run, model.tag, model.stat, model.mode === "steps" ? "histograms" : `histogram-step${model.data.series[0]?.step}`],
+          name: () => [
+            model.run,
+            model.tag,
+            model.stat,
+            model.mode === "steps" ? "histograms" : `histogram-step${model.data.series[0]?.step}`,
+          ],
         }),
       ]),
       h("div", { class: "figure" }, [svg.node()]),
@@ -58,10 +70,20 @@ export class HistogramView {
       `${data.edges.length - 1} bins${log ? " · log x" : ""}`,
       range.outside ? `x: 0.5–99.5 % of the values, ${range.outside} outside` : "",
     ].filter(Boolean);
-    drawTitle(svg, `Histogram of ${stat} over the elements of ${tag}`, `run ${run} · ${notes.join(" · ")}`, theme);
+    drawTitle(
+      svg,
+      `Histogram of ${stat} over the elements of ${tag}`,
+      `run ${run} · ${notes.join(" · ")}`,
+      theme,
+    );
     if (!series.length || data.edges.length < 2) {
-      svg.append("text").attr("x", width / 2).attr("y", height / 2).attr("text-anchor", "middle")
-        .attr("fill", theme.muted).text("no finite values to bin");
+      svg
+        .append("text")
+        .attr("x", width / 2)
+        .attr("y", height / 2)
+        .attr("text-anchor", "middle")
+        .attr("fill", theme.muted)
+        .text("no finite values to bin");
       return svg;
     }
     const plotW = width - MARGIN.left - MARGIN.right;
@@ -69,22 +91,50 @@ export class HistogramView {
     // Only the bins of the robust range are drawn.
     const edges = data.edges.slice(range.first, range.last + 2);
     const clip = (counts) => counts.slice(range.first, range.last + 1);
-    const x = (log ? d3.scaleLog() : d3.scaleLinear()).domain([edges[0], edges[edges.length - 1]]).range([0, plotW]);
+    const x = (log ? d3.scaleLog() : d3.scaleLinear())
+      .domain([edges[0], edges[edges.length - 1]])
+      .range([0, plotW]);
     const g = svg.append("g").attr("transform", `translate(${MARGIN.left},${MARGIN.top})`);
     const xlabel = `${stat}${log ? " (log scale)" : ""}`;
 
     if (mode !== "steps") {
       const counts = clip(series[series.length - 1].counts);
-      const y = d3.scaleLinear().domain([0, Math.max(1, ...counts)]).nice().range([plotH, 0]);
-      drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, { orient: "bottom", log, theme, label: xlabel, count: Math.floor(plotW / 80) });
-      drawAxis(g.append("g"), y, { orient: "left", theme, label: "elements", gridLength: plotW, count: 5, tickValues: y.ticks(5).filter(Number.isInteger) });
+      const y = d3
+        .scaleLinear()
+        .domain([0, Math.max(1, ...counts)])
+        .nice()
+        .range([plotH, 0]);
+      drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, {
+        orient: "bottom",
+        log,
+        theme,
+        label: xlabel,
+        count: Math.floor(plotW / 80),
+      });
+      drawAxis(g.append("g"), y, {
+        orient: "left",
+        theme,
+        label: "elements",
+        gridLength: plotW,
+        count: 5,
+        tickValues: y.ticks(5).filter(Number.isInteger),
+      });
       const bars = g.append("g").attr("class", "bars");
       counts.forEach((c, k) => {
         const x0 = x(edges[k]);
         const x1 = x(edges[k + 1]);
-        bars.append("rect").attr("class", "bar").attr("x", x0 + 0.5).attr("width", Math.max(0.5, x1 - x0 - 1))
-          .attr("y", y(c)).attr("height", plotH - y(c)).attr("fill", color).attr("fill-opacity", 0.85)
-          .attr("data-count", c).append("title").text(`[${formatTick(edges[k])}, ${formatTick(edges[k + 1])}): ${c}`);
+        bars
+          .append("rect")
+          .attr("class", "bar")
+          .attr("x", x0 + 0.5)
+          .attr("width", Math.max(0.5, x1 - x0 - 1))
+          .attr("y", y(c))
+          .attr("height", plotH - y(c))
+          .attr("fill", color)
+          .attr("fill-opacity", 0.85)
+          .attr("data-count", c)
+          .append("title")
+          .text(`[${formatTick(edges[k])}, ${formatTick(edges[k + 1])}): ${c}`);
       });
       return svg;
     }
@@ -95,12 +145,27 @@ export class HistogramView {
     // top, its ridge fully inside the plot): ridgeH = OVERLAP * (plotH - ridgeH) / (n - 1).
     const OVERLAP = 2.5;
     const ridgeH = (OVERLAP * plotH) / (shown.length - 1 + OVERLAP);
-    const yStep = d3.scaleLinear().domain([shown[0].step, shown[shown.length - 1].step]).range([ridgeH, plotH]);
+    const yStep = d3
+      .scaleLinear()
+      .domain([shown[0].step, shown[shown.length - 1].step])
+      .range([ridgeH, plotH]);
     if (shown.length === 1) yStep.domain([shown[0].step - 1, shown[0].step]);
-    drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, { orient: "bottom", log, theme, label: xlabel, count: Math.floor(plotW / 80) });
+    drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, {
+      orient: "bottom",
+      log,
+      theme,
+      label: xlabel,
+      count: Math.floor(plotW / 80),
+    });
     drawAxis(g.append("g"), yStep, {
-      orient: "left", theme, label: "step",
-      tickValues: d3.scaleLinear().domain(yStep.domain()).ticks(6).filter((v) => Number.isInteger(v) && v >= yStep.domain()[0] && v <= yStep.domain()[1]),
+      orient: "left",
+      theme,
+      label: "step",
+      tickValues: d3
+        .scaleLinear()
+        .domain(yStep.domain())
+        .ticks(6)
+        .filter((v) => Number.isInteger(v) && v >= yStep.domain()[0] && v <= yStep.domain()[1]),
       tickFormat: (v) => String(v),
     });
     const ridges = g.append("g").attr("class", "ridges");
@@ -113,11 +178,23 @@ export class HistogramView {
       });
       pts.push([x(edges[edges.length - 1]), base]);
       const opacity = 0.25 + (0.6 * (idx + 1)) / shown.length;
-      ridges.append("path").attr("class", "ridge").attr("data-step", s.step).attr("d", linePath(pts) + "Z")
-        .attr("fill", theme.background).attr("stroke", "none");
-      ridges.append("path").attr("d", linePath(pts) + "Z")
-        .attr("fill", color).attr("fill-opacity", opacity * 0.6).attr("stroke", color).attr("stroke-opacity", opacity).attr("stroke-width", 1)
-        .append("title").text(`step ${s.step}`);
+      ridges
+        .append("path")
+        .attr("class", "ridge")
+        .attr("data-step", s.step)
+        .attr("d", linePath(pts) + "Z")
+        .attr("fill", theme.background)
+        .attr("stroke", "none");
+      ridges
+        .append("path")
+        .attr("d", linePath(pts) + "Z")
+        .attr("fill", color)
+        .attr("fill-opacity", opacity * 0.6)
+        .attr("stroke", color)
+        .attr("stroke-opacity", opacity)
+        .attr("stroke-width", 1)
+        .append("title")
+        .text(`step ${s.step}`);
     });
     return svg;
   }
@@ -127,7 +204,8 @@ export class HistogramView {
     const series = [...data.series].sort((a, b) => a.step - b.step);
     const shown = mode === "steps" ? series : series.slice(-1);
     const rows = [];
-    for (const s of shown) s.counts.forEach((c, k) => rows.push([s.step, data.edges[k], data.edges[k + 1], c]));
+    for (const s of shown)
+      s.counts.forEach((c, k) => rows.push([s.step, data.edges[k], data.edges[k + 1], c]));
     return toCSV(["step", "bin_left", "bin_right", "count"], rows);
   }
 }

@@ -69,7 +69,10 @@ test("niceTicks picks 1-2-5 steps without float noise", () => {
   assert.deepEqual(core.niceTicks(-3, 7, 5), [-2, 0, 2, 4, 6]);
   assert.deepEqual(core.niceTicks(0, 1000, 4), [0, 200, 400, 600, 800, 1000]);
   assert.deepEqual(core.niceTicks(5, 5), [5]);
-  assert.deepEqual(core.niceTicks(1.2e-7, 1.9e-7, 4).map((v) => +v.toPrecision(3)), [1.2e-7, 1.4e-7, 1.6e-7, 1.8e-7]);
+  assert.deepEqual(
+    core.niceTicks(1.2e-7, 1.9e-7, 4).map((v) => +v.toPrecision(3)),
+    [1.2e-7, 1.4e-7, 1.6e-7, 1.8e-7],
+  );
   assert.equal(core.tickStep(0, 10, 10), 1);
   assert.deepEqual(core.niceDomain(0.13, 0.92, 5), [0, 1]);
 });
@@ -126,11 +129,14 @@ test("histogram bins: equal width, last bin closed, log bins in log10", () => {
   assert.deepEqual(h.counts, [1, 1, 1, 2]);
   assert.equal(h.dropped, 1);
   const lg = core.histogram([1e-3, 1e-2, 1e-1, 1, 0, -1], 3, "log");
-  assert.deepEqual(lg.edges.map((e) => +e.toPrecision(6)), [1e-3, 1e-2, 1e-1, 1]);
+  assert.deepEqual(
+    lg.edges.map((e) => +e.toPrecision(6)),
+    [1e-3, 1e-2, 1e-1, 1],
+  );
   assert.deepEqual(lg.counts, [1, 1, 2]);
   assert.equal(lg.dropped, 2);
   // Brute force: each value's bin by linear search agrees with binCounts.
-  const vals = Array.from({ length: 500 }, (_, k) => Math.sin(k * 12.9898) * 43758.5453 % 1);
+  const vals = Array.from({ length: 500 }, (_, k) => (Math.sin(k * 12.9898) * 43758.5453) % 1);
   const edges = core.binEdges(-1, 1, 7);
   const { counts } = core.binCounts(vals, edges);
   const ref = new Array(7).fill(0);
@@ -150,8 +156,8 @@ test("CSV quoting follows RFC 4180", () => {
   const csv = core.toCSV(
     ["run", "value"],
     [
-      ['<img src=x onerror=alert(1)>', 1.5],
-      ['a,b', NaN],
+      ["<img src=x onerror=alert(1)>", 1.5],
+      ["a,b", NaN],
       ['say "hi"', Infinity],
       ["two\nlines", -Infinity],
       [" padded", 1e-30],
@@ -174,8 +180,20 @@ test("SVG helpers escape text", () => {
   const doc = core.svgDocument('<svg width="2"><g/></svg>');
   assert.match(doc, /^<\?xml version="1.0"/);
   assert.match(doc, /<svg xmlns="http:\/\/www.w3.org\/2000\/svg" width="2">/);
-  assert.equal(core.linePath([[0, 0], [1, 2], [2, NaN], [3, 1], [4, 1.23456]]), "M0,0L1,2M3,1L4,1.23");
-  assert.equal(core.fileName(["run/a b", "dense/kernel", "step", 3], "png"), "run_a_b-dense_kernel-step-3.png");
+  assert.equal(
+    core.linePath([
+      [0, 0],
+      [1, 2],
+      [2, NaN],
+      [3, 1],
+      [4, 1.23456],
+    ]),
+    "M0,0L1,2M3,1L4,1.23",
+  );
+  assert.equal(
+    core.fileName(["run/a b", "dense/kernel", "step", 3], "png"),
+    "run_a_b-dense_kernel-step-3.png",
+  );
   assert.equal(core.fileName(["<img src=x>"], "csv"), "img_src_x.csv");
 });
 
@@ -184,7 +202,14 @@ test("runs, tags, steps and sorting", () => {
   assert.equal(colors.get("a"), core.RUN_PALETTE[0]);
   assert.equal(colors.get("c"), core.RUN_PALETTE[2]);
   assert.equal(core.runColors(["a"], true).get("a"), "#8e98a3");
-  assert.deepEqual(core.availableStats([1, 2]), ["variance", "mean", "std", "snr", "second_moment", "biased_variance"]);
+  assert.deepEqual(core.availableStats([1, 2]), [
+    "variance",
+    "mean",
+    "std",
+    "snr",
+    "second_moment",
+    "biased_variance",
+  ]);
   assert.deepEqual(core.availableStats([1]), ["mean"]);
   assert.equal(core.availableStats([1, 2, 3, 4]).length, 10);
   const tags = ["dense/kernel", "dense/bias", "conv2d/kernel"];
@@ -196,10 +221,23 @@ test("runs, tags, steps and sorting", () => {
   assert.equal(core.nearestStep([5, 10], 1), 5);
   assert.equal(core.nearestStep([5, 10], null), 10);
   assert.equal(core.nearestStep([], 3), null);
-  const rows = [{ t: "b", v: 2 }, { t: "a", v: NaN }, { t: "c", v: 1 }];
-  assert.deepEqual(core.sortRows(rows, "v").map((r) => r.t), ["c", "b", "a"]);
-  assert.deepEqual(core.sortRows(rows, "v", true).map((r) => r.t), ["b", "c", "a"]);
-  assert.deepEqual(core.sortRows(rows, "t", true).map((r) => r.t), ["c", "b", "a"]);
+  const rows = [
+    { t: "b", v: 2 },
+    { t: "a", v: NaN },
+    { t: "c", v: 1 },
+  ];
+  assert.deepEqual(
+    core.sortRows(rows, "v").map((r) => r.t),
+    ["c", "b", "a"],
+  );
+  assert.deepEqual(
+    core.sortRows(rows, "v", true).map((r) => r.t),
+    ["b", "c", "a"],
+  );
+  assert.deepEqual(
+    core.sortRows(rows, "t", true).map((r) => r.t),
+    ["c", "b", "a"],
+  );
 });
 
 test("the vendored d3 modules load as native ES modules", async () => {
@@ -241,9 +279,14 @@ test("defaultView: log viridis for variances, linear diverging for signed statis
 test("splitCurve marks noise-dominated and undefined estimates instead of dropping them", () => {
   const c = core;
   const { line, marked } = c.splitCurve([2, -1, NaN, Infinity, 5], true);
-  assert.deepEqual(line.map((v) => (Number.isNaN(v) ? "gap" : v)), [2, "gap", "gap", "gap", 5]);
+  assert.deepEqual(
+    line.map((v) => (Number.isNaN(v) ? "gap" : v)),
+    [2, "gap", "gap", "gap", 5],
+  );
   assert.deepEqual(marked, [
-    { index: 1, reason: "noise-dominated" }, { index: 2, reason: "undefined" }, { index: 3, reason: "noise-dominated" },
+    { index: 1, reason: "noise-dominated" },
+    { index: 2, reason: "undefined" },
+    { index: 3, reason: "noise-dominated" },
   ]);
   assert.deepEqual(c.splitCurve([-1, 2], false).marked, []);
 });
