@@ -4,10 +4,12 @@ Every entry, float64, orders 1-4: `gradients_and_moments(mean loss, variables,
 orders=(1, 2, 3, 4), fallback="error")` in a `tf.function` (``fallback="exact"`` for the
 recurrent entries) against one tape gradient per example on its own slice of the batch
 (`tests/reference.py`). Relative error <= 1e-9 per variable and order (`max_rel_err`), and no
-variable on the fallback path outside the recurrent entries. Two documented exceptions to the
-1e-9 (see `tests/zoo_worker.py`): variables Keras makes float32 inside a float64 model (LoRA
-adapters) are judged at test_core's float32 bound 2e-5, and entries marked ``float32_inside``
-(keras_hub Gemma) at 30x the error of TensorFlow's own batch gradient against the reference.
+variable on the fallback path outside the recurrent and sparse-lookup entries. Entries marked
+``float32_inside`` (keras_hub Llama/Mistral/Gemma/DeBERTaV3 and LoRA, whose layers cast to or
+create float32 whatever the model's dtype) run inside `zoo.float64_inside`, which makes those
+float32 computations float64, and are judged at 1e-9 too. One documented exception: the
+``lora-dense-float32-adapters`` entry keeps Keras' own float32 LoRA adapters in a float64 layer;
+their float32 moments are judged at test_core's float32 bound 2e-5.
 
 ``GRADMOM_ZOO=full`` adds the heavy ``keras.applications`` members. Entries marked ``isolate``
 (the applications) run in a child process each (`tests/zoo_worker.py`), ``GRADMOM_ZOO_JOBS``
@@ -33,16 +35,7 @@ pytestmark = [
 
 # The entries that fail under the current core, with the failure seen (core at 17bccd5). Remove
 # a line when its fix lands: strict xfail turns a fixed entry into an XPASS(strict) failure.
-KNOWN_FAILURES: dict[str, str] = {
-    "embedding-lookup-sparse-mean": "UnsupportedOpError: variable 'table' is consumed by "
-    "ResourceGather (op 'embedding_lookup_sparse/embedding_lookup') in a way the exact rule "
-    "does not cover: the examples' axis of the ids 'embedding_lookup_sparse/Unique:0' is not "
-    "proven: unknown (stopped at Where op 'Where', which the analysis cannot see through)",
-    "embedding-lookup-sparse-sum-weighted": "UnsupportedOpError: variable 'table' is consumed by "
-    "ResourceGather (op 'embedding_lookup_sparse/embedding_lookup') in a way the exact rule "
-    "does not cover: the examples' axis of the ids 'embedding_lookup_sparse/Unique:0' is not "
-    "proven: unknown (stopped at Where op 'Where', which the analysis cannot see through)",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _params():
