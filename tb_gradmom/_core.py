@@ -67,11 +67,12 @@ def _tf_variable(variable, position: int):
 
 def _in_xla_context() -> bool:
     """Whether the graph being built is (or is inside) an XLA-compiled function."""
+    from tb_gradmom._compat import PrivateAPIError, tf_private
+
     try:  # private TensorFlow API; without it the check is skipped
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover
+        return tf_private.in_xla_context(tf.compat.v1.get_default_graph())
+    except PrivateAPIError:  # pragma: no cover
         return False
-    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
 def _check_orders(orders) -> tuple[int, ...]:

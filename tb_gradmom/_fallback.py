@@ -21,13 +21,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom import _axes, _graph
+from tb_gradmom._compat import tf_private
 from tb_gradmom._errors import UnsupportedOpError
 from tb_gradmom.rules.base import power_sum
-
-try:  # the implementation behind tf.vectorized_map, with a static chunk of iterations
-    from tensorflow.python.ops.parallel_for.control_flow_ops import pfor as _pfor
-except ImportError:  # pragma: no cover - older or newer layouts
-    _pfor = None
 
 __all__ = ["refuse_broken", "power_sums", "DEFAULT_CHUNK"]
 
@@ -103,8 +99,8 @@ def power_sums(
     mean gradient, which loss scaling keeps in range, rather than ``n`` times it; rows are
     then cast to the moment dtype (float32) and multiplied back, before any power.
     """
-    if _pfor is None:  # pragma: no cover
-        raise RuntimeError("this TensorFlow has no parallel_for.pfor; cannot vectorise")
+    # PrivateAPIError before building anything
+    tf_private.require("pfor", *(("update_input",) if gate is not None else ()))
     graph = loss_vector.graph
     seed_size = tf.size(loss_vector)
     if gate is not None:
@@ -151,7 +147,7 @@ def _rows(loss_vector, variables, dtypes, seed_size, start, size, inv_scale):
             rows.append(g)
         return rows
 
-    return _pfor(loop_fn, size, fallback_to_while_loop=True)
+    return tf_private.pfor(loop_fn, size, fallback_to_while_loop=True)
 
 
 def _gate_function_ops(graph, before, gate) -> None:
@@ -161,7 +157,7 @@ def _gate_function_ops(graph, before, gate) -> None:
         for i, t in enumerate(list(op.inputs)):
             if t.dtype == tf.resource or t.op.type == "Switch":
                 continue
-            op._update_input(i, tf.raw_ops.Switch(data=t, pred=gate)[1])
+            tf_private.update_input(op, i, tf.raw_ops.Switch(data=t, pred=gate)[1])
 
 
 def _merge_zeros(t: tf.Tensor, gate) -> tf.Tensor:

@@ -134,22 +134,19 @@ def _loss_scale(optimizer):
 def _make_train_step(cb: GradMoments):
     # Mirrors keras/src/backend/tensorflow/trainer.py `train_step` (Keras 3), with the gradients
     # taken by gradmom.summary.moments instead of a GradientTape.
-    from keras.src import tree
-    from keras.src.losses import loss as loss_module
-    from keras.src.trainers import data_adapters
+    # Keras' private API, behind tb_gradmom._compat.keras_private.
+    from tb_gradmom._compat import keras_private
 
     def train_step(self, data):
-        x, y, sample_weight = data_adapters.data_adapter_utils.unpack_x_y_sample_weight(data)
-        if self._call_has_training_arg:
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if keras_private.call_has_training_arg(self):
             y_pred = self(x, training=True)
         else:
             y_pred = self(x)
-        loss = self._compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-        )
-        self._loss_tracker.update_state(
-            loss_module.unscale_loss_for_distribution(loss),
-            sample_weight=tf.shape(next(i for i in tree.flatten(x) if i is not None))[0],
+        loss = keras_private.compute_loss(self, x, y, y_pred, sample_weight)
+        keras_private.loss_tracker(self).update_state(
+            keras_private.unscale_loss_for_distribution(loss),
+            sample_weight=tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0],
         )
         scaled = self.optimizer.scale_loss(loss)
         if self.trainable_weights:

@@ -192,13 +192,11 @@ def moments(
 
 def _recording_any_replica():
     """``tf.summary``'s recording condition, without its "replica 0 only" part."""
-    from tensorflow.python.ops import summary_ops_v2
+    from tb_gradmom._compat import tf_private  # PrivateAPIError if TensorFlow lacks it
 
-    state = getattr(summary_ops_v2, "_summary_state", None)
-    if state is None or getattr(state, "writer", None) is None:
+    if tf_private.default_summary_writer() is None:
         return tf.constant(False)
-    cond = getattr(state, "is_recording", None)
-    cond = cond() if callable(cond) else cond
+    cond = tf_private.summary_recording_condition()
     return tf.constant(True) if cond is None else tf.cast(cond, tf.bool)
 
 
@@ -278,10 +276,9 @@ def _ordinal(k: int) -> str:
 
 
 def _current_writer():
-    from tensorflow.python.ops import summary_ops_v2
+    from tb_gradmom._compat import tf_private  # PrivateAPIError if TensorFlow lacks it
 
-    state = getattr(summary_ops_v2, "_summary_state", None)
-    return getattr(state, "writer", None)
+    return tf_private.default_summary_writer()
 
 
 def _tag_names(names: list[str], group: str | None) -> list[str]:

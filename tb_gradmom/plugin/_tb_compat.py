@@ -16,8 +16,10 @@ So the plugin takes tensor protos undecoded and decodes only the steps it needs,
 `metadata.check_tensor_proto`: one bad step (or one proto declaring 2^40 values) is skipped
 without failing its series or allocating for it. Any other provider is read through
 ``read_tensors``. Everything here is checked against TensorBoard by
-``tests/test_robustness.py::test_tensorboard_internals_the_plugin_relies_on``, which fails
-loudly when TensorBoard changes them.
+``tests/test_robustness.py::test_tensorboard_internals_the_plugin_relies_on`` and
+``tests/test_compat.py`` (the providers' class names, their private ``_multiplexer`` and
+``_stub``, the request `GrpcDataProvider` sends), which fail loudly when TensorBoard changes
+them. The TensorFlow and Keras counterparts of this module are in `tb_gradmom._compat`.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tb_gradmom._compat import PrivateAPIError, tf_private
 from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
 from tb_gradmom.rules.conv import ConvSpec, attr_str, conv_contribution
 
@@ -35,31 +36,34 @@ _CONV_OPS = ("Conv2D", "Conv3D")
 def function_body(op: tf.Operation):
     """The body of the function that call op ``op`` (``PartitionedCall``,
     ``StatefulPartitionedCall``) runs: a graph whose ``inputs``/``outputs`` are the call's, in
-    order. None if it cannot be found. The one place that uses TensorFlow's private API: the
-    graph's function library (``Graph._get_function``, searched up the enclosing graphs) and
-    ``function_def_to_graph``, which rebuilds a graph from the ``FunctionDef`` that runs."""
-    try:
-        from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
+    order. None if it cannot be found. It uses TensorFlow's private API
+    (`tb_gradmom._compat.tf_private`): the graph's function library (``graph_function``,
+    searched up the enclosing graphs) and ``function_def_to_graph``, which rebuilds a graph from
+    the ``FunctionDef`` that runs.
 
+    Raises:
+      PrivateAPIError: this TensorFlow lacks one of them.
+    """
+    tf_private.require("graph_function", "function_def_to_graph")
+    try:
         name = op.get_attr("f").name
-    except (ImportError, ValueError, AttributeError):
+    except (ValueError, AttributeError):
         return None
     fdef, graph = None, op.graph
     while graph is not None and fdef is None:
-        get = getattr(graph, "_get_function", None)
-        fn = get(name) if get is not None else None
+        fn = tf_private.graph_function(graph, name)
         if fn is not None:
             fdef = getattr(fn, "definition", None)
         graph = getattr(graph, "outer_graph", None)
     if fdef is None:
         try:
-            from tensorflow.python.eager import context
-
-            fdef = context.context().get_function_def(name)
+            fdef = tf_private.eager_function_def(name)
+        except PrivateAPIError:
+            raise
         except Exception:  # noqa: BLE001 - not registered with the eager context either
             return None
     try:
-        return function_def_to_graph(fdef)
+        return tf_private.function_def_to_graph(fdef)
     except Exception:  # noqa: BLE001 - a body TensorFlow cannot rebuild: no rule
         return None
 
@@ -112,7 +116,10 @@ def call_rule(site: Site) -> Contribution:
     what = f"{op.type} op '{op.name}'"
     if len(op.outputs) != 1:
         raise RuleError("the function call has several outputs (only a wrapped convolution is)")
-    body = function_body(op)
+    try:
+        body = function_body(op)
+    except PrivateAPIError as e:
+        raise RuleError(str(e)) from None
     if body is None:
         raise RuleError("the called function's body cannot be read")
     if len(body.inputs) != len(op.inputs) or len(body.outputs) != 1:

@@ -108,12 +108,12 @@ def region_contribution(
     a chunk of examples; ``region_stop`` (every input of the region's ops that the region does
     not compute) and ``others`` are held fixed, so only the paths through ``f`` count (the
     variable's other consumers are sites of their own)."""
-    from tb_gradmom._fallback import _pfor
+    from tb_gradmom._compat import tf_private
 
     if view.shape.rank is None or target.shape.rank is None:
         raise RuleError("the ranks of a parameter derived from the variable are not static")
-    if _pfor is None:  # pragma: no cover
-        raise RuleError("this TensorFlow has no parallel_for.pfor")
+    if (why := tf_private.unavailable("pfor")) is not None:  # pragma: no cover
+        raise RuleError(why)
 
     def per_example(delta, n, start, size):
         g = inner.per_example(delta, n, start, size)
@@ -140,7 +140,7 @@ def region_contribution(
             )
             return tf.cast(tf.convert_to_tensor(gv), dtype)
 
-        rows = _pfor(loop_fn, tf.shape(g)[0], fallback_to_while_loop=True)
+        rows = tf_private.pfor(loop_fn, tf.shape(g)[0], fallback_to_while_loop=True)
         return tf.reshape(rows, tf.concat([[-1], tf.shape(view)], 0))
 
     return Contribution(

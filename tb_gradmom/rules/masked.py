@@ -19,9 +19,9 @@ parameter as the left operand of a batched matmul, or an op family with no rule 
 from __future__ import annotations
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as _tf_ops  # get_gradient_function (private)
 
 from tb_gradmom._axes import per_example_masked
+from tb_gradmom._compat import tf_private
 from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
 from tb_gradmom.rules.derived import _elements
 
@@ -33,7 +33,6 @@ def masked_vjp_rule(site: Site) -> Contribution:
     apply (the parameter holds examples, the op has several outputs on the path, or the
     output's examples' axis is not proven)."""
     from tb_gradmom._axes import FREE
-    from tb_gradmom._fallback import _pfor
 
     op = site.op
     what = f"{op.type} op '{op.name}'"
@@ -43,17 +42,15 @@ def masked_vjp_rule(site: Site) -> Contribution:
         raise RuleError("the consumed parameter itself holds examples")
     if len(op.outputs) != 1:
         raise RuleError(f"{what} has {len(op.outputs)} outputs")
-    if _pfor is None:  # pragma: no cover
-        raise RuleError("this TensorFlow has no parallel_for.pfor")
+    for name in ("pfor", "gradient_function"):
+        if (why := tf_private.unavailable(name)) is not None:  # pragma: no cover
+            raise RuleError(why)
     out = op.outputs[0]
     if not out.dtype.is_floating or out.shape.rank is None or site.view.shape.rank is None:
         raise RuleError("the output is not a floating-point tensor of static rank")
     ax = site.example_axis(out, f"the output of {what}")
     view = site.view
-    try:
-        grad_fn = _tf_ops.get_gradient_function(op)
-    except LookupError:
-        grad_fn = None
+    grad_fn = tf_private.gradient_function(op)
     if grad_fn is None:
         raise RuleError(f"{what} has no registered gradient")
 
@@ -71,7 +68,7 @@ def masked_vjp_rule(site: Site) -> Contribution:
                 g = tf.convert_to_tensor(g)
             return tf.cast(g, site.dtype)
 
-        rows = _pfor(loop_fn, tf.shape(masked)[0], fallback_to_while_loop=True)
+        rows = tf_private.pfor(loop_fn, tf.shape(masked)[0], fallback_to_while_loop=True)
         return tf.reshape(rows, tf.concat([[-1], tf.shape(view)], 0))
 
     return Contribution(
