@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place: setup.py reads this line (a regex, no import)
 
 __all__ = [
     "gradients_and_moments",
