@@ -7,7 +7,7 @@
 import { COLORMAP_HEX } from "./colormaps.js";
 
 // ---------------------------------------------------------------------------------------------
-// Decoding the backend's JSON numbers (NaN as null, +-Inf as the strings "Infinity"/"-Infinity").
+// Decoding the backend's JSON numbers (non-finite as "NaN"/"Infinity"/"-Infinity", null: n/a).
 
 /** One JSON value from the backend as a number: null -> NaN, "Infinity" -> Infinity. */
 export function decodeNumber(v) {
