@@ -53,12 +53,6 @@ def lstm_net():  # through the exact fallback
     )
 
 
-def batchnorm_net():  # BatchNorm's moments are per replica's batch statistics: not compared
-    return keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(5, dtype="float64"), keras.layers.Dense(3)]
-    )
-
-
 def close(a, b, what, tol=1e-10):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     scale = max(float(np.max(np.abs(b))), 1e-300)
