@@ -1110,15 +1110,17 @@ def test_demo_landing_smoothing_info_and_resize(browser, demo_tensorboard):
         DEMO_SHOTS.mkdir(parents=True, exist_ok=True)
         p.screenshot(path=str(DEMO_SHOTS / "demo_landing.png"), full_page=False)
 
-        # The smoothing control: default 0.6, and the plotted curve is the backend's smoothed
+        # The smoothing control: default 0.9, and the plotted curve is the backend's smoothed
         # noise scale (numerator and denominator smoothed separately).
         assert p.input_value(".smoothing") == "0.9"
-        d = get_json(demo_tensorboard, "series", run="mlp", tag="_model", smoothing=0.9)
-        sm = np.array([np.nan if v is None else float(v) for v in d["smoothed"]["noise_scale"]])
-        half = sm[len(sm) // 2 :]
-        assert np.all(half > 0), f"smoothed noise scale <= 0 in the second half: {half.min()}"
-        # Growing as the loss falls: the second half's median above the first tenth's.
-        assert np.median(half) > np.median(sm[: max(1, len(sm) // 10)])
+        for run in ("mlp", "cnn"):
+            d = get_json(demo_tensorboard, "series", run=run, tag="_model", smoothing=0.9)
+            sm = [np.nan if v is None else float(v) for v in d["smoothed"]["noise_scale"]]
+            sm = np.array(sm)
+            half = sm[len(sm) // 2 :]
+            assert np.all(half > 0), f"{run}: smoothed noise scale <= 0 in the second half: {sm}"
+            # Growing as the loss falls: the second half's median above the first tenth's.
+            assert np.median(half) > np.median(sm[: max(1, len(sm) // 10)]), (run, sm)
         p.eval_on_selector(
             ".smoothing", "(e) => { e.value = '0.6'; e.dispatchEvent(new Event('change')); }"
         )
