@@ -20,18 +20,14 @@ and the others are written. ``--bins`` is capped like the tab's (`reductions.MAX
 
 CSV: RFC 4180 with a header row, CRLF line ends, floats in shortest round-trip form, and
 non-finite numbers spelled ``NaN``, ``Infinity``, ``-Infinity``. JSON: the same numbers, with
-non-finite ones as those strings (the convention of the plugin's HTTP API).
+non-finite ones as those strings (the convention of the plugin's HTTP API). Both, and the file
+names, come from `tb_gradmom.encode`, the encoder the plugin uses too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import errno
-import hashlib
-import io
-import json
-import math
 import os
 import re
 import sys
@@ -41,9 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import numpy as np
-
-from tb_gradmom import data, plot, reductions, stats
+from tb_gradmom import data, encode, plot, reductions, stats
 
 __all__ = [
     "FORMATS",
@@ -53,7 +47,6 @@ __all__ = [
     "Job",
     "plan",
     "export",
-    "file_name",
     "add_arguments",
     "run_from_args",
 ]
@@ -62,8 +55,7 @@ FORMATS: tuple[str, ...] = ("png", "svg", "pdf", "csv", "json")
 IMAGE_FORMATS = ("png", "svg", "pdf")
 PROGRESS_MIN_FILES = 10  # a progress bar from this many files on
 MAX_DPI = 1200  # a one-column figure at 1200 dpi is 4080 pixels wide (~50 MB of RGBA)
-NAME_MAX = 255  # bytes in a file name (Linux, macOS, Windows); shorter if --out says so
-_HASH_CHARS = 10
+NAME_MAX = encode.NAME_MAX  # shorter if --out's file system says so
 
 
 class ExportError(ValueError):
@@ -91,36 +83,6 @@ class Job:
     tag: str | None
     step: int | None
     runs: tuple[str, ...] = ()
-
-
-def _clean(part: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(part)).strip("._-")
-
-
-def file_name(parts: Sequence[Any], ext: str, max_bytes: int = NAME_MAX) -> str:
-    """A file name from parts: each cleaned to ``[A-Za-z0-9._-]``, joined with ``-``.
-
-    Args:
-      parts: e.g. ``["train", "dense/kernel", "step10", "variance"]``; empty parts and the root
-        run ``"."`` drop out.
-      ext: the extension without dot.
-      max_bytes: the longest name allowed; a longer one keeps its beginning and ends with
-        ``-`` and the first characters of the SHA-256 of the whole stem, so different long
-        names stay different.
-
-    Returns:
-      e.g. ``"train-dense_kernel-step10-variance.png"``.
-    """
-    stem = "-".join(c for c in (_clean(p) for p in parts if p is not None) if c) or "gradmom"
-    return _fit(stem, "." + ext, max_bytes)
-
-
-def _fit(stem: str, suffix: str, max_bytes: int) -> str:
-    if len(stem) + len(suffix) <= max_bytes:  # names are ASCII: characters are bytes
-        return stem + suffix
-    digest = hashlib.sha256(stem.encode("utf-8")).hexdigest()[:_HASH_CHARS]
-    keep = max(1, max_bytes - len(suffix) - 1 - _HASH_CHARS)
-    return f"{stem[:keep]}-{digest}{suffix}"
 
 
 def _compile(pattern: str | None, what: str):
@@ -234,45 +196,6 @@ def plan(
 # ----------------------------------------------------------------------------- writing
 
 
-def _num(x) -> Any:
-    x = float(x)
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "Infinity" if x > 0 else "-Infinity"
-    return x
-
-
-def _csv_num(x) -> str:
-    v = _num(x)
-    return v if isinstance(v, str) else repr(v)
-
-
-def _json_clean(obj):
-    if isinstance(obj, dict):
-        return {str(k): _json_clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_clean(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _json_clean(obj.tolist())
-    if isinstance(obj, (bool, np.bool_)):
-        return bool(obj)
-    if isinstance(obj, (int, np.integer)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return _num(obj)
-    return obj
-
-
-def _csv_text(header: list[str], rows: list[list[Any]]) -> str:
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\r\n")
-    writer.writerow(header)
-    for row in rows:
-        writer.writerow([_csv_num(v) if isinstance(v, (float, np.floating)) else v for v in row])
-    return buf.getvalue()
-
-
 def _numbers(job: Job, runs, opts: dict) -> tuple[dict, str, list[str], list[list[Any]]]:
     """(json payload, csv header, csv rows) of one job."""
     if job.plot == "heatmap":
@@ -367,14 +290,14 @@ def _figure(job: Job, runs, opts: dict):
 
 def _job_name(job: Job, opts: dict, fmt: str, max_bytes: int = NAME_MAX) -> str:
     if job.plot == "curves":
-        return file_name([job.tag, "curves"], fmt, max_bytes)
+        return encode.file_name([job.tag, "curves"], fmt, max_bytes)
     if job.plot == "summary":
         step = "latest" if job.step is None else f"step{job.step}"
-        return file_name([job.run, step, "summary"], fmt, max_bytes)
+        return encode.file_name([job.run, step, "summary"], fmt, max_bytes)
     parts = [job.run, job.tag, f"step{job.step}", opts["stat"]]
     if job.plot == "histogram":
         parts.append("histogram")
-    return file_name(parts, fmt, max_bytes)
+    return encode.file_name(parts, fmt, max_bytes)
 
 
 def _job_where(job: Job) -> str:
@@ -403,7 +326,7 @@ def _names(jobs: list[Job], opts: dict, fmt: str, max_bytes: int) -> list[str]:
         stem, ext = os.path.splitext(name)
         k = 2
         while name in used:
-            name = _fit(stem, f"-{k}{ext}", max_bytes)
+            name = encode.file_name([stem, k], ext[1:], max_bytes)
             k += 1
         used.add(name)
         names.append(name)
@@ -607,9 +530,9 @@ def _render(job: Job, runs, opts: dict, fmt: str, dpi: int):
         return lambda f: plot.save(fig, f, dpi=dpi, fmt=fmt)
     payload, header, rows = _numbers(job, runs, opts)
     if fmt == "csv":
-        text = _csv_text(header, rows)
+        text = encode.csv_table(header, rows, digits=None)
     else:
-        text = json.dumps(_json_clean(payload), allow_nan=False) + "\n"
+        text = encode.to_json(payload, digits=None, nested=True) + "\n"
     blob = text.encode("utf-8")
     return lambda f: f.write(blob)
 

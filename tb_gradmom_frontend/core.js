@@ -440,18 +440,36 @@ export function linePath(points) {
   return d;
 }
 
-/** A file name from parts: "dense_kernel-variance-step100.png"; no path separators. */
-export function fileName(parts, ext) {
-  const stem = parts
-    .filter((p) => p !== null && p !== undefined && p !== "")
-    .map((p) =>
-      String(p)
-        .replace(/[^A-Za-z0-9._-]+/g, "_")
-        .replace(/^_+|_+$/g, ""),
-    )
-    .filter(Boolean)
-    .join("-");
-  return `${stem || "gradmom"}.${ext}`;
+/** FNV-1a (32 bits) of the UTF-8 bytes of `text`, as 8 hex digits (as encode._fnv1a). */
+function fnv1a(text) {
+  let h = 0x811c9dc5;
+  for (const b of new TextEncoder().encode(text)) {
+    h = Math.imul(h ^ b, 0x01000193) >>> 0;
+  }
+  return h.toString(16).padStart(8, "0");
+}
+
+/**
+ * A file name from parts, by the rule of tb_gradmom.encode.file_name (checked on shared cases,
+ * tests/js/file_names.json): each part's runs of characters outside [A-Za-z0-9._-] become "_",
+ * leading and trailing ".", "_", "-" go (the root run "." drops out), the non-empty parts are
+ * joined by "-"; a name over 255 bytes keeps its start and ends with a hash of the whole stem.
+ */
+export function fileName(parts, ext, maxBytes = 255) {
+  const stem =
+    parts
+      .filter((p) => p !== null && p !== undefined)
+      .map((p) =>
+        String(p)
+          .replace(/[^A-Za-z0-9._-]+/g, "_")
+          .replace(/^[._-]+|[._-]+$/g, ""),
+      )
+      .filter(Boolean)
+      .join("-") || "gradmom";
+  const suffix = `.${ext}`;
+  if (stem.length + suffix.length <= maxBytes) return stem + suffix;
+  const keep = Math.max(1, maxBytes - suffix.length - 1 - 8);
+  return `${stem.slice(0, keep)}-${fnv1a(stem)}${suffix}`;
 }
 
 // ---------------------------------------------------------------------------------------------

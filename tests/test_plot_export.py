@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+import pathlib
 import re
 import struct
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from tb_gradmom import cli, data, export, metadata, plot, stats  # noqa: E402
+from tb_gradmom import cli, data, encode, export, metadata, plot, stats  # noqa: E402
 
 try:  # the real-TF event files of test_data (tests as a package, or tests/ on sys.path)
     from tests.test_data import LAYOUT, STEPS, _write_logdir
@@ -359,19 +360,33 @@ def test_curves_and_summary_equal_formulas(logdir, logged, tmp_path, capsys):
 
 
 def test_non_finite_numbers_are_spelled_out():
-    assert export._json_clean({"a": [float("nan"), float("inf"), -np.inf, np.float32(1.5)]}) == {
-        "a": ["NaN", "Infinity", "-Infinity", 1.5]
+    payload = {"a": [float("nan"), float("inf"), -np.inf, np.float32(1.5)], "b": np.array([0.1])}
+    assert json.loads(encode.to_json(payload, digits=None)) == {
+        "a": ["NaN", "Infinity", "-Infinity", 1.5],
+        "b": [0.1],
     }
-    text = export._csv_text(["x", "y"], [[float("nan"), 0.1], ["a,b", -np.inf]])
+    text = encode.csv_table(["x", "y"], [[float("nan"), 0.1], ["a,b", -np.inf]], digits=None)
     assert text == 'x,y\r\nNaN,0.1\r\n"a,b",-Infinity\r\n'
 
 
 def test_file_names():
-    assert export.file_name([".", "dense/kernel", "step10", "variance"], "png") == (
+    assert encode.file_name([".", "dense/kernel", "step10", "variance"], "png") == (
         "dense_kernel-step10-variance.png"
     )
-    assert export.file_name(["train/a b", "x:y"], "csv") == "train_a_b-x_y.csv"
-    assert export.file_name([], "json") == "gradmom.json"
+    assert encode.file_name(["train/a b", "x:y"], "csv") == "train_a_b-x_y.csv"
+    assert encode.file_name([], "json") == "gradmom.json"
+
+
+def test_file_name_cases_shared_with_the_tab():
+    """tests/js/file_names.json holds the cases the tab's ``fileName`` is tested on (node); they
+    must be this function's answers, so the tab and the Python side name files alike."""
+    cases = json.loads(
+        (pathlib.Path(__file__).parent / "js" / "file_names.json").read_text("utf-8")
+    )
+    assert len(cases) >= 10
+    for c in cases:
+        assert encode.file_name(c["parts"], c["ext"]) == c["name"], c
+    assert any(len(c["name"]) == encode.NAME_MAX for c in cases)  # the hashed long names
 
 
 def test_progress_bar_with_many_files(logdir, tmp_path, monkeypatch):
@@ -751,9 +766,9 @@ def test_export_never_follows_a_symlink_out_of_out(logdir, tmp_path, capsys):
     outside.mkdir()
     target = outside / "precious.txt"
     target.write_text("keep")
-    name = export.file_name(["eval/a", "conv/kernel", "step10", "variance"], "csv")
+    name = encode.file_name(["eval/a", "conv/kernel", "step10", "variance"], "csv")
     (out / name).symlink_to(target)
-    dangling = export.file_name(["dense/kernel", "step10", "variance"], "csv")
+    dangling = encode.file_name(["dense/kernel", "step10", "variance"], "csv")
     (out / dangling).symlink_to(outside / "does-not-exist.txt")
     code, _, err = _run(_csv_export(logdir, out), capsys)
     assert code == 1 and "already has 2 of the 3 files" in err  # a dangling link counts too
@@ -796,12 +811,12 @@ def test_bins_are_capped_in_reductions_and_plot(logdir):
 
 
 def test_long_names_are_shortened_and_stay_distinct():
-    a = export.file_name(["run", "x" * 400 + "a", "step1", "variance"], "png")
-    b = export.file_name(["run", "x" * 400 + "b", "step1", "variance"], "png")
+    a = encode.file_name(["run", "x" * 400 + "a", "step1", "variance"], "png")
+    b = encode.file_name(["run", "x" * 400 + "b", "step1", "variance"], "png")
     assert len(a) <= 255 and len(b) <= 255 and a != b
     assert a.startswith("run-xxxx") and a.endswith(".png")
-    assert export.file_name(["run", "x" * 400], "csv", max_bytes=40).__len__() <= 40
-    short = export.file_name(["run", "dense/kernel"], "csv")
+    assert encode.file_name(["run", "x" * 400], "csv", max_bytes=40).__len__() <= 40
+    short = encode.file_name(["run", "dense/kernel"], "csv")
     assert short == "run-dense_kernel.csv"  # short names are unchanged
 
 

@@ -28,8 +28,8 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.core import core_plugin
 from werkzeug.test import Client
 
-from tb_gradmom import metadata, reductions, stats
-from tb_gradmom.plugin import _cache, _encode, _payloads, _static
+from tb_gradmom import encode, metadata, reductions, stats
+from tb_gradmom.plugin import _cache, _payloads, _static
 from tb_gradmom.plugin_loader import DEFAULT_SAMPLES, GradMomentsPluginLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -860,7 +860,7 @@ def test_export_moments_npy_is_the_stored_tensor(env):
     r = get(client, "export", run="train", tag="skew/kernel", step=30, what="moments", format="npy")
     assert r.headers["Content-Type"] == "application/octet-stream"
     assert (
-        'filename="gradmom_train_skew_kernel_moments_step30.npy"'
+        'filename="gradmom-train-skew_kernel-moments-step30.npy"'
         in r.headers["Content-Disposition"]
     )
     got = np.load(io.BytesIO(r.get_data()), allow_pickle=False)
@@ -943,7 +943,9 @@ def test_export_file_name_is_safe(env, logdir):
     client, _ = env
     r = get(client, "export", run=fx.XSS_RUN, tag="dense/kernel", what="moments", format="csv")
     cd = r.headers["Content-Disposition"]
-    assert cd.startswith('attachment; filename="gradmom_img_src_x_onerror_alert_1_')
+    name = encode.file_name(["gradmom", fx.XSS_RUN, "dense/kernel", "moments"], "x")[:-2]
+    assert cd.startswith(f'attachment; filename="{name}-step'), cd
+    assert name.startswith("gradmom-img_src_x_onerror_alert_1"), name
     assert "<" not in cd and ">" not in cd and "(" not in cd
 
 
@@ -1258,7 +1260,7 @@ def test_byte_lru_loads_once_under_concurrency():
 
 
 def test_json_encoding():
-    text = _encode.to_json(
+    text = encode.to_json(
         {
             "a": np.array([1.5, np.nan, np.inf, -np.inf]),
             "b": math.nan,
@@ -1276,7 +1278,7 @@ def test_json_encoding():
         "w": 1795214310.563185,
     }
     f32 = np.float32(0.1)
-    assert np.float32(json.loads(_encode.to_json(np.array([f32], dtype=np.float32)))[0]) == f32
+    assert np.float32(json.loads(encode.to_json(np.array([f32], dtype=np.float32)))[0]) == f32
 
 
 def test_stats_table_split_equals_stats_split_stats_tensor(env):

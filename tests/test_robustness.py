@@ -60,7 +60,7 @@ from tensorboard.compat.proto import (
 )
 from tensorboard.util import tensor_util
 
-from tb_gradmom import data, export, metadata, reductions
+from tb_gradmom import data, encode, metadata, reductions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -1075,17 +1075,17 @@ def test_export_skips_every_probe_and_writes_the_rest(logdir, tmp_path, capsys):
     files = set(os.listdir(out))
     lines = [ln for ln in err.splitlines() if ln.startswith("tb-gradmom export: warning: ")]
     for run in (GOOD, RUN, "model", "torn"):
-        assert export.file_name([run, OK, "step2", "variance"], "csv") in files, run
+        assert encode.file_name([run, OK, "step2", "variance"], "csv") in files, run
 
     def file_of(tag, step):
-        return export.file_name([RUN, tag, f"step{step}", "variance"], "csv")
+        return encode.file_name([RUN, tag, f"step{step}", "variance"], "csv")
 
     failed = []
     for cls, probes in _classes().items():
         survived = []
         for p in probes:
             named = _named(lines, RUN, p.bad_tag, 2 if p.target.endswith("tensor") else 0)
-            prefix = export.file_name([RUN, p.tag], "x")[:-2] + "-"
+            prefix = encode.file_name([RUN, p.tag], "x")[:-2] + "-"
             mine = {f for f in files if f.startswith(prefix)}
             if p.target == "moments-content":
                 fine = not mine
@@ -1104,7 +1104,7 @@ def test_export_skips_every_probe_and_writes_the_rest(logdir, tmp_path, capsys):
     torn_ok = 0
     for i, _, _, complete in TORN:
         want = (
-            {export.file_name(["torn", f"t_{i}/kernel", f"step{complete[-1]}", "variance"], "csv")}
+            {encode.file_name(["torn", f"t_{i}/kernel", f"step{complete[-1]}", "variance"], "csv")}
             if complete
             else set()
         )
@@ -1132,11 +1132,11 @@ def test_export_event_file_probes(logdirs, loaded, tmp_path, capsys):
         run = f"file_{how}"
         recs = runs.get(run, {}).get(OK, [])
         want = (
-            {export.file_name([run, OK, f"step{recs[-1].step}", "variance"], "csv")}
+            {encode.file_name([run, OK, f"step{recs[-1].step}", "variance"], "csv")}
             if recs
             else set()
         )
-        prefix = export.file_name([run, OK], "x")[:-2] + "-"
+        prefix = encode.file_name([run, OK], "x")[:-2] + "-"
         survived += {f for f in files if f.startswith(prefix)} == want
     print(f"\nprobe class event-files (export): tried {len(FILE_PROBES)}, survived {survived}")
     assert survived == len(FILE_PROBES)
@@ -1172,7 +1172,7 @@ def test_export_all_steps_histogram_of_torn_steps(logdir, tmp_path, capsys):
     for i, _, _, complete in TORN:
         got = {n for n in names if n.startswith(f"torn-t_{i}_kernel-")}
         assert got == {
-            export.file_name(["torn", f"t_{i}/kernel", f"step{s}", "variance", "histogram"], "json")
+            encode.file_name(["torn", f"t_{i}/kernel", f"step{s}", "variance", "histogram"], "json")
             for s in complete
         }, i
 

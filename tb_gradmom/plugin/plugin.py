@@ -15,7 +15,6 @@ import concurrent.futures
 import functools
 import logging
 import math
-import re
 import threading
 
 import numpy as np
@@ -24,8 +23,8 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from tb_gradmom import metadata, reductions, stats
-from tb_gradmom.plugin import _encode, _params, _payloads, _reader, _static, _tb_compat
+from tb_gradmom import encode, metadata, reductions, stats
+from tb_gradmom.plugin import _params, _payloads, _reader, _static, _tb_compat
 from tb_gradmom.plugin._cache import ByteLRU, MemoryGate
 from tb_gradmom.plugin._reader import Reader
 
@@ -90,11 +89,6 @@ def _mark_worker() -> None:
 
 def _bad(e: ValueError) -> errors.InvalidArgumentError:
     return errors.InvalidArgumentError(str(e))
-
-
-def _safe_name(s: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("._")
-    return s[:80] or "x"
 
 
 def _groups_of(ri) -> list[str]:
@@ -174,11 +168,11 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         return self._pool.submit(fn).result()
 
     def _json(self, request, body) -> wrappers.Response:
-        text = body if isinstance(body, str) else _encode.to_json(body)
+        text = body if isinstance(body, str) else encode.to_json(body)
         return http_util.Respond(request, text, "application/json")
 
     def _cached_json(self, request, key, build) -> wrappers.Response:
-        return self._json(request, self._cache.get_or_load(key, lambda: _encode.to_json(build())))
+        return self._json(request, self._cache.get_or_load(key, lambda: encode.to_json(build())))
 
     # -------------------------------------------------------------------------- /tags
 
@@ -195,7 +189,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         key = ("tags", experiment, version)
         text = self._cache.get_or_load(
             key,
-            lambda: _encode.to_json(self.tags_impl(ctx, experiment, index)),
+            lambda: encode.to_json(self.tags_impl(ctx, experiment, index)),
             group=("tags", experiment),
         )
         return self._json(request, text)
@@ -366,7 +360,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
 
         def build():
             with self._work.reserve(self._heatmap_work(entry, max_rows, max_cols)):
-                return _encode.to_json(
+                return encode.to_json(
                     self._heatmap_body(
                         ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up
                     )
@@ -411,7 +405,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
 
     def histogram_impl(self, ctx, experiment, *, run, tag, step, stat, bins, scale) -> str:
         """The /histogram body as JSON text."""
-        return _encode.to_json(
+        return encode.to_json(
             self.histogram_body(
                 ctx, experiment, run=run, tag=tag, step=step, stat=stat, bins=bins, scale=scale
             )
@@ -708,17 +702,18 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         if what == "series":
             tag = _params.string(request, "tag", default=metadata.MODEL_TAG) or metadata.MODEL_TAG
             d = self.series_impl(ctx, experiment, run=run, tag=tag)
-            name = f"gradmom_{_safe_name(run)}_{_safe_name(tag)}_series"
+            parts = ["gradmom", run, tag, "series"]
             if fmt == "json":
-                return _encode.to_json(d), "application/json", name + ".json"
+                return encode.to_json(d), "application/json", encode.file_name(parts, "json")
             keys = list(d["values"])
             rows = (
                 [int(st), float(w), *[float(d["values"][k][i]) for k in keys]]
                 for i, (st, w) in enumerate(zip(d["steps"], d["wall_times"]))
             )
-            return _encode.csv_table(["step", "wall_time", *keys], rows), "text/csv", name + ".csv"
+            header = ["step", "wall_time", *keys]
+            return encode.csv_table(header, rows), "text/csv", encode.file_name(parts, "csv")
         tag = _params.string(request, "tag", required=True)
-        base = f"gradmom_{_safe_name(run)}_{_safe_name(tag)}"
+        base = ["gradmom", run, tag]
         if what == "heatmap":
             a = self._heatmap_args(request, max_default=1 << 20, max_limit=1 << 20)
             entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
@@ -733,9 +728,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             a = self._histogram_args(request)
             body = self.histogram_body(ctx, experiment, **a, every_step=True)
             which = "all" if a["step"] == "all" else f"step{body['series'][0]['step']}"
-            name = f"{base}_{a['stat']}_histogram_{which}"
+            parts = [*base, a["stat"], "histogram", which]
             if fmt == "json":
-                return _encode.to_json(body), "application/json", name + ".json"
+                return encode.to_json(body), "application/json", encode.file_name(parts, "json")
             edges = np.asarray(body["edges"], dtype=np.float64)
             rows = (
                 [s["step"], s["wall_time"], float(edges[j]), float(edges[j + 1]), int(c)]
@@ -743,7 +738,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 for j, c in enumerate(np.asarray(s["counts"]))
             )
             header = ["step", "wall_time", "bin_lo", "bin_hi", "count"]
-            return _encode.csv_table(header, rows), "text/csv", name + ".csv"
+            return encode.csv_table(header, rows), "text/csv", encode.file_name(parts, "csv")
         # what == "moments": the raw stored moments at one step.
         step = _params.step(request)
         entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
@@ -766,26 +761,31 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             a["max_rows"],
             a["max_cols"],
         )
-        name = f"{base}_{a['stat']}_step{body['step']}"
+        parts = [*base, a["stat"], f"step{body['step']}"]
         if fmt == "json":
-            return _encode.to_json(body), "application/json", name + ".json"
+            return encode.to_json(body), "application/json", encode.file_name(parts, "json")
         grid = np.asarray(body["values"], dtype=np.float64).reshape(body["rows"], body["cols"])
         if fmt == "npy":
-            return _encode.npy_bytes(grid), "application/octet-stream", name + ".npy"
+            return (
+                encode.npy_bytes(grid),
+                "application/octet-stream",
+                encode.file_name(parts, "npy"),
+            )
         header = ["row", *[str(j) for j in range(grid.shape[1])]]
         rows = ([i, *row] for i, row in enumerate(grid.tolist()))
-        return _encode.csv_table(header, rows), "text/csv", name + ".csv"
+        return encode.csv_table(header, rows), "text/csv", encode.file_name(parts, "csv")
 
     def _export_moments(self, ctx, experiment, run, tag, step, fmt, base):
         entry, m, n = self._moments(ctx, experiment, run, tag, step)
         c = entry.content
-        name = f"{base}_moments_step{m.step}"
+        parts = [*base, "moments", f"step{m.step}"]
         if fmt == "npy":
             stacked = np.stack([m.arrays[p] for p in c.orders]).astype(np.float32, copy=False)
-            return _encode.npy_bytes(stacked), "application/octet-stream", name + ".npy"
+            name = encode.file_name(parts, "npy")
+            return encode.npy_bytes(stacked), "application/octet-stream", name
         if fmt == "json":
             return (
-                _encode.to_json(
+                encode.to_json(
                     {
                         "run": run,
                         "tag": tag,
@@ -801,11 +801,11 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                     }
                 ),
                 "application/json",
-                name + ".json",
+                encode.file_name(parts, "json"),
             )
         header, table = _payloads.moments_table(m.arrays)
         rows = ([int(r[0]), *r[1:]] for r in table.tolist())
-        return _encode.csv_table(header, rows), "text/csv", name + ".csv"
+        return encode.csv_table(header, rows), "text/csv", encode.file_name(parts, "csv")
 
     # ------------------------------------------------------------------------- static
 

@@ -197,6 +197,14 @@ test("SVG helpers escape text", () => {
   assert.equal(core.fileName(["<img src=x>"], "csv"), "img_src_x.csv");
 });
 
+test("file names follow tb_gradmom.encode.file_name on the shared cases", async () => {
+  const { readFile } = await import("node:fs/promises");
+  const url = new URL("./file_names.json", import.meta.url);
+  const cases = JSON.parse(await readFile(url, "utf-8"));
+  assert.ok(cases.length >= 10);
+  for (const c of cases) assert.equal(core.fileName(c.parts, c.ext), c.name, JSON.stringify(c));
+});
+
 test("runs, tags, steps and sorting", () => {
   const colors = core.runColors(["b", "a", "c"]);
   assert.equal(colors.get("a"), core.RUN_PALETTE[0]);
