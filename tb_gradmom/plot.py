@@ -186,21 +186,13 @@ def select_record(
     )
 
 
-def _n_for(stat: str, rec: data.Record, where: str) -> float:
-    if stat in ("variance", "std", "snr"):
-        if rec.batch_size is None:
-            raise ValueError(
-                f"{stat!r} needs the batch size from the stats tag, which {where} step "
-                f"{rec.step} does not have; show 'biased_variance' instead"
-            )
-        return rec.batch_size
-    return rec.batch_size or 1  # not used by the statistic
-
-
 def _stat_of(rec: data.Record, stat: str, where: str) -> np.ndarray:
     if not rec.moments:
         raise ValueError(f"{where} holds stats only (no moments); use curves or summary")
-    return reductions.stat_array(rec.moments, _n_for(stat, rec, where), stat)
+    n = rec.batch_size
+    reductions.check_stat(stat, tuple(rec.moments), n, f"{where} step {rec.step}")
+    # Statistics that do not depend on n take any valid one.
+    return reductions.stat_array(rec.moments, n if reductions.valid_batch_size(n) else 1, stat)
 
 
 # ----------------------------------------------------------------------------- data

@@ -29,6 +29,9 @@ __all__ = [
     "STAT_LABELS",
     "SCALES",
     "MAX_BINS",
+    "NEEDS_BATCH_SIZE",
+    "check_stat",
+    "valid_batch_size",
     "required_orders",
     "stat_array",
     "stat_label",
@@ -83,6 +86,45 @@ _REQUIRED: dict[str, tuple[int, ...]] = {
     "skewness": (1, 2, 3),
     "kurtosis": (1, 2, 3, 4),
 }
+
+
+# Statistics whose value depends on the batch size n (the unbiased variance's n/(n-1)).
+NEEDS_BATCH_SIZE = frozenset({"variance", "std", "snr"})
+
+
+def valid_batch_size(n) -> bool:
+    """Whether ``n`` is a usable batch size (finite, >= 1)."""
+    return n is not None and math.isfinite(n) and n >= 1
+
+
+def check_stat(stat: str, orders: Sequence[int], n: float | None, where: str = "this tag") -> None:
+    """Whether ``stat`` can be computed from what was logged: the one check of the plugin, the
+    figures and the export.
+
+    Args:
+      stat: the statistic asked for.
+      orders: the moment orders logged.
+      n: the batch size of that step (None when the step has no stats).
+      where: what is being read, for the message (``"run 'train' tag 'dense/kernel' step 10"``).
+
+    Raises:
+      ValueError: for an unknown statistic, missing orders, or a statistic of
+        `NEEDS_BATCH_SIZE` without a batch size; the message says what to do instead.
+    """
+    needed = required_orders(stat)
+    missing = [p for p in needed if p not in orders]
+    if missing:
+        raise ValueError(
+            f"statistic {stat!r} needs moment orders {list(needed)}, but {where} has orders "
+            f"{sorted(orders)} (missing {missing}); log them with orders="
+            f"{tuple(sorted(set(orders) | set(needed)))} or pick another statistic"
+        )
+    if stat in NEEDS_BATCH_SIZE and not valid_batch_size(n):
+        raise ValueError(
+            f"statistic {stat!r} needs the batch size, stored in the tag's "
+            f"'{metadata.STATS_SUFFIX}' tag, which {where} does not have; use "
+            "'biased_variance' instead"
+        )
 
 
 def _check_stat(stat: str) -> None:

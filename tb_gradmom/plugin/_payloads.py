@@ -9,14 +9,13 @@ plugin turns those into HTTP 400.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
 from tb_gradmom import metadata, reductions, stats
 
 __all__ = [
-    "NEEDS_BATCH_SIZE",
     "work_bytes",
     "stat_grid",
     "heatmap",
@@ -25,9 +24,6 @@ __all__ = [
     "series",
     "SERIES_KEYS",
 ]
-
-# Statistics whose value depends on the batch size n (the unbiased variance n/(n-1)).
-NEEDS_BATCH_SIZE = frozenset({"variance", "std", "snr"})
 
 # The keys of /series "values", in display order.
 SERIES_KEYS: tuple[str, ...] = ("batch_size", *stats.DERIVED, "loss", "learning_rate")
@@ -55,35 +51,13 @@ def work_bytes(content: metadata.MomentsContent, output_cells: int = 0) -> int:
     return cells * per_cell + output_cells * _WORK_PER_OUTPUT_CELL
 
 
-def check_stat(stat: str, orders: Sequence[int], n: float | None) -> None:
-    """Raises ValueError if ``stat`` is unknown or cannot be computed from what was logged."""
-    if stat not in reductions.STATS:
-        raise ValueError(f"unknown stat {stat!r}; expected one of: {', '.join(reductions.STATS)}")
-    needed = reductions.required_orders(stat)
-    missing = [p for p in needed if p not in orders]
-    if missing:
-        raise ValueError(
-            f"stat {stat!r} needs moment orders {list(needed)}, but this tag has orders "
-            f"{list(orders)}; log orders={tuple(sorted(set(orders) | set(needed)))} or pick "
-            "another stat"
-        )
-    if stat in NEEDS_BATCH_SIZE and not _valid_n(n):
-        raise ValueError(
-            f"stat {stat!r} needs the batch size, which is stored in the tag's "
-            f"'{metadata.STATS_SUFFIX}' tag; this tag has none at this step: use "
-            "stat=biased_variance"
-        )
-
-
-def _valid_n(n) -> bool:
-    return n is not None and math.isfinite(n) and n >= 1
-
-
-def stat_grid(arrays: dict[int, np.ndarray], n: float | None, stat: str) -> np.ndarray:
+def stat_grid(
+    arrays: dict[int, np.ndarray], n: float | None, stat: str, where: str = "this step"
+) -> np.ndarray:
     """The statistic on the 2-D view (`metadata.to_2d_shape`) of the stored arrays."""
-    check_stat(stat, tuple(arrays), n)
+    reductions.check_stat(stat, tuple(arrays), n, where)
     # Statistics that do not depend on n still need a valid n for `stat_array`.
-    values = reductions.stat_array(arrays, n if _valid_n(n) else 1, stat)
+    values = reductions.stat_array(arrays, n if reductions.valid_batch_size(n) else 1, stat)
     return reductions.to_2d(values)
 
 
@@ -102,16 +76,17 @@ def heatmap(
     stat: str,
     max_rows: int,
     max_cols: int,
+    where: str = "this step",
 ) -> dict:
     """The body of /heatmap without run, tag and step (see docs/http_api.md)."""
-    grid = stat_grid(arrays, n, stat)
+    grid = stat_grid(arrays, n, stat, where)
     pooled, (br, bc) = reductions.pool_2d(grid, max_rows, max_cols)
     sbr, sbc = content.block if content.pooled else (1, 1)
     lo, hi = finite_range(pooled)
     return {
         "stat": stat,
         "label": reductions.stat_label(stat),
-        "batch_size": n if _valid_n(n) else None,
+        "batch_size": n if reductions.valid_batch_size(n) else None,
         "shape": list(content.shape),
         "grid_shape": list(metadata.to_2d_shape(content.shape)),
         "stored_shape": list(content.stored_shape),

@@ -380,7 +380,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
     ) -> dict:
         entry, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
         try:
-            body = _payloads.heatmap(entry.content, m.arrays, n, stat, max_rows, max_cols)
+            where = f"run {run!r} tag {tag!r} step {m.step}"
+            body = _payloads.heatmap(entry.content, m.arrays, n, stat, max_rows, max_cols, where)
         except ValueError as e:
             raise _bad(e) from None
         return {"run": run, "tag": tag, "step": m.step, "wall_time": m.wall_time, **body}
@@ -436,7 +437,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 with self._work.reserve(_payloads.work_bytes(entry.content, bins)):
                     _, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
                     try:
-                        grid = _payloads.stat_grid(m.arrays, n, stat)
+                        where = f"run {run!r} tag {tag!r} step {m.step}"
+                        grid = _payloads.stat_grid(m.arrays, n, stat, where)
                         edges, counts = _payloads.histogram_one(grid, bins, scale)
                     except ValueError as e:
                         raise _bad(e) from None
@@ -495,7 +497,10 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 ns.append(float(s.sums["batch_size"][i]) if i is not None else None)
             valid = [n for n in ns if n is not None and math.isfinite(n) and n >= 1]
             try:
-                _payloads.check_stat(stat, entry.content.orders, valid[-1] if valid else None)
+                where = f"run {run!r} tag {tag!r} (every step)"
+                reductions.check_stat(
+                    stat, entry.content.orders, valid[-1] if valid else None, where
+                )
             except ValueError as e:
                 raise _bad(e) from None
 
