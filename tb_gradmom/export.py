@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from tb_gradmom import data, encode, plot, reductions, stats
+from tb_gradmom import data, encode, plot, reductions, stats, views
 
 __all__ = [
     "FORMATS",
@@ -238,15 +238,15 @@ def _numbers(job: Job, runs, opts: dict) -> tuple[dict, str, list[str], list[lis
                 rows.append([r, int(s), *[float(series[c][k]) for c in cols]])
         return d, ["run", "step", *cols], rows
     d = plot.summary_data(runs, run=job.run, step=job.step)
-    qs = list(stats.DERIVED)
+    qs = list(views.SUMMARY_STATISTICS)
     rows = [
         [
             r["tag"],
             r["step"],
             "x".join(map(str, r["shape"])),
             int(r["pooled"]),
-            "" if r["batch_size"] is None else r["batch_size"],
-            *[float(r[q]) for q in qs],
+            r["batch_size"],
+            *[r[q] for q in qs],
         ]
         for r in d["rows"]
     ]

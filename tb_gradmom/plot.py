@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tb_gradmom import data, metadata, reductions, stats
+from tb_gradmom import data, metadata, reductions, stats, views
 
 __all__ = [
     "COLORMAPS",
@@ -363,8 +363,9 @@ def summary_data(
 
     Returns:
       A dict with ``run``, ``step`` (the requested step, or None for latest) and ``rows``:
-      dicts with ``tag``, ``step``, ``shape``, ``pooled``, ``batch_size`` and every quantity of
-      `stats.DERIVED` (NaN without stats); tags without the step are left out.
+      `views.summary_row` dicts with ``tag``, ``shape``, ``pooled``, ``step``, ``batch_size``
+      and every statistic of `views.SUMMARY_STATISTICS` (None without stats), the columns of
+      the tab's table; tags without the step are left out.
     """
     runs = load_source(source)
     if run is None:
@@ -379,21 +380,8 @@ def summary_data(
             rec = select_record(records, step, f"run {run!r} tag {tag!r}")
         except ValueError:
             continue
-        d = (
-            stats.derived(rec.stats)
-            if rec.stats is not None
-            else dict.fromkeys(stats.DERIVED, math.nan)
-        )
-        rows.append(
-            {
-                "tag": tag,
-                "step": rec.step,
-                "shape": tuple(rec.shape),
-                "pooled": rec.pooled,
-                "batch_size": rec.batch_size,
-                **{q: float(d[q]) for q in stats.DERIVED},
-            }
-        )
+        info = {"shape": tuple(rec.shape), "pooled": rec.pooled}
+        rows.append(views.summary_row(tag, rec.step, rec.stats, **info))
     if not rows:
         raise ValueError(f"step {step} was not logged for any tag of run {run!r}")
     return {"run": run, "step": None if step in (None, "latest") else int(step), "rows": rows}

@@ -766,7 +766,7 @@ def test_summary_table_sorts_and_opens_heatmap(page):
     want = [r["tag"] for r in sorted(ref["rows"], key=lambda r: -js_value(r["total_variance"]))]
     assert order == want
     # The statistics' headers explain them (name, meaning, formula, reference) from the backend.
-    for key, stat in (("noise_scale", "noise_scale"), ("snr", "gsnr_mean")):
+    for key, stat in (("noise_scale", "noise_scale"), ("gsnr_mean", "gsnr_mean")):
         title = pg.locator(f'table.summary th[data-key="{key}"]').get_attribute("title")
         st = ref["statistics"][key]
         assert st == STATISTICS[stat].as_dict()
@@ -787,7 +787,7 @@ def test_summary_table_sorts_and_opens_heatmap(page):
         by_tag["_model"] = ref["model"]
         assert pg.locator("table.summary tfoot td").first.text_content() == "whole model"
     for r in table:
-        for key in ("size", "total_variance", "snr", "noise_scale", "batch_size"):
+        for key in ("size", "total_variance", "gsnr_mean", "noise_scale", "batch_size"):
             want = by_tag[r["tag"]][key]
             if want is None:  # not available: an empty CSV field
                 assert r[key] == "", (r, key)
@@ -1162,6 +1162,12 @@ def test_demo_landing_smoothing_info_and_resize(browser, demo_tensorboard):
         assert _svg_labels_outside(p, "main") == []
         p.locator("#heatmap-card").scroll_into_view_if_needed()
         p.locator("#heatmap-card").screenshot(path=str(DEMO_SHOTS / "demo_heatmap_resized.png"))
+        # A phone-narrow window: the curves' notes and legends still fit their SVGs.
+        p.set_viewport_size({"width": 380, "height": 900})
+        p.wait_for_function("() => (gradmom.resized ?? 0) > 1")
+        pg.settle()
+        assert _svg_labels_outside(p, "main") == []
+        p.screenshot(path=str(DEMO_SHOTS / "demo_narrow.png"), full_page=True)
     finally:
         pg.close()
     assert not pg.errors, pg.errors

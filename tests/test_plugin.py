@@ -836,7 +836,7 @@ def test_summary_rows(env):
     ref = _ref_sums("train", ["conv/kernel"], fx.TRAIN_STEPS[-1])
     assert r["size"] == 72 and r["step"] == fx.TRAIN_STEPS[-1] and r["batch_size"] == fx.BATCH
     assert r["total_variance"] == pytest.approx(ref["tr"], rel=1e-5)
-    assert r["snr"] == pytest.approx(ref["gsnr"] / ref["count"], rel=1e-5)
+    assert r["gsnr_mean"] == pytest.approx(ref["gsnr"] / ref["count"], rel=1e-5)
     assert r["noise_scale"] == pytest.approx(
         ref["tr"] / (ref["m2"] - ref["tr"] / fx.BATCH), rel=2e-5
     )
@@ -1385,8 +1385,9 @@ def test_groups_are_listed_and_served_apart(gan_env):
     everything = get_json(client, "summary", run="named")
     assert {r["tag"] for r in everything["rows"]} == set(tags["runs"]["named"])
     assert everything["model"] is None and "group" not in everything
-    # The table's column tooltips come from stats.STATISTICS.
-    assert everything["statistics"]["snr"] == stats.STATISTICS["gsnr_mean"].as_dict()
+    # The table's column tooltips come from stats.STATISTICS, every statistic in its order.
+    assert list(everything["statistics"]) == list(stats.STATISTICS)
+    assert everything["statistics"]["gsnr_mean"] == stats.STATISTICS["gsnr_mean"].as_dict()
     # An unknown group names the run's groups.
     r = get(client, "summary", status=404, run="named", group="nope")
     assert "'discriminator', 'generator'" in r.get_data(as_text=True)

@@ -23,7 +23,7 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from tb_gradmom import encode, metadata, reductions, stats
+from tb_gradmom import encode, metadata, reductions, stats, views
 from tb_gradmom.plugin import _params, _payloads, _reader, _static, _tb_compat
 from tb_gradmom.plugin._cache import ByteLRU, MemoryGate
 from tb_gradmom.plugin._reader import Reader
@@ -50,14 +50,6 @@ MAX_GRID = 4096  # the largest max_rows / max_cols a heatmap may ask for
 MAX_BINS = reductions.MAX_BINS
 EXPORT_WHAT = ("heatmap", "histogram", "series", "moments")
 EXPORT_FORMATS = ("csv", "json", "npy")
-# The /summary columns that are derived statistics, and their `stats.STATISTICS` entries.
-SUMMARY_STATISTICS = {
-    "total_variance": "total_variance",
-    "snr": "gsnr_mean",
-    "noise_scale": "noise_scale",
-    "grad_norm_sq": "grad_norm_sq",
-    "norm_test": "norm_test",
-}
 
 
 def _route(fn):
@@ -612,35 +604,14 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             )
         series = self._reader.stats_series(ctx, experiment, list(ri.stats.values()))
 
-        def row(tag, s, extra):
+        def row(tag, s, info):
             i = None
             if s is not None and s.steps.size:
                 i = s.steps.size - 1 if step is None else s.index_of(step)
-            r = {
-                "tag": tag,
-                **extra,
-                "step": None,
-                "batch_size": None,
-                "total_variance": None,
-                "snr": None,
-                "noise_scale": None,
-                "grad_norm_sq": None,
-                "norm_test": None,
-            }
             if i is None:
-                return r, False
+                return views.summary_row(tag, None, None, **info), False
             sums = {f: float(v[i]) for f, v in s.sums.items()}
-            d = stats.derived(sums)
-            r.update(
-                step=int(s.steps[i]),
-                batch_size=sums["batch_size"],
-                total_variance=d["total_variance"],
-                snr=d["gsnr_mean"],
-                noise_scale=d["noise_scale"],
-                grad_norm_sq=d["grad_norm_sq"],
-                norm_test=d["norm_test"],
-            )
-            return r, True
+            return views.summary_row(tag, int(s.steps[i]), sums, **info), True
 
         rows = []
         found = False
@@ -676,10 +647,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             "step": step,
             "rows": rows,
             "model": model,
-            # What the numeric columns are (the table's header tooltips): `snr` is gsnr_mean.
-            "statistics": {
-                col: stats.STATISTICS[key].as_dict() for col, key in SUMMARY_STATISTICS.items()
-            },
+            # What the statistic columns are, in display order (the table's header tooltips).
+            "statistics": {k: stats.STATISTICS[k].as_dict() for k in views.SUMMARY_STATISTICS},
         }
         if group is not None:
             out["group"] = group

@@ -1,4 +1,4 @@
-// The model summary table: per variable its size, total variance, SNR, noise scale and batch
+// The model summary table: per variable its size, total variance, GSNR, noise scale and batch
 // size at one step; sortable by any column; a click on a row opens its heatmap.
 
 import { formatValue, sortRows, toCSV } from "../core.js";
@@ -8,7 +8,7 @@ export const COLUMNS = [
   { key: "tag", label: "variable", numeric: false },
   { key: "size", label: "size", numeric: true },
   { key: "total_variance", label: "total variance", numeric: true },
-  { key: "snr", label: "SNR", numeric: true },
+  { key: "gsnr_mean", label: "GSNR", numeric: true },
   { key: "noise_scale", label: "noise scale", numeric: true },
   { key: "batch_size", label: "batch", numeric: true },
 ];
