@@ -56,27 +56,17 @@ COLORMAPS: tuple[str, ...] = (
     "gray",
     "RdBu_r",
 )
-# Statistics that take both signs: a diverging map (RdBu_r) symmetric around zero by default,
-# as in the tab (core.js SIGNED_STATS).
-SIGNED_STATS: tuple[str, ...] = ("mean", "third_moment", "skewness")
-# The curves' default smoothing, the tab's (`stats.DEFAULT_SMOOTHING`).
-DEFAULT_SMOOTHING = stats.DEFAULT_SMOOTHING
-# Curves whose non-positive values are not estimates of a positive quantity but a sign that
-# the noise dominates (docs/math.md): marked, not drawn.
-_POSITIVE_ONLY = ("noise_scale", "cabs_batch_size")
 PLOTS: tuple[str, ...] = ("heatmap", "histogram", "curves", "summary")
-# Run colours of the tab (TensorBoard's classic palette), assigned in sorted run order.
-RUN_PALETTE: tuple[str, ...] = (
-    "#425066",
-    "#12b5cb",
-    "#e52592",
-    "#f9ab00",
-    "#9334e6",
-    "#7cb342",
-    "#e8710a",
-)
-# Derived quantities drawn by `curves` when none are named.
-CURVE_DEFAULTS: tuple[str, ...] = ("noise_scale", "gsnr_mean", "total_variance", "grad_norm_sq")
+# The presentation constants shared with the tab (served by the plugin's /meta), from `views`:
+# statistics that take both signs get a diverging map (RdBu_r) symmetric around zero by
+# default; the curves' default smoothing; curves whose non-positive values are marked (noise
+# dominated), not drawn; the run colours (TensorBoard's palette, in sorted run order); the
+# derived quantities drawn by `curves` when none are named.
+SIGNED_STATS: tuple[str, ...] = views.SIGNED_STATS
+DEFAULT_SMOOTHING = views.DEFAULT_SMOOTHING
+_POSITIVE_ONLY = views.POSITIVE_ONLY
+RUN_PALETTE: tuple[str, ...] = views.RUN_PALETTE
+CURVE_DEFAULTS: tuple[str, ...] = views.CURVE_DEFAULTS
 
 _COLUMN_WIDTH = 3.4  # inches: one column of a two-column paper
 _MISSING = "#cccccc"  # NaN cells, and cells <= 0 on a log scale (the tab's light theme)

@@ -1,8 +1,14 @@
 """What the plugin, the figures (`tb_gradmom.plot`) and the export show, defined once (numpy only).
 
-The model summary table: one row per variable (and one for the whole model) at one step, with
-the same columns wherever it is shown: the tab's table (``/summary``), ``plot.summary_data``
-and its figure, and ``tb-gradmom export --plot summary``.
+* The presentation constants: the element-wise statistics as shown (labels, moment orders,
+  whether they need the batch size, whether they take both signs), the run palettes, the
+  curves' defaults, the default smoothing, what the tab opens with. `meta` returns all of it
+  as JSON-ready data: the plugin serves it (``GET /meta``) and the tab takes every label,
+  order and colour from there (its node tests from ``tests/js/meta.json``, a copy of `meta`
+  checked by ``tests/test_stats.py``); `tb_gradmom.plot` imports the same constants.
+* The model summary table: one row per variable (and one for the whole model) at one step,
+  with the same columns wherever it is shown: the tab's table (``/summary``),
+  ``plot.summary_data`` and its figure, and ``tb-gradmom export --plot summary``.
 """
 
 from __future__ import annotations
@@ -10,9 +16,75 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tb_gradmom import stats
+from tb_gradmom import reductions, stats
 
-__all__ = ["SUMMARY_STATISTICS", "summary_row"]
+__all__ = [
+    "SIGNED_STATS",
+    "RUN_PALETTE",
+    "RUN_PALETTE_DARK",
+    "CURVE_DEFAULTS",
+    "POSITIVE_ONLY",
+    "DEFAULT_SMOOTHING",
+    "SERIES_KEYS",
+    "SERIES_NAMES",
+    "LANDING",
+    "SUMMARY_STATISTICS",
+    "META_VERSION",
+    "element_statistics",
+    "meta",
+    "summary_row",
+]
+
+# Element-wise statistics that take both signs: drawn with a diverging colour map (RdBu_r)
+# symmetric around zero by default (the tab's heatmap, `plot.heatmap`, the export).
+SIGNED_STATS: tuple[str, ...] = ("mean", "third_moment", "skewness")
+# Run colours: TensorBoard's palette, assigned in sorted run order (the tab, `plot.curves`).
+RUN_PALETTE: tuple[str, ...] = (
+    "#425066",
+    "#12b5cb",
+    "#e52592",
+    "#f9ab00",
+    "#9334e6",
+    "#7cb342",
+    "#e8710a",
+)
+# The same in TensorBoard's dark mode: its first colour is lighter, to show on a dark page.
+RUN_PALETTE_DARK: tuple[str, ...] = ("#8e98a3", *RUN_PALETTE[1:])
+# Derived quantities drawn by `plot.curves` when none are named.
+CURVE_DEFAULTS: tuple[str, ...] = ("noise_scale", "gsnr_mean", "total_variance", "grad_norm_sq")
+# Curves whose non-positive values are not estimates of a positive quantity but a sign that
+# the noise dominates (docs/math.md): marked, not drawn (the tab's curves, `plot.curves`).
+POSITIVE_ONLY: tuple[str, ...] = ("noise_scale", "cabs_batch_size")
+# The curves' default smoothing (an EMA decay; `stats.DEFAULT_SMOOTHING`): higher than
+# TensorBoard's 0.6 for raw scalars, as these are ratios of estimates logged every N steps.
+DEFAULT_SMOOTHING: float = stats.DEFAULT_SMOOTHING
+# The keys of /series ``values``, in display order: the batch size, every derived statistic
+# (`stats.STATISTICS`), the logged loss and learning rate.
+SERIES_KEYS: tuple[str, ...] = ("batch_size", *stats.STATISTICS, "loss", "learning_rate")
+# What the /series quantities that are not derived statistics are (those have
+# `stats.STATISTICS`): name, meaning, unit; the tab titles and explains their curves with them.
+SERIES_NAMES: dict[str, dict[str, str]] = {
+    "batch_size": {
+        "name": "Batch size",
+        "meaning": "the number of examples the moments average over at each step",
+        "unit": "examples",
+    },
+    "loss": {
+        "name": "Training loss",
+        "meaning": "the loss logged with the moments",
+        "unit": "",
+    },
+    "learning_rate": {
+        "name": "Learning rate",
+        "meaning": "the learning rate logged with the moments",
+        "unit": "",
+    },
+}
+# What the tab opens with: the heatmap's statistic, the curves' quantity, and the summary
+# column it sorts by (descending) and lands on (the variable with the largest value).
+LANDING: dict[str, str] = {"stat": "variance", "curve": "noise_scale", "sort": "total_variance"}
+# The version of `meta`'s layout: bumped when a key is renamed or removed.
+META_VERSION = 1
 
 # The summary table's statistic columns, in display order: every derived statistic.
 SUMMARY_STATISTICS: tuple[str, ...] = tuple(stats.STATISTICS)
@@ -45,3 +117,52 @@ def summary_row(
     row["batch_size"] = float(sums["batch_size"])
     row.update({k: float(d[k]) for k in SUMMARY_STATISTICS})
     return row
+
+
+def element_statistics() -> list[dict[str, Any]]:
+    """The element-wise statistics as shown, in display order (`reductions.STATS`).
+
+    Returns:
+      One dict per statistic: ``key``, ``label`` (`reductions.STAT_LABELS`), ``orders`` (the
+      moment orders it needs, `reductions.required_orders`), ``needs_batch_size``
+      (`reductions.NEEDS_BATCH_SIZE`) and ``signed`` (`SIGNED_STATS`).
+    """
+    return [
+        {
+            "key": s,
+            "label": reductions.stat_label(s),
+            "orders": list(reductions.required_orders(s)),
+            "needs_batch_size": s in reductions.NEEDS_BATCH_SIZE,
+            "signed": s in SIGNED_STATS,
+        }
+        for s in reductions.STATS
+    ]
+
+
+def meta() -> dict[str, Any]:
+    """Everything the tab shows that is not data: served by ``GET /meta`` (docs/http_api.md).
+
+    JSON-ready (lists, dicts, strings, numbers, booleans); the same on every call.
+
+    Returns:
+      ``{"version", "element_statistics" (`element_statistics`), "signed_stats",
+      "statistics" ({key: `stats.Statistic` as a dict}, in display order), "summary_statistics",
+      "series_keys", "series_names", "positive_only", "curve_defaults", "default_smoothing",
+      "run_palette": {"light", "dark"}, "landing", "scales", "max_bins"}``.
+    """
+    return {
+        "version": META_VERSION,
+        "element_statistics": element_statistics(),
+        "signed_stats": list(SIGNED_STATS),
+        "statistics": {k: v.as_dict() for k, v in stats.STATISTICS.items()},
+        "summary_statistics": list(SUMMARY_STATISTICS),
+        "series_keys": list(SERIES_KEYS),
+        "series_names": {k: dict(v) for k, v in SERIES_NAMES.items()},
+        "positive_only": list(POSITIVE_ONLY),
+        "curve_defaults": list(CURVE_DEFAULTS),
+        "default_smoothing": DEFAULT_SMOOTHING,
+        "run_palette": {"light": list(RUN_PALETTE), "dark": list(RUN_PALETTE_DARK)},
+        "landing": dict(LANDING),
+        "scales": list(reductions.SCALES),
+        "max_bins": reductions.MAX_BINS,
+    }

@@ -28,7 +28,7 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.core import core_plugin
 from werkzeug.test import Client
 
-from tb_gradmom import encode, metadata, reductions, stats
+from tb_gradmom import encode, metadata, reductions, stats, views
 from tb_gradmom.plugin import _cache, _payloads, _static
 from tb_gradmom.plugin_loader import DEFAULT_SAMPLES, GradMomentsPluginLoader
 
@@ -846,6 +846,40 @@ def test_summary_rows(env):
     at10 = {r["tag"]: r for r in get_json(client, "summary", run="train", step=10)["rows"]}
     ref10 = _ref_sums("train", ["conv/kernel"], 10)
     assert at10["conv/kernel"]["total_variance"] == pytest.approx(ref10["tr"], rel=1e-5)
+
+
+# --------------------------------------------------------------------------------- /meta
+
+
+def test_meta_is_views_meta_and_needs_no_data(env, tmp_path):
+    client, _ = env
+    r = get(client, "meta")
+    d = get_json(client, "meta")
+    assert d == views.meta()
+    # What the tab reads from it: one source for the labels, orders, palettes and defaults.
+    assert [s["key"] for s in d["element_statistics"]] == list(reductions.STATS)
+    for s in d["element_statistics"]:
+        assert s["label"] == reductions.STAT_LABELS[s["key"]]
+        assert tuple(s["orders"]) == reductions.required_orders(s["key"])
+        assert s["needs_batch_size"] == (s["key"] in reductions.NEEDS_BATCH_SIZE)
+        assert s["signed"] == (s["key"] in d["signed_stats"])
+    assert set(d["signed_stats"]) <= set(reductions.STATS)
+    # The statistics in display order, as /series and /summary explain them.
+    assert list(d["statistics"]) == list(stats.STATISTICS) == d["summary_statistics"]
+    series = get_json(client, "series", run="train")
+    assert d["statistics"] == series["statistics"]
+    assert list(series["values"]) == d["series_keys"] == list(_payloads.SERIES_KEYS)
+    assert set(d["series_names"]) == set(d["series_keys"]) - set(stats.STATISTICS)
+    assert set(d["positive_only"]) | set(d["curve_defaults"]) <= set(stats.STATISTICS)
+    assert d["default_smoothing"] == stats.DEFAULT_SMOOTHING
+    assert len(d["run_palette"]["light"]) == len(d["run_palette"]["dark"]) >= 7
+    assert d["landing"]["stat"] in reductions.STATS
+    assert d["landing"]["curve"] in d["series_keys"]
+    assert d["landing"]["sort"] in d["summary_statistics"]
+    assert (d["scales"], d["max_bins"]) == (list(reductions.SCALES), reductions.MAX_BINS)
+    # No experiment data: the same payload from a TensorBoard over an empty log directory.
+    empty, _, _ = make_app(str(tmp_path))
+    assert get(empty, "meta").get_data() == r.get_data()
 
 
 # ------------------------------------------------------------------------------- /export

@@ -280,14 +280,25 @@ def test_split_stats_tensor_round_trip():
         stats.split_stats_tensor(np.zeros(3))
 
 
-def test_the_tabs_default_smoothing_is_the_librarys():
-    """One default for the tab, the figures and the export (the tab keeps a copy in JS)."""
+def test_the_tabs_meta_fixture_is_views_meta():
+    """tests/js/meta.json, the node tests' /meta, is `views.meta()`: the tab's labels, orders,
+    palettes and default smoothing (0.9, `stats.DEFAULT_SMOOTHING`, also the figures' and the
+    export's) come from there, so a change on the Python side the fixture does not follow
+    fails here. Rewrite it with ``python tests/js/meta_fixture.py``."""
+    import importlib.util
+    import json
     import pathlib
-    import re
 
-    from tb_gradmom import plot
+    from tb_gradmom import plot, views
 
-    js = (pathlib.Path(__file__).parents[1] / "tb_gradmom_frontend" / "index.js").read_text()
-    found = re.search(r"const DEFAULT_SMOOTHING = ([0-9.]+);", js)
-    assert found, "index.js no longer defines DEFAULT_SMOOTHING"
-    assert float(found.group(1)) == stats.DEFAULT_SMOOTHING == plot.DEFAULT_SMOOTHING
+    path = pathlib.Path(__file__).parent / "js" / "meta_fixture.py"
+    spec = importlib.util.spec_from_file_location("meta_fixture", path)
+    fixture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixture)
+    got = fixture.PATH.read_text("utf-8")
+    rewrite = "run: python tests/js/meta_fixture.py"
+    assert json.loads(got) == views.meta(), (
+        f"tests/js/meta.json differs from views.meta(); {rewrite}"
+    )
+    assert got == fixture.text(), f"tests/js/meta.json: keys out of order or reformatted; {rewrite}"
+    assert views.meta()["default_smoothing"] == stats.DEFAULT_SMOOTHING == plot.DEFAULT_SMOOTHING

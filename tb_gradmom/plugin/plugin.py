@@ -75,6 +75,12 @@ def _route(fn):
     return wrappers.Request.application(wrapper)
 
 
+@functools.cache
+def _meta_json() -> str:
+    """`views.meta` as JSON, encoded once: it is the same for every request of a process."""
+    return encode.to_json(views.meta())
+
+
 def _mark_worker() -> None:
     _worker.active = True
 
@@ -135,6 +141,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             "/series": self._series_route,
             "/summary": self._summary_route,
             "/export": self._export_route,
+            "/meta": self._meta_route,
             "/*": self._static_route,
         }
 
@@ -780,6 +787,13 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         header, table = _payloads.moments_table(m.arrays)
         rows = ([int(r[0]), *r[1:]] for r in table.tolist())
         return encode.csv_table(header, rows), "text/csv", encode.file_name(parts, "csv")
+
+    # -------------------------------------------------------------------------- /meta
+
+    @_route
+    def _meta_route(self, request):
+        """The tab's labels, orders, palettes and defaults (`views.meta`); no experiment data."""
+        return self._json(request, _meta_json())
 
     # ------------------------------------------------------------------------- static
 
