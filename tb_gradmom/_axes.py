@@ -29,7 +29,16 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["Axis", "FREE", "REDUCED", "UNKNOWN", "Examples", "Sym", "examples_first"]
+__all__ = [
+    "Axis",
+    "FREE",
+    "REDUCED",
+    "UNKNOWN",
+    "Examples",
+    "Sym",
+    "examples_first",
+    "loop_body",
+]
 
 
 @dataclass(frozen=True)
@@ -636,9 +645,11 @@ def _h_squeeze(ex, op, states):
         shape = x.shape.as_list()
         if any(s is None for i, s in enumerate(shape) if i != st.axis):
             return UNKNOWN
-        dims = [i for i, s in enumerate(shape) if s == 1 and i != st.axis]
+        dims = [i for i, s in enumerate(shape) if s == 1]
     if st.axis in dims:
-        return UNKNOWN
+        # A batch of one squeezed away (Keras adds a [1, d] operand as a bias): the values
+        # are those of the one example, with no examples' axis left, as after a sum over it.
+        return REDUCED if x.shape[st.axis] == 1 and st.pure else UNKNOWN
     return st.moved(st.axis - sum(1 for d in dims if d < st.axis))
 
 
@@ -1092,23 +1103,53 @@ def _h_list_stack(ex, op, states):
     return UNKNOWN if inner != FREE else FREE
 
 
-def _h_while(ex, op, states):
-    """A ``while`` loop (Keras RNNs): the body is analysed until its loop variables' states stop
-    changing (a variable that starts free, such as a zero state, takes the examples' axis)."""
+def _loop_fixed_point(ex, op, states):
+    """``(body, sub, states)``: the body graph of while op ``op``, its analysis (an `Examples` of
+    the body) and the loop variables' states at their fixed point, or None."""
     body = function_graph(op, "body")
     if body is None or ex.depth > 8 or len(body.inputs) != len(op.inputs):
-        return UNKNOWN
+        return None
     cur = list(states)
     for _ in range(6):
         sub = Examples(body, inputs=cur, n_static=ex.n_static, depth=ex.depth + 1)
         outs = [sub.of(t) for t in body.outputs]
         if len(outs) != len(cur):
-            return UNKNOWN
+            return None
         new = [join(a, b) for a, b in zip(cur, outs)]
         if new == cur:
-            return cur[: len(op.outputs)]
+            return body, sub, cur
         cur = new
-    return UNKNOWN
+    return None
+
+
+def _h_while(ex, op, states):
+    """A ``while`` loop (Keras RNNs): the body is analysed until its loop variables' states stop
+    changing (a variable that starts free, such as a zero state, takes the examples' axis)."""
+    found = _loop_fixed_point(ex, op, states)
+    return UNKNOWN if found is None else found[2][: len(op.outputs)]
+
+
+def loop_body(ex, op: tf.Operation):
+    """``(body, sub)`` for while op ``op`` of the graph ``ex`` analyses: its body graph and an
+    `Examples` of the body whose inputs (the loop variables) hold their states at the fixed
+    point (each the join of its state on entry and after any number of iterations), so that
+    what ``sub`` proves inside the body holds at every iteration. None when the loop's states
+    do not settle or its body cannot be read."""
+    found = _loop_fixed_point(ex, op, [ex.of(t) for t in op.inputs])
+    return None if found is None else found[:2]
+
+
+def _h_reverse(ex, op, states):
+    """``ReverseV2`` (``go_backwards``, ``Bidirectional``): the examples stay where they are
+    unless their own axis is reversed."""
+    st = states[0]
+    axes = _static(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    if not isinstance(st, Axis) or axes is None or rank is None:
+        return UNKNOWN
+    if st.axis in {int(a) % rank for a in axes.reshape(-1)}:
+        return UNKNOWN
+    return st
 
 
 def _h_identity_n(ex, op, states):
@@ -1194,6 +1235,7 @@ _HANDLERS.update(
         "TensorListGetItem": _h_list_get,
         "TensorListSetItem": _h_list_set,
         "TensorListStack": _h_list_stack,
+        "ReverseV2": _h_reverse,
         "While": _h_while,
         "StatelessWhile": _h_while,
         "PartitionedCall": _h_call,

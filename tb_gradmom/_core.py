@@ -19,6 +19,7 @@ from tb_gradmom.rules.derived import (
     region_contribution,
 )
 from tb_gradmom.rules.masked import masked_vjp_rule
+from tb_gradmom.rules.recurrent import LOOP_OPS, LoopGrads, loop_outputs
 
 __all__ = [
     "gradients_and_moments",
@@ -383,7 +384,7 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
             raise UnsupportedOpError(
                 _unsupported_message(name, op, why), reason=f"{op.type} op '{op.name}': {why}"
             )
-    site = _make_site(raw, op, dtype, var_shape, ex)
+    site = _make_site(raw, op, dtype, var_shape, ex, on_path)
     try:
         return [(site, rule(site))], False
     except RuleError as e:
@@ -401,12 +402,14 @@ def _refused(name, op, e: RuleError) -> UnsupportedOpError:
     )
 
 
-def _make_site(raw, op, dtype, var_shape, ex) -> Site:
+def _make_site(raw, op, dtype, var_shape, ex, on_path=None) -> Site:
+    # A loop's site has a tuple of outputs: those the loss depends on (`rules.recurrent`).
+    loop = op.type in LOOP_OPS and on_path is not None
     return Site(
         op=op,
         index=raw.index,
         view=raw.view,
-        output=op.outputs[0],
+        output=loop_outputs(op, on_path) if loop else op.outputs[0],
         dtype=dtype,
         var_shape=var_shape,
         axes=ex,
@@ -601,8 +604,9 @@ def gradients_and_moments(
         Dense on sequences, variables used by several ops). Default: chosen per layer so one
         chunk holds at most 8M elements.
       name: a name scope for the added ops.
-      fallback: for a variable consumed by an op without an exact rule (a ``tf.while_loop``
-        such as Keras LSTM/GRU, a custom op, ``tf.sin(W)``): ``"exact"`` (default) computes its
+      fallback: for a variable consumed by an op without an exact rule (a custom op,
+        ``tf.sin(W)``, a ``tf.while_loop`` that `tb_gradmom.rules.recurrent` does not cover;
+        Keras LSTM/GRU/SimpleRNN have a rule): ``"exact"`` (default) computes its
         per-example gradients from the per-example losses by vectorised autodiff (exact, about
         one backward pass per example; a warning names the variables once); ``"error"`` raises
         `UnsupportedOpError` instead. The fallback needs the per-example losses: a ``[n]``
@@ -985,10 +989,11 @@ def prepare(
         outputs, index = [], {}
         for plan in plans:
             for site, _ in plan.sites:
-                key = site.output.ref()
-                if key not in index:
-                    index[key] = len(outputs)
-                    outputs.append(site.output)
+                for out in _site_outputs(site):
+                    key = out.ref()
+                    if key not in index:
+                        index[key] = len(outputs)
+                        outputs.append(out)
         fused_ids = set()
         if fused_orders and any(p > 1 for p in fused_orders) and replica is None:
             fused_ids = {
@@ -1132,6 +1137,11 @@ def _all_reduce_sum(replica, tensors: list) -> list:
     return out
 
 
+def _site_outputs(site) -> tuple:
+    """The outputs whose gradients a site's rule needs (several for a loop)."""
+    return site.output if isinstance(site.output, tuple) else (site.output,)
+
+
 def _raw_sums(plan, out_grads, index, n, orders, chunk_size, inv_scale, factor) -> dict:
     """``{p: sum_j g_j ** p}`` with ``g_j`` from the output gradients times ``factor`` (and
     ``inv_scale``, the loss scale's inverse, folded into the same multiply)."""
@@ -1139,6 +1149,10 @@ def _raw_sums(plan, out_grads, index, n, orders, chunk_size, inv_scale, factor) 
         factor = tf.cast(inv_scale, plan.dtype) * factor
     deltas = []
     for site, _ in plan.sites:
+        if isinstance(site.output, tuple):  # a loop: its rule seeds a copy with these
+            grads = tuple(out_grads[index[t.ref()]] for t in site.output)
+            deltas.append(LoopGrads(grads, factor))
+            continue
         g_out = out_grads[index[site.output.ref()]]
         if g_out is None:
             g_out = tf.zeros_like(site.output)

@@ -308,8 +308,53 @@ def _custom_ops(dtype):
 
 
 def rnn(kind, units, **kw):
-    cls = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[kind]
+    cls = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU, "rnn": keras.layers.SimpleRNN}[kind]
     return lambda dtype: cls(units, dtype=dtype, **kw)
+
+
+def bidirectional(kind, units, **kw):
+    return lambda dtype: keras.layers.Bidirectional(rnn(kind, units, **kw)(dtype), dtype=dtype)
+
+
+def masking():
+    return lambda dtype: keras.layers.Masking(0.0, dtype=dtype)
+
+
+def _padded(x_shape, y_shape, lengths):
+    """Sequences whose steps past ``lengths[j]`` are zeros (masked by ``Masking(0.0)``)."""
+
+    def make(rng, dtype):
+        x = rng.normal(size=x_shape).astype(dtype)
+        for j, length in enumerate(lengths):
+            x[j, length:] = 0.0
+        return x, rng.normal(size=y_shape).astype(dtype)
+
+    return make
+
+
+def _masked_embedding(dtype):
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential(
+        [
+            keras.Input((5,), dtype="int32"),
+            keras.layers.Embedding(7, 3, mask_zero=True, dtype=dtype),
+            keras.layers.LSTM(3, dtype=dtype),
+            keras.layers.Dense(2, dtype=dtype),
+        ]
+    )
+    return model, model.trainable_variables
+
+
+def _padded_ids(shape, vocab, y_shape):
+    """Ids padded with 0 (masked by ``mask_zero``) after a different length per example."""
+
+    def make(rng, dtype):
+        ids = rng.integers(1, vocab, size=shape).astype("int32")
+        for j in range(shape[0]):
+            ids[j, 1 + j % (shape[1] - 1) :] = 0
+        return ids, rng.normal(size=y_shape).astype(dtype)
+
+    return make
 
 
 def sparse_ce(out, y):
@@ -722,19 +767,111 @@ CASES: list[Case] = [
     Case("param-operands", _param_operands, _xy((3, 4, 3), (3, 18))),
     Case("param-operands-batch-eq-rows", _param_operands, _xy((2, 4, 3), (2, 18)), "sum"),
     Case("prelu-weight-norm-batch-eq-width", _prelu_weightnorm, _xy((5, 4), (5, 2)), "sum"),
-    # The exact fallback: while loops (Keras LSTM/GRU) and ops without a rule.
+    # Keras recurrent layers (a while loop; `tb_gradmom.rules.recurrent`), in
+    # RECURRENT_CASE_IDS: each is also run with fallback="error" by tests/test_recurrent.py.
     Case(
-        "lstm-classifier-fallback",
+        "lstm-classifier",
         _keras(rnn("lstm", 4), dense(3), input_shape=(5, 3)),
         _labels((6, 5, 3), 3),
         per_example_loss=sparse_ce,
     ),
     Case(
-        "gru-sequence-fallback",
+        "gru-sequence",
         _keras(rnn("gru", 3, return_sequences=True), dense(2), input_shape=(4, 2)),
         _xy((5, 4, 2), (5, 4, 2)),
         "sum",
     ),
+    Case("gru-last", _keras(rnn("gru", 4), dense(2), input_shape=(5, 3)), _xy((6, 5, 3), (6, 2))),
+    Case(
+        "gru-reset-before-sequence",
+        _keras(rnn("gru", 3, reset_after=False, return_sequences=True), input_shape=(4, 2)),
+        _xy((5, 4, 2), (5, 4, 3)),
+        "vector",
+    ),
+    Case(
+        "gru-reset-before-last",
+        _keras(rnn("gru", 4, reset_after=False), dense(2), input_shape=(5, 3)),
+        _xy((4, 5, 3), (4, 2)),
+    ),
+    Case(
+        "simplernn-last",
+        _keras(rnn("rnn", 3), dense(2), input_shape=(4, 3)),
+        _xy((5, 4, 3), (5, 2)),
+    ),
+    Case(
+        "simplernn-sequence-dense-head",
+        _keras(rnn("rnn", 3, return_sequences=True), dense(2), input_shape=(4, 3)),
+        _xy((5, 4, 3), (5, 4, 2)),
+        "sum",
+    ),
+    Case(
+        "lstm-sequence-dense-head",
+        _keras(rnn("lstm", 3, return_sequences=True), dense(2, "tanh"), input_shape=(5, 2)),
+        _xy((4, 5, 2), (4, 5, 2)),
+        "vector",
+    ),
+    Case(
+        "lstm-stacked",
+        _keras(rnn("lstm", 4, return_sequences=True), rnn("lstm", 3), dense(2), input_shape=(5, 3)),
+        _xy((4, 5, 3), (4, 2)),
+    ),
+    Case(
+        "lstm-bidirectional",
+        _keras(bidirectional("lstm", 3), dense(2), input_shape=(4, 3)),
+        _xy((5, 4, 3), (5, 2)),
+        "sum",
+    ),
+    Case(
+        "gru-bidirectional-sequence",
+        _keras(bidirectional("gru", 2, return_sequences=True), input_shape=(4, 3)),
+        _xy((3, 4, 3), (3, 4, 4)),
+    ),
+    Case(
+        "lstm-go-backwards-sequence",
+        _keras(rnn("lstm", 3, go_backwards=True, return_sequences=True), input_shape=(5, 2)),
+        _xy((4, 5, 2), (4, 5, 3)),
+    ),
+    Case(
+        "simplernn-go-backwards",
+        _keras(rnn("rnn", 3, go_backwards=True), dense(2), input_shape=(5, 2)),
+        _xy((4, 5, 2), (4, 2)),
+        "vector",
+    ),
+    Case(
+        "lstm-batch-1", _keras(rnn("lstm", 3), dense(2), input_shape=(4, 2)), _xy((1, 4, 2), (1, 2))
+    ),
+    Case(
+        "gru-batch-1-sum",
+        _keras(rnn("gru", 3, return_sequences=True), input_shape=(4, 2)),
+        _xy((1, 4, 2), (1, 4, 3)),
+        "sum",
+    ),
+    # batch == sequence length == units == features: no axis is told apart by its size
+    Case(
+        "lstm-batch-eq-seq-eq-units",
+        _keras(rnn("lstm", 4, return_sequences=True), input_shape=(4, 4)),
+        _xy((4, 4, 4), (4, 4, 4)),
+    ),
+    Case(
+        "gru-batch-eq-seq-eq-units",
+        _keras(rnn("gru", 4), dense(4), input_shape=(4, 4)),
+        _xy((4, 4, 4), (4, 4)),
+        "sum",
+    ),
+    # Masked steps keep the previous state: still exact by the rule (the body selects).
+    Case(
+        "gru-masking",
+        _keras(masking(), rnn("gru", 3), dense(2), input_shape=(5, 2)),
+        _padded((5, 5, 2), (5, 2), [5, 3, 1, 4, 2]),
+    ),
+    Case(
+        "lstm-masking-sequence",
+        _keras(masking(), rnn("lstm", 3, return_sequences=True), input_shape=(4, 2)),
+        _padded((4, 4, 2), (4, 4, 3), [2, 4, 1, 3]),
+        "sum",
+    ),
+    Case("lstm-embedding-mask-zero", _masked_embedding, _padded_ids((5, 5), 7, (5, 2))),
+    # The exact fallback: ops without a rule.
     Case("custom-ops-fallback", _custom_ops, _xy((5, 4), (5, 2))),
     Case("custom-ops-fallback-vector-loss", _custom_ops, _xy((5, 4), (5, 2)), "vector"),
     # BatchNormalization in inference mode: the moving statistics are constants.
@@ -767,3 +904,27 @@ CASES: list[Case] = [
 ]
 
 CASES_BY_ID = {c.id: c for c in CASES}
+
+# The cases whose recurrent layers must take the loop rule (never the exact fallback).
+RECURRENT_CASE_IDS = [
+    "lstm-classifier",
+    "gru-sequence",
+    "gru-last",
+    "gru-reset-before-sequence",
+    "gru-reset-before-last",
+    "simplernn-last",
+    "simplernn-sequence-dense-head",
+    "lstm-sequence-dense-head",
+    "lstm-stacked",
+    "lstm-bidirectional",
+    "gru-bidirectional-sequence",
+    "lstm-go-backwards-sequence",
+    "simplernn-go-backwards",
+    "lstm-batch-1",
+    "gru-batch-1-sum",
+    "lstm-batch-eq-seq-eq-units",
+    "gru-batch-eq-seq-eq-units",
+    "gru-masking",
+    "lstm-masking-sequence",
+    "lstm-embedding-mask-zero",
+]

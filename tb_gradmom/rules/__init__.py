@@ -14,6 +14,7 @@ from tb_gradmom.rules.conv import conv_rule
 from tb_gradmom.rules.einsum import batch_matmul_rule, einsum_rule
 from tb_gradmom.rules.embedding import gather_rule
 from tb_gradmom.rules.matmul import matmul_rule
+from tb_gradmom.rules.recurrent import recurrent_rule
 
 __all__ = ["REGISTRY", "Contribution", "RuleError", "Site", "supported_ops"]
 
@@ -38,6 +39,9 @@ REGISTRY = {
     # Keras' grouped convolutions: an XLA-compiled function call wrapping Conv2D/Conv3D
     "PartitionedCall": call_rule,
     "StatefulPartitionedCall": call_rule,
+    # Keras recurrent layers: a variable read inside a tf.while_loop
+    "While": recurrent_rule,
+    "StatelessWhile": recurrent_rule,
 }
 
 

@@ -1,0 +1,794 @@
+"""Variables used inside a ``while`` loop: Keras recurrent layers (LSTM, GRU, SimpleRNN).
+
+Keras 3 on TensorFlow runs a recurrent layer as one ``While`` op. Its variables enter the loop as
+loop-invariant resource handles, and the body reads them and uses each value in a few ops, e.g.
+for an LSTM::
+
+    z_t = x_t K + h_{t-1} R + b        (MatMul, MatMul, AddV2, BiasAdd; then the gates)
+
+A use ``z_t = a_t D`` of a loop-invariant parameter ``D`` gives example ``j`` the gradient
+``g_j(D) = sum_t a_{t,j}^T delta_{t,j}`` (``delta_t = dL/dz_t``), a bias added to ``z_t`` the
+gradient ``g_j = sum_t delta_{t,j}``: the positions (here the steps) are summed before any power,
+as for Dense on sequences (`tb_gradmom.rules.matmul`). ``D`` may be a slice, a split or an unstacked
+part of the variable (GRU); its per-example gradient is scattered back into the variable's shape.
+
+The ``a_t`` and ``delta_t`` live inside the loop. They are read from a *copy* of the loop, built
+where the moments are computed (inside the ``tf.cond`` of a step that records them, so a step
+that records nothing runs none of it): the body's ``GraphDef`` imported into a new
+``tf.while_loop`` whose body is the original body with
+
+* a *tap* at each use: the use's output ``z_t`` (or the top of the chain of additions it feeds,
+  which has the same gradient) becomes ``z_t + P[t]``, ``P`` a zero tensor fed through a
+  ``TensorList``;
+* each use's other operand ``a_t`` written to a ``TensorList`` every step.
+
+The copy computes the same numbers as the loop (adding zeros), from the same inputs, for the
+same number of steps (the loop's own final iteration counter), so the gradient of its outputs
+with respect to ``P``, seeded with the loss's gradients of the original loop's outputs (from the
+step's one backward pass), is ``delta_t`` for every step at once. That costs one more forward and
+backward pass of the recurrence (the gradients of the loop's inputs and of the variables are not
+built: the tape skips its captured inputs), plus one einsum per use.
+
+Proof, never a guess: the body is analysed (`tb_gradmom._axes.loop_body`) with the loop variables
+at their fixed point (the time-major input's elements hold the examples on axis 0 when the outer
+input holds them on axis 1; a zero initial state takes the examples' axis of its update), and a
+use is accepted only where the examples' axis of ``a_t`` and ``z_t`` is proven. Anything else, a
+nested loop or call, a stateful op other than a variable read (random numbers, assignments), a
+use other than a matmul or an added bias, a float16 loop, raises `RuleError` and the core takes
+the exact fallback.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from tb_gradmom import _axes
+from tb_gradmom.rules.base import (
+    Contribution,
+    RuleError,
+    Site,
+    example_count,
+    power_sum,
+    sum_over_chunks,
+)
+
+__all__ = ["LOOP_OPS", "LoopGrads", "loop_outputs", "recurrent_rule"]
+
+LOOP_OPS = frozenset({"While", "StatelessWhile"})
+
+# Ops in a body that would make the copy differ from the loop, or that the copy cannot import.
+_CALL_OPS = frozenset(
+    {
+        "While",
+        "StatelessWhile",
+        "If",
+        "StatelessIf",
+        "Case",
+        "StatelessCase",
+        "PartitionedCall",
+        "StatefulPartitionedCall",
+    }
+)
+# Stateful ops that read, and do not change, what the copy reads.
+_READS = frozenset({"ReadVariableOp"})
+# Views of the variable's value inside the body (their per-example gradient is a scatter).
+_VIEWS = frozenset(
+    {
+        "Identity",
+        "Snapshot",
+        "Split",
+        "SplitV",
+        "Unpack",
+        "Squeeze",
+        "ExpandDims",
+        "Reshape",
+        "Transpose",
+        "StridedSlice",
+        "Slice",
+        "GatherV2",
+    }
+)
+_ADDS = frozenset({"AddV2", "Add", "BiasAdd", "Sub"})
+_NO_GRADIENT = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape"})
+
+
+class LoopGrads(NamedTuple):
+    """What the core passes as ``delta`` for a loop site.
+
+    Attributes:
+      grads: the gradients of the scalar loss with respect to the loop's outputs that reach the
+        loss (``Site.output``, a tuple; None where a gradient is structurally zero), as
+        ``tf.gradients`` gives them (a ``TensorList``'s gradient is a ``TensorList``).
+      factor: the number (a Python float or a scalar tensor in the moment dtype) by which the
+        core scales an unscaled output gradient (the batch size for a mean loss, the loss
+        scale's inverse): the per-example gradients are linear in the seeds, so it multiplies
+        them.
+    """
+
+    grads: tuple
+    factor: object
+
+
+def num_original_outputs(op: tf.Operation) -> int:
+    """The loop's outputs before TensorFlow's gradient added its accumulators."""
+    try:
+        return int(op.get_attr("_num_original_outputs"))
+    except (ValueError, TypeError):
+        return len(op.outputs)
+
+
+def loop_outputs(op: tf.Operation, on_path) -> tuple:
+    """The outputs of loop ``op`` through which the loss depends on it (floating point tensors
+    and ``TensorList``s consumed on ``on_path``): the site's ``output``."""
+    return tuple(
+        t
+        for t in op.outputs[: num_original_outputs(op)]
+        if (t.dtype.is_floating or t.dtype == tf.variant)
+        and any(c in on_path for c in t.consumers())
+    )
+
+
+# --- the analysis of the body --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Tap:
+    name: str  # the tapped tensor in the body
+    dtype: tf.DType
+    dims: tuple  # static dims, None at the examples' axis
+    axis: int  # the examples' axis
+
+
+@dataclass(frozen=True)
+class _Record:
+    name: str  # the recorded tensor in the body (a use's other operand)
+    dtype: tf.DType
+    dims: tuple
+    axis: int
+
+
+@dataclass(frozen=True)
+class _Use:
+    """One use of (a view of) the variable inside the body."""
+
+    kind: str  # "matmul" or "bias"
+    tap: _Tap
+    shape: tuple  # the shape of the used view
+    # the view's elements' flat positions in the variable's value (None: the value itself)
+    positions: np.ndarray | None
+    record: _Record | None = None  # matmul: the other operand
+    transpose_out: bool = False  # matmul: the rows-form gradient is the view's transpose
+    sign: float = 1.0  # bias: -1 for the subtrahend of a Sub
+    keep: tuple = ()  # bias: the tap's axes (besides the examples') that the view spans
+
+
+def _dims(t: tf.Tensor, axis: int, what: str) -> tuple:
+    if t.shape.rank is None:
+        raise RuleError(f"the rank of {what} '{t.name}' inside the loop is not static")
+    dims = list(t.shape.as_list())
+    if any(d is None for i, d in enumerate(dims) if i != axis):
+        raise RuleError(f"the shape of {what} '{t.name}' inside the loop is not static")
+    dims[axis] = None
+    return tuple(dims)
+
+
+def _pure_axis(sub, t: tf.Tensor, what: str) -> int:
+    st = sub.of(t)
+    if not isinstance(st, _axes.Axis) or not st.pure:
+        why = f" (stopped at {sub.why(t)})" if st == _axes.UNKNOWN else ""
+        raise RuleError(
+            f"the examples' axis of {what} '{t.name}' inside the loop is not proven: "
+            f"{_axes.describe(st)}{why}"
+        )
+    return st.axis
+
+
+def _static(t: tf.Tensor, what: str) -> np.ndarray:
+    v = tf.get_static_value(t)
+    if v is None:
+        raise RuleError(f"the {what} of a view of the variable inside the loop is not static")
+    return np.asarray(v)
+
+
+def _strided_slice(op: tf.Operation, m: np.ndarray) -> np.ndarray:
+    if op.get_attr("ellipsis_mask") or op.get_attr("new_axis_mask"):
+        raise RuleError("a strided slice of the variable with an ellipsis or a new axis")
+    begin, end, strides = (_static(op.inputs[i], "slice") for i in (1, 2, 3))
+    bm, em, sm = (op.get_attr(k) for k in ("begin_mask", "end_mask", "shrink_axis_mask"))
+    index = []
+    for i in range(len(begin)):
+        if sm >> i & 1:
+            index.append(int(begin[i]))
+            continue
+        b = None if bm >> i & 1 else int(begin[i])
+        e = None if em >> i & 1 else int(end[i])
+        index.append(slice(b, e, int(strides[i])))
+    return m[tuple(index)]
+
+
+def _view_positions(op: tf.Operation, index: int, m: np.ndarray) -> list:
+    """The positions held by each output of view ``op`` whose input ``index`` holds ``m``."""
+    ty = op.type
+    if ty in ("Identity", "Snapshot"):
+        return [m]
+    if ty == "Split":
+        if index != 1:
+            raise RuleError("the variable is the split dimension")
+        axis = int(_static(op.inputs[0], "split dimension"))
+        return np.split(m, int(op.get_attr("num_split")), axis=axis)
+    if ty == "SplitV":
+        if index != 0:
+            raise RuleError("the variable is a size of a split")
+        sizes = [int(s) for s in _static(op.inputs[1], "split sizes")]
+        axis = int(_static(op.inputs[2], "split dimension"))
+        if any(s < 0 for s in sizes):
+            sizes[sizes.index(-1)] = m.shape[axis] - sum(s for s in sizes if s >= 0)
+        return np.split(m, np.cumsum(sizes)[:-1], axis=axis)
+    if ty == "Unpack":
+        axis = int(op.get_attr("axis"))
+        return [np.take(m, i, axis=axis) for i in range(int(op.get_attr("num")))]
+    if index != 0:
+        raise RuleError(f"the variable is not the data input of {ty}")
+    if ty == "Squeeze":
+        dims = list(op.get_attr("squeeze_dims"))
+        return [np.squeeze(m, axis=tuple(dims)) if dims else np.squeeze(m)]
+    if ty == "ExpandDims":
+        return [np.expand_dims(m, int(_static(op.inputs[1], "axis")))]
+    if ty == "Reshape":
+        return [m.reshape([int(d) for d in _static(op.inputs[1], "shape")])]
+    if ty == "Transpose":
+        return [np.transpose(m, [int(p) for p in _static(op.inputs[1], "permutation")])]
+    if ty == "StridedSlice":
+        return [_strided_slice(op, m)]
+    if ty == "Slice":
+        begin = [int(b) for b in _static(op.inputs[1], "begin")]
+        size = [int(s) for s in _static(op.inputs[2], "size")]
+        index = tuple(slice(b, None if s == -1 else b + s) for b, s in zip(begin, size))
+        return [m[index]]
+    if ty == "GatherV2":
+        if op.get_attr("batch_dims"):
+            raise RuleError("a batched gather of the variable")
+        idx = _static(op.inputs[1], "indices")
+        if len(np.unique(idx)) != idx.size:
+            raise RuleError("a gather of the variable that repeats entries")
+        return [np.take(m, idx, axis=int(_static(op.inputs[2], "axis")))]
+    raise RuleError(f"{ty} of the variable inside the loop")  # pragma: no cover
+
+
+def _tap_of(z: tf.Tensor, sub, outputs) -> tf.Tensor:
+    """The top of the chain of additions that ``z`` alone feeds, each keeping its shape and
+    examples' axis: its gradient is ``z``'s, so uses along the chain share one tap."""
+    st = sub.of(z)
+    while not any(o is z for o in outputs):
+        consumers = z.consumers()
+        if len(consumers) != 1:
+            break
+        c = consumers[0]
+        if c.type not in ("AddV2", "Add", "BiasAdd") or sum(x is z for x in c.inputs) != 1:
+            break
+        if c.type == "BiasAdd" and c.inputs[0] is not z:
+            break
+        out = c.outputs[0]
+        if out.shape.rank is None or out.shape.as_list() != z.shape.as_list():
+            break
+        if sub.of(out) != st:
+            break
+        z = out
+    return z
+
+
+@dataclass
+class _Loop:
+    """One while loop: what the copy needs, the uses registered by the rules of its variables,
+    and the copies built (one per graph and set of seeds)."""
+
+    op: tf.Operation
+    body: object
+    sub: object
+    body_def: bytes
+    inputs: list
+    carried: list
+    invariant: list
+    taps: dict = field(default_factory=dict)
+    records: dict = field(default_factory=dict)
+    built: dict = field(default_factory=dict)
+
+    def register(self, uses) -> None:
+        for u in uses:
+            self.taps.setdefault(u.tap.name, u.tap)
+            if u.record is not None:
+                self.records.setdefault(u.record.name, u.record)
+
+    # --- the copy --------------------------------------------------------------------------
+
+    def stacks(self, grads: tuple, outputs: tuple, n) -> dict:
+        """``{tensor name in the body: [T, ...] stack over the steps}``: ``delta`` at every tap
+        and every recorded operand, from a copy of the loop built in the current graph (once
+        per graph and seeds)."""
+        graph = tf.compat.v1.get_default_graph()
+        key = (id(graph), tuple(None if g is None else id(g) for g in grads))
+        key += (tuple(sorted(self.taps)), tuple(sorted(self.records)))
+        hit = self.built.get(key)
+        if hit is not None and hit[0] is graph:
+            return hit[1]
+        out = self._build(grads, outputs, n)
+        self.built[key] = (graph, out)
+        return out
+
+    def _invariant(self, i: int) -> tf.TensorShape:
+        """Loop variable ``i``'s shape across steps: the body's, with the examples' axis left
+        open (the copy's shape inference may not pin a batch of one down)."""
+        shape = self.body.inputs[i].shape
+        st = self.sub.of(self.body.inputs[i])
+        if shape.rank is None or not isinstance(st, _axes.Axis):
+            return shape
+        dims = shape.as_list()
+        dims[st.axis] = None
+        return tf.TensorShape(dims)
+
+    def _build(self, grads, outputs, n) -> dict:
+        gdef = tf.compat.v1.GraphDef.FromString(self.body_def)
+        taps = [self.taps[k] for k in sorted(self.taps)]
+        records = [self.records[k] for k in sorted(self.records)]
+        nodes = {nd.name: nd for nd in gdef.node}
+        for i, tap in enumerate(taps):
+            node_name = tap.name.rsplit(":", 1)[0]
+            nodes[node_name].name = node_name + "/gradmom_untapped"
+            ph = gdef.node.add()
+            ph.name = f"gradmom_tap_{i}"
+            ph.op = "Placeholder"
+            ph.attr["dtype"].type = tap.dtype.as_datatype_enum
+            add = gdef.node.add()
+            add.name = node_name
+            add.op = "AddV2"
+            add.input.extend([node_name + "/gradmom_untapped", ph.name])
+            add.attr["T"].type = tap.dtype.as_datatype_enum
+
+        body_in = [t.name for t in self.body.inputs]
+        body_out = [t.name for t in self.body.outputs]
+        position = {name: i for i, name in enumerate(body_in)}
+        steps = self.op.outputs[0]  # the loop's final iteration counter: how many steps it ran
+
+        def element_shape(dims):
+            return tf.constant([-1 if d is None else d for d in dims], tf.int32)
+
+        def full_shape(dims):
+            return tf.stack([steps] + [n if d is None else d for d in dims])
+
+        seeds = [tf.zeros(full_shape(tap.dims), tap.dtype) for tap in taps]
+        nc = len(self.carried)
+        iterations = self.op.get_attr("parallel_iterations")
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(seeds)
+            tap_lists = [
+                tf.raw_ops.TensorListFromTensor(tensor=s, element_shape=element_shape(t.dims))
+                for s, t in zip(seeds, taps)
+            ]
+            rec_lists = [
+                tf.raw_ops.TensorListReserve(
+                    element_shape=element_shape(r.dims), num_elements=steps, element_dtype=r.dtype
+                )
+                for r in records
+            ]
+
+            def cond(*loop_vars):
+                return loop_vars[0] < steps
+
+            def body(*loop_vars):
+                carried = loop_vars[:nc]
+                t_lists = loop_vars[nc : nc + len(taps)]
+                r_lists = loop_vars[nc + len(taps) :]
+                step = carried[0]  # the loop counter: 0, 1, ... (checked by the rule)
+                mapping = {}
+                for j, i in enumerate(self.carried):
+                    mapping[body_in[i]] = carried[j]
+                for i in self.invariant:
+                    mapping[body_in[i]] = tf.identity(self.inputs[i])  # captured, not carried
+                for i, (tap, lst) in enumerate(zip(taps, t_lists)):
+                    mapping[f"gradmom_tap_{i}:0"] = tf.raw_ops.TensorListGetItem(
+                        input_handle=lst,
+                        index=step,
+                        element_shape=element_shape(tap.dims),
+                        element_dtype=tap.dtype,
+                    )
+                wanted = [body_out[i] for i in self.carried] + [r.name for r in records]
+                fetch = [w for w in wanted if w not in position]
+                got = tf.graph_util.import_graph_def(
+                    gdef, input_map=mapping, return_elements=fetch, name="gradmom_copy"
+                )
+                values = dict(zip(fetch, got))
+                for w in wanted:
+                    if w in position:
+                        values[w] = mapping[w]
+                new = [values[body_out[i]] for i in self.carried]
+                new_records = [
+                    tf.raw_ops.TensorListSetItem(
+                        input_handle=lst, index=step, item=tf.stop_gradient(values[r.name])
+                    )
+                    for r, lst in zip(records, r_lists)
+                ]
+                return new + list(t_lists) + new_records
+
+            loop_vars = [self.inputs[i] for i in self.carried] + tap_lists + rec_lists
+            invariants = [self._invariant(i) for i in self.carried]
+            invariants += [tf.TensorShape([])] * (len(tap_lists) + len(rec_lists))
+            result = tf.while_loop(
+                cond,
+                body,
+                loop_vars,
+                shape_invariants=invariants,
+                parallel_iterations=iterations,
+                name="gradmom_loop_copy",
+            )
+        ys, seeds_y = [], []
+        for t, g in zip(outputs, grads):
+            if g is None or t.value_index not in self.carried:
+                continue  # unconnected, or a loop-invariant input passed through
+            ys.append(result[self.carried.index(t.value_index)])
+            seeds_y.append(tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g)
+        out = {}
+        if ys:
+            deltas = tape.gradient(
+                ys,
+                seeds,
+                output_gradients=seeds_y,
+                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            )
+        else:
+            deltas = seeds
+        for tap, d in zip(taps, deltas):
+            out[tap.name] = d
+        for r, lst in zip(records, result[nc + len(taps) :]):
+            out[r.name] = tf.raw_ops.TensorListStack(
+                input_handle=lst, element_shape=element_shape(r.dims), element_dtype=r.dtype
+            )
+        return out
+
+
+# Loops analysed in one call of the core (keyed by its `Examples`), by op name: one analysis, one
+# set of taps and one copy per graph for all the loop's variables.
+_LOOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _check_counter(op, body) -> None:
+    """Input 0 is ``while_v2``'s iteration counter: 0 on entry, plus 1 per step."""
+    start = tf.get_static_value(op.inputs[0])
+    if start is None or int(start) != 0 or op.inputs[0].dtype != tf.int32:
+        raise RuleError("the loop's first variable is not an iteration counter from 0")
+    t = body.outputs[0]
+    while t.op.type == "Identity":
+        t = t.op.inputs[0]
+    ok = t.op.type in ("AddV2", "Add") and len(t.op.inputs) == 2
+    if ok:
+        a, b = t.op.inputs
+        one = tf.get_static_value(b)
+        ok = a is body.inputs[0] and one is not None and int(one) == 1
+    if not ok:
+        raise RuleError("the loop's first variable is not an iteration counter plus 1")
+
+
+def _loop(site: Site) -> _Loop:
+    op = site.op
+    per_call = _LOOPS.setdefault(site.axes, {})
+    if op.name in per_call:
+        found = per_call[op.name]
+        if isinstance(found, RuleError):
+            raise found
+        return found
+    try:
+        per_call[op.name] = _analyse(site)
+    except RuleError as e:
+        per_call[op.name] = e
+        raise
+    return per_call[op.name]
+
+
+def _analyse(site: Site) -> _Loop:
+    op = site.op
+    found = _axes.loop_body(site.axes, op)
+    if found is None:
+        raise RuleError("the examples' axes of the loop's variables do not settle")
+    body, sub = found
+    n_in = len(op.inputs)
+    if len(body.inputs) != n_in or len(body.outputs) != n_in:
+        raise RuleError("the loop's body does not match its inputs")
+    _check_counter(op, body)
+    for o in body.get_operations():
+        if o.type in _CALL_OPS:
+            raise RuleError(f"the loop's body holds a {o.type} (a nested loop or call)")
+        if o.op_def.is_stateful and o.type not in _READS:
+            raise RuleError(
+                f"the loop's body holds the stateful {o.type} op '{o.name}' (a copy of the "
+                "loop would not compute the same numbers)"
+            )
+        if sub.n_static != 1 and any(sub.of(t) == _axes.REDUCED for t in o.outputs):
+            # a batch statistic inside the recurrence couples the examples from step to step:
+            # the fallback's per-example losses' jacobian is the definition there
+            raise RuleError(
+                f"the examples are not proven apart inside the loop: {o.type} op '{o.name}' "
+                "holds a statistic over the batch"
+            )
+    invariant = [i for i in range(n_in) if body.outputs[i] is body.inputs[i]]
+    carried = [i for i in range(n_in) if i not in invariant]
+    if 0 not in carried:
+        raise RuleError("the loop's counter is not carried")
+    for i in carried:
+        if op.inputs[i].dtype == tf.resource:
+            raise RuleError("a resource handle changes from step to step")
+    body_def = body.as_graph_def()
+    try:  # the copy must import: find out now, while the core can still fall back
+        with tf.Graph().as_default():
+            tf.graph_util.import_graph_def(body_def, name="")
+    except Exception as e:  # noqa: BLE001 - any failure means: no rule for this loop
+        raise RuleError(f"the loop's body cannot be copied ({type(e).__name__})") from None
+    return _Loop(
+        op=op,
+        body=body,
+        sub=sub,
+        body_def=body_def.SerializeToString(),
+        inputs=list(op.inputs),
+        carried=carried,
+        invariant=invariant,
+    )
+
+
+def _roots(site: Site, loop: _Loop) -> list:
+    """The tensors inside the body that hold the variable's value (shaped like ``site.view``'s
+    value)."""
+    op, body, sub = site.op, loop.body, loop.sub
+    if sum(1 for x in op.inputs if x is site.view) != 1:
+        raise RuleError("the variable enters the loop more than once")
+    if site.index not in loop.invariant:
+        raise RuleError("the variable's value changes from step to step")
+    p = body.inputs[site.index]
+    if p.dtype != tf.resource:
+        if sub.of(p) != _axes.FREE:
+            raise RuleError("the consumed value holds examples")
+        return [p]
+    roots = []
+    for c in p.consumers():
+        if c.type in _NO_GRADIENT:
+            continue
+        if c.type not in _READS:
+            raise RuleError(f"the loop's body uses the variable's handle in {c.type}")
+        roots.append(c.outputs[0])
+    return roots
+
+
+def _uses(site: Site, loop: _Loop) -> list[_Use]:
+    body, sub = loop.body, loop.sub
+    if site.view.dtype == tf.resource:
+        shape = site.var_shape
+    else:
+        shape = site.view.shape
+    if shape is None or not tf.TensorShape(shape).is_fully_defined():
+        raise RuleError("the variable's shape is not static")
+    shape = tuple(int(d) for d in tf.TensorShape(shape))
+    dtype = site.dtype
+    uses = []
+    stack = [(r, None) for r in _roots(site, loop)]
+    seen = set()
+    while stack:
+        t, positions = stack.pop()
+        passed = t is body.inputs[site.index]  # a captured value: passed through, unchanged
+        if not passed and any(o is t for o in body.outputs):
+            raise RuleError("the variable's value leaves the loop")
+        if t.dtype != dtype:
+            raise RuleError(f"the loop computes in {t.dtype.name}, not {dtype.name}")
+        for c in t.consumers():
+            if c.type in _NO_GRADIENT or c in seen:
+                continue
+            seen.add(c)
+            at = [i for i, x in enumerate(c.inputs) if x is t]
+            if len(at) != 1:
+                raise RuleError(f"{c.type} op '{c.name}' uses the variable twice")
+            i = at[0]
+            what = f"{c.type} op '{c.name}' inside the loop"
+            if c.type in _VIEWS:
+                m = positions
+                if m is None:
+                    m = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+                for out, mo in zip(c.outputs, _view_positions(c, i, m)):
+                    if tuple(out.shape.as_list()) != mo.shape:
+                        raise RuleError(f"the shape of the view {what} is not static")
+                    if sub.of(out) != _axes.FREE:
+                        raise RuleError(f"the view {what} holds examples")
+                    stack.append((out, mo))
+                continue
+            view_shape = tuple(int(d) for d in t.shape) if positions is not None else shape
+            if c.type == "MatMul":
+                uses.append(_matmul_use(c, i, view_shape, positions, sub, body, what))
+            elif c.type in _ADDS:
+                uses.append(_bias_use(c, i, view_shape, positions, sub, body, what))
+            else:
+                raise RuleError(f"the variable is used by {what} (no rule for it in a loop)")
+    if not uses:
+        raise RuleError("the loop's body does not use the variable")
+    return uses
+
+
+def _matmul_use(c, i, view_shape, positions, sub, body, what) -> _Use:
+    ta, tb = c.get_attr("transpose_a"), c.get_attr("transpose_b")
+    other = c.inputs[1 - i]
+    a_axis = _pure_axis(sub, other, f"the other operand of {what}")
+    if i == 1:  # z = op(a) op(W): rows of op(a), and of z, are the examples
+        if a_axis != (1 if ta else 0):
+            raise RuleError(f"the examples are on the contracted axis of {what}")
+        z_axis, transpose_out = 0, tb
+    else:  # z = op(W) op(b): columns of op(b), and of z, are the examples
+        if a_axis != (0 if tb else 1):
+            raise RuleError(f"the examples are on the contracted axis of {what}")
+        z_axis, transpose_out = 1, not ta
+    z = c.outputs[0]
+    if _pure_axis(sub, z, f"the output of {what}") != z_axis:
+        raise RuleError(f"the examples' axis of the output of {what} is not its rows")
+    tap = _tap_of(z, sub, body.outputs)
+    t_axis = _pure_axis(sub, tap, "a tapped tensor")
+    return _Use(
+        kind="matmul",
+        tap=_Tap(tap.name, tap.dtype, _dims(tap, t_axis, "a tapped tensor"), t_axis),
+        shape=view_shape,
+        positions=positions,
+        record=_Record(other.name, other.dtype, _dims(other, a_axis, "an operand"), a_axis),
+        transpose_out=transpose_out,
+    )
+
+
+def _bias_use(c, i, view_shape, positions, sub, body, what) -> _Use:
+    if c.type == "BiasAdd":
+        fmt = c.get_attr("data_format")
+        fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+        if i != 1 or fmt != "NHWC":
+            raise RuleError(f"the variable is not the channels-last bias of {what}")
+    z = c.outputs[0]
+    z_axis = _pure_axis(sub, z, f"the output of {what}")
+    z_dims = _dims(z, z_axis, f"the output of {what}")
+    rank, r = len(z_dims), len(view_shape)
+    if r > rank:
+        raise RuleError(f"the variable broadcasts the other operand of {what}")
+    keep = []
+    for k, d in enumerate(view_shape):
+        j = k + rank - r
+        if j == z_axis:
+            if d != 1:
+                raise RuleError(f"the variable spans the examples' axis of {what}")
+        elif d == z_dims[j]:
+            if d != 1:
+                keep.append(j)
+        elif d != 1:
+            raise RuleError(f"the variable broadcasts the other operand of {what}")
+    tap = _tap_of(z, sub, body.outputs)
+    t_axis = _pure_axis(sub, tap, "a tapped tensor")
+    if tap is not z and t_axis != z_axis:  # pragma: no cover - _tap_of keeps the axis
+        raise RuleError("the tapped tensor moves the examples")
+    return _Use(
+        kind="bias",
+        tap=_Tap(tap.name, tap.dtype, _dims(tap, t_axis, "a tapped tensor"), t_axis),
+        shape=view_shape,
+        positions=positions,
+        sign=-1.0 if (c.type == "Sub" and i == 1) else 1.0,
+        keep=tuple(keep),
+    )
+
+
+# --- per-example gradients ---------------------------------------------------------------------
+
+
+def _chunk(t: tf.Tensor, axis: int, start, size) -> tf.Tensor:
+    """``t[..., start:start + size, ...]`` on ``axis``."""
+    rank = t.shape.rank
+    begin = [0] * rank
+    sizes = [-1] * rank
+    begin[axis] = start
+    sizes[axis] = size
+    return tf.slice(t, tf.stack(begin), tf.stack(sizes))
+
+
+def _rows(t: tf.Tensor, axis: int) -> tf.Tensor:
+    """A ``[T, a, b]`` stack with the examples on ``axis`` (of an element) as ``[T, n, d]``."""
+    return t if axis == 0 else tf.transpose(t, [0, 2, 1])
+
+
+def _use_gradients(u: _Use, stacks: dict, start, size, dtype) -> tf.Tensor:
+    """``[size, *u.shape]``: the per-example gradients of the used view, examples ``[start,
+    start + size)``, unscaled."""
+    d = tf.cast(stacks[u.tap.name], dtype)  # [T, *tap dims]
+    if u.kind == "matmul":
+        a = tf.cast(stacks[u.record.name], dtype)
+        a = _chunk(_rows(a, u.record.axis), 1, start, size)
+        d = _chunk(_rows(d, u.tap.axis), 1, start, size)
+        g = tf.einsum("tni,tno->nio", a, d)
+        return tf.linalg.matrix_transpose(g) if u.transpose_out else g
+    d = _chunk(d, u.tap.axis + 1, start, size)
+    rank = len(u.tap.dims)
+    summed = [0] + [j + 1 for j in range(rank) if j != u.tap.axis and j not in u.keep]
+    g = tf.reduce_sum(d, axis=summed)  # [.. examples and kept axes, in order ..]
+    before = sum(1 for j in u.keep if j < u.tap.axis)
+    if before:
+        perm = [before] + [k for k in range(len(u.keep) + 1) if k != before]
+        g = tf.transpose(g, perm)
+    g = tf.reshape(g, [-1, *u.shape])
+    return -g if u.sign < 0 else g
+
+
+def _scatter(u: _Use, g: tf.Tensor, size: int) -> tf.Tensor:
+    """``[n, size]`` per-example gradients of the variable's flat value from those of the view
+    (``[n, *u.shape]``) whose elements sit at ``u.positions``."""
+    flat = tf.reshape(g, [tf.shape(g)[0], -1])
+    where = np.full(size, u.positions.size, np.int64)  # the appended zero column
+    where[u.positions.reshape(-1)] = np.arange(u.positions.size)
+    flat = tf.concat([flat, tf.zeros_like(flat[:, :1])], axis=1)
+    return tf.gather(flat, where, axis=1)
+
+
+def recurrent_rule(site: Site) -> Contribution:
+    """The rule for a variable (its handle, or its value) that a ``While`` loop consumes."""
+    op = site.op
+    what = f"{op.type} op '{op.name}'"
+    if site.dtype not in (tf.float32, tf.float64):
+        raise RuleError(f"moments in {site.dtype.name}")
+    outputs = site.output if isinstance(site.output, tuple) else (site.output,)
+    loop = _loop(site)
+    uses = _uses(site, loop)
+    for u in uses:
+        if u.positions is not None and np.unique(u.positions).size != u.positions.size:
+            raise RuleError("a view repeats entries of the variable")  # pragma: no cover
+    loop.register(uses)
+
+    # the examples: a carried floating-point output whose examples' axis is proven
+    evidence = None
+    for i in loop.carried:
+        t = op.outputs[i]
+        st = loop.sub.of(loop.body.inputs[i])
+        if t.dtype.is_floating and isinstance(st, _axes.Axis) and st.pure:
+            evidence = (t, st.axis)
+            break
+    if evidence is None:
+        raise RuleError("no output of the loop holds the examples on a proven axis")
+    ev_t, ev_axis = evidence
+    if site.view.dtype == tf.resource:
+        shape = tuple(int(d) for d in tf.TensorShape(site.var_shape))
+    else:
+        shape = tuple(int(d) for d in site.view.shape)
+    size = int(np.prod(shape))
+    dtype = site.dtype
+
+    def gradients(stacks, start, count, factor):
+        g = None
+        for u in uses:
+            part = _use_gradients(u, stacks, start, count, dtype)
+            if u.positions is None:
+                part = tf.reshape(part, [-1, *shape])
+            else:
+                part = tf.reshape(_scatter(u, part, size), [-1, *shape])
+            g = part if g is None else g + part
+        if not (isinstance(factor, float) and factor == 1.0):
+            g = g * tf.cast(factor, dtype)
+        return g
+
+    def per_example(delta, n, start, count):
+        stacks = loop.stacks(delta.grads, outputs, n)
+        return gradients(stacks, start, count, delta.factor)
+
+    def power_sums(delta, n, orders, chunk=None):
+        stacks = loop.stacks(delta.grads, outputs, n)
+
+        def chunk_sums(start, count):
+            g_pow = {1: gradients(stacks, start, count, delta.factor)}
+            return {p: power_sum(g_pow, p) for p in orders}
+
+        return sum_over_chunks(n, chunk, orders, shape, dtype, chunk_sums, name="loop_chunks")
+
+    return Contribution(
+        examples=example_count(ev_t, ev_axis),
+        evidence=f"the examples' axis {ev_axis} of '{ev_t.name}', an output of {what}",
+        per_example=per_example,
+        per_example_elements=size,
+        power_sums=power_sums,
+        power_sums_elements=size,
+    )

@@ -1,0 +1,305 @@
+"""The loop rule (`tb_gradmom.rules.recurrent`): Keras LSTM, GRU and SimpleRNN, and a raw
+``tf.while_loop``, exact against brute-force per-example gradients with ``fallback="error"``
+(so the rule, not the exact fallback, computed them); what it does not cover goes to the exact
+fallback with its warning; a step that records no moments runs none of the loop's copy."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tb_gradmom as gradmom
+from tb_gradmom import _core
+from tb_gradmom.rules import recurrent
+from tests import reference
+from tests.cases import CASES_BY_ID, RECURRENT_CASE_IDS, Case, _xy, squared_error
+from tests.test_core import ORDERS, TOLERANCE, _assert_close, _run
+
+
+def _check(case, dtype="float64", **kwargs):
+    variables, grads, moments, ref = _run(case, dtype, fallback="error", **kwargs)
+    expected_all = [reference.moments(r, ORDERS) for r in ref]
+    rel = 1e-3 if dtype == "float64" else 1e-2
+    floor = {p: rel * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in ORDERS}
+    for v, g, m, per_ex, expected in zip(variables, grads, moments, ref, expected_all):
+        name = _core.variable_name(v)
+        for p in ORDERS:
+            _assert_close(m[p], expected[p], TOLERANCE[dtype], f"{case.id} {name} M{p}", floor[p])
+        scale = per_ex.shape[0] if case.loss == "sum" else 1
+        _assert_close(
+            tf.convert_to_tensor(g),
+            expected[1] * scale,
+            TOLERANCE[dtype],
+            f"{case.id} {name} grad",
+            floor[1] * scale,
+        )
+
+
+@pytest.mark.parametrize("case_id", RECURRENT_CASE_IDS)
+def test_recurrent_layers_take_the_rule_exactly(case_id):
+    _check(CASES_BY_ID[case_id])
+
+
+@pytest.mark.parametrize("case_id", ["lstm-classifier", "gru-reset-before-last", "lstm-stacked"])
+def test_recurrent_layers_float32(case_id):
+    _check(CASES_BY_ID[case_id], "float32")
+
+
+@pytest.mark.parametrize(
+    "case_id", ["lstm-stacked", "lstm-bidirectional", "gru-masking", "lstm-embedding-mask-zero"]
+)
+def test_dynamic_batch_size(case_id):
+    _check(CASES_BY_ID[case_id], dynamic_batch=True)
+
+
+@pytest.mark.parametrize("case_id", ["gru-last", "gru-masking", "lstm-sequence-dense-head"])
+def test_chunks_of_examples(case_id):
+    """Two examples per chunk: the chunk loop over examples reads the copy's stacks."""
+    _check(CASES_BY_ID[case_id], chunk_size=2)
+
+
+def _rule_paths(build, x, y, loss="mean"):
+    """The path the core takes for each variable: ``op type`` or ``fallback: reason``."""
+    forward, variables = build("float64")
+    seen = {}
+
+    @tf.function
+    def step(x, y):
+        per = squared_error(forward(x), y)
+        total = tf.reduce_mean(per) if loss == "mean" else tf.reduce_sum(per)
+        prepared = _core.prepare(total, variables, orders=(1, 2))
+        seen["paths"] = [
+            f"fallback: {p.fallback}" if p.fallback else prepared.op_type(i)
+            for i, p in enumerate(prepared.plans)
+        ]
+        return prepared.grads
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step(tf.constant(x), tf.constant(y))
+    return dict(zip([_core.variable_name(v) for v in variables], seen["paths"]))
+
+
+def test_keras_rnn_variables_are_consumed_by_the_loop():
+    case = CASES_BY_ID["gru-last"]
+    x, y = case.inputs(np.random.default_rng(0), "float64")
+    paths = _rule_paths(case.build, x, y)
+    loop = [k for k, p in paths.items() if "gru_cell" in k]
+    assert len(loop) == 3
+    assert all(paths[k] == "While" for k in loop), paths
+
+
+class SharedLSTM(keras.Model):
+    """One LSTM applied to both halves of the features: two loops read the same variables, so
+    each variable has two sites whose per-example gradients are summed before the powers."""
+
+    def __init__(self, dtype):
+        super().__init__(dtype=dtype)
+        self.lstm = keras.layers.LSTM(3, dtype=dtype)
+        self.head = keras.layers.Dense(2, dtype=dtype)
+
+    def call(self, x):
+        a = self.lstm(x[:, :, :2])
+        b = self.lstm(x[:, :, 2:])
+        return self.head(tf.concat([a, b], axis=1))
+
+
+def _shared_lstm(dtype):
+    keras.utils.set_random_seed(11)
+    model = SharedLSTM(dtype)
+    model(np.zeros((1, 4, 4), dtype))
+    return model, model.trainable_variables
+
+
+def test_variables_shared_by_two_loops():
+    _check(Case("lstm-shared-two-loops", _shared_lstm, _xy((5, 4, 4), (5, 2))))
+    _check(Case("lstm-shared-two-loops", _shared_lstm, _xy((5, 4, 4), (5, 2)), "sum"), chunk_size=2)
+
+
+class RawRecurrence(tf.Module):
+    """A hand-written ``tf.while_loop`` over a TensorArray of steps (no Keras). ``read_outside``:
+    the recurrent kernel's value is read before the loop and captured (not its handle)."""
+
+    def __init__(self, dtype, read_outside=False):
+        super().__init__()
+        self.read_outside = read_outside
+        rng = np.random.default_rng(4)
+        self.w = tf.Variable(rng.normal(size=(3, 4)).astype(dtype), name="w")
+        self.u = tf.Variable(0.5 * rng.normal(size=(4, 4)).astype(dtype), name="u")
+        self.b = tf.Variable(rng.normal(size=(4,)).astype(dtype), name="b")
+
+    def __call__(self, x):
+        steps = tf.TensorArray(x.dtype, size=x.shape[1]).unstack(tf.transpose(x, [1, 0, 2]))
+        h0 = tf.zeros([tf.shape(x)[0], 4], x.dtype)
+        u = tf.convert_to_tensor(self.u) if self.read_outside else self.u
+
+        def body(t, h, total):
+            h = tf.tanh(tf.matmul(steps.read(t), self.w) + tf.matmul(h, u) + self.b)
+            return t + 1, h, total + h
+
+        _, h, total = tf.while_loop(lambda t, h, s: t < x.shape[1], body, (0, h0, h0))
+        return tf.concat([h, total], axis=1)
+
+
+def _raw_recurrence(read_outside=False):
+    def build(dtype):
+        m = RawRecurrence(dtype, read_outside)
+        return m, [m.w, m.u, m.b]
+
+    return build
+
+
+def test_raw_while_loop():
+    _check(Case("raw-while-loop", _raw_recurrence(), _xy((4, 5, 3), (4, 8))))
+    _check(Case("raw-while-loop-sum", _raw_recurrence(), _xy((3, 5, 3), (3, 8)), "sum"), "float32")
+
+
+def test_raw_while_loop_capturing_a_value():
+    """A variable's value read outside the loop and captured: the site is the loop, consuming a
+    float tensor rather than a handle."""
+    case = Case("raw-while-loop-value", _raw_recurrence(read_outside=True), _xy((4, 5, 3), (4, 8)))
+    x, y = case.inputs(np.random.default_rng(0), "float64")
+    assert _rule_paths(case.build, x, y)["u"] == "While"
+    _check(case)
+
+
+class SinCell(keras.layers.Layer):
+    """A custom cell that uses ``sin(W)``: no rule for that use in a loop."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.state_size = units
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1], self.units), name="w")
+        self.u = self.add_weight(shape=(self.units, self.units), name="u")
+
+    def call(self, x, states):
+        h = tf.tanh(tf.matmul(x, tf.sin(self.w)) + tf.matmul(states[0], self.u))
+        return h, [h]
+
+
+def _sin_rnn(dtype):
+    keras.utils.set_random_seed(12)
+    model = keras.Sequential(
+        [
+            keras.Input((4, 3), dtype=dtype),
+            keras.layers.RNN(SinCell(3, dtype=dtype), dtype=dtype),
+            keras.layers.Dense(2, dtype=dtype),
+        ]
+    )
+    return model, model.trainable_variables
+
+
+def test_use_without_a_rule_takes_the_exact_fallback_with_its_warning():
+    case = Case("sin-cell", _sin_rnn, _xy((4, 4, 3), (4, 2)))
+    x, y = case.inputs(np.random.default_rng(0), "float64")
+    paths = _rule_paths(case.build, x, y)
+    w = next(k for k in paths if k.endswith("/w"))
+    u = next(k for k in paths if k.endswith("/u"))
+    assert paths[w].startswith("fallback:") and "Sin" in paths[w], paths
+    assert paths[u] == "While", paths  # the other variable of the same loop keeps the rule
+    with pytest.raises(gradmom.UnsupportedOpError, match="Sin"):
+        _run(case, "float64", fallback="error")
+    with pytest.warns(UserWarning, match=r"no exact rule for .*/w'.*Sin"):
+        variables, _, moments, ref = _run(case, "float64")
+    for v, m, r in zip(variables, moments, ref):
+        expected = reference.moments(r, ORDERS)
+        for p in ORDERS:
+            _assert_close(m[p], expected[p], 1e-10, f"sin-cell {v.path} M{p}")
+
+
+class NoisyCell(SinCell):
+    """Random numbers inside the step: a copy of the loop would draw others."""
+
+    def call(self, x, states):
+        noise = tf.random.uniform(tf.shape(states[0]), dtype=x.dtype)
+        h = tf.tanh(tf.matmul(x, self.w) + tf.matmul(states[0], self.u) + 0.01 * noise)
+        return h, [h]
+
+
+class CoupledRecurrence(RawRecurrence):
+    """The state mixes the examples (a batch mean at every step): no examples' axis to prove."""
+
+    def __call__(self, x):
+        steps = tf.TensorArray(x.dtype, size=x.shape[1]).unstack(tf.transpose(x, [1, 0, 2]))
+        h0 = tf.zeros([tf.shape(x)[0], 4], x.dtype)
+
+        def body(t, h):
+            h = h - tf.reduce_mean(h, axis=0, keepdims=True)
+            z = tf.matmul(steps.read(t), self.w) + tf.matmul(h, self.u) + self.b
+            return t + 1, tf.tanh(z)
+
+        _, h = tf.while_loop(lambda t, h: t < x.shape[1], body, (0, h0))
+        return h
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (
+            lambda: keras.Sequential(
+                [keras.Input((4, 3)), keras.layers.RNN(NoisyCell(3)), keras.layers.Dense(2)]
+            ),
+            "stateful",
+        ),
+        (lambda: CoupledRecurrence("float32"), "statistic over the batch"),
+    ],
+    ids=["random-numbers-in-the-body", "examples-mixed-in-the-state"],
+)
+def test_unsupported_loops_are_refused_not_guessed(build, match):
+    model = build()
+    variables = model.trainable_variables
+
+    def step(x, fallback):
+        out = model(x)
+        loss = tf.reduce_mean(tf.reduce_sum(out**2, axis=1))
+        return gradmom.gradients_and_moments(loss, variables, fallback=fallback)[1]
+
+    x = tf.constant(np.random.default_rng(0).normal(size=(4, 4, 3)), tf.float32)
+    with pytest.raises(gradmom.UnsupportedOpError, match=match):
+        tf.function(lambda x: step(x, "error"))(x)
+    with pytest.warns(UserWarning, match="no exact rule"):
+        moments = tf.function(lambda x: step(x, "exact"))(x)
+    assert all(np.all(np.isfinite(m[2].numpy())) for m in moments)
+
+
+def test_skipped_steps_run_no_copy_of_the_loop(tmp_path, monkeypatch):
+    """The copy of the loop is built where the moments are, inside summary.moments' cond: a
+    check attached to the copy never fires on a skipped step, and fires on a recorded one."""
+    built = []
+    original = recurrent._Loop._build
+
+    def build(self, *args):
+        out = original(self, *args)
+        built.append(self.op.name)
+        check = tf.debugging.Assert(False, ["the copy of the loop ran"])
+        with tf.control_dependencies([check]):
+            return {k: tf.identity(v) for k, v in out.items()}
+
+    monkeypatch.setattr(recurrent._Loop, "_build", build)
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4), keras.layers.Dense(2)])
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function(input_signature=[tf.TensorSpec([6, 5, 3]), tf.TensorSpec([], tf.bool)])
+    def step(x, record):
+        loss = tf.reduce_mean(tf.reduce_sum(model(x) ** 2, axis=1))
+        with writer.as_default(step=0), tf.summary.record_if(record):
+            grads = gradmom.summary.moments(loss, model.trainable_variables, fallback="error")
+        return grads[0]
+
+    x = tf.constant(np.random.default_rng(1).normal(size=(6, 5, 3)), tf.float32)
+    g = step(x, tf.constant(False))
+    assert len(built) == 1  # one copy for the loop's three variables
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.reduce_sum(model(x) ** 2, axis=1))
+    expected = tape.gradient(loss, model.trainable_variables[0])
+    np.testing.assert_allclose(g.numpy(), expected.numpy(), rtol=1e-5, atol=1e-7)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the copy of the loop ran"):
+        step(x, tf.constant(True))
