@@ -836,19 +836,16 @@ LAYER_ENTRIES = [
         "lstm-classifier",
         "recurrent",
         _sequential(_rnn("LSTM"), (5, 3), _normal(4, 5, 3), sparse_ce_logits, _labels(3)),
-        fallback="exact",
     ),
     Entry(
         "gru-classifier",
         "recurrent",
         _sequential(_rnn("GRU"), (5, 3), _normal(4, 5, 3), sparse_ce_logits, _labels(3)),
-        fallback="exact",
     ),
     Entry(
         "simplernn-classifier",
         "recurrent",
         _sequential(_rnn("SimpleRNN"), (5, 3), _normal(4, 5, 3), sparse_ce_logits, _labels(3)),
-        fallback="exact",
     ),
 ]
 
