@@ -719,8 +719,9 @@ def summary_child(rounds: int, steps: int) -> dict:
     logdir = tempfile.mkdtemp(prefix="bench_zoo_summary_")
     load0 = os.getloadavg()[0]
 
-    real_write, real_stats, real_pool = tf.summary.write, gsum._stats_vector, gsum._pool
-    real_scalars, real_records = gsum._selected_scalars, gsum._records
+    real_write, real_stats, real_pool = tf.summary.write, gsum._stats_fields, gsum._pool
+    real_scalars, real_records, real_bins = gsum._selected_scalars, gsum._records, gsum._bins
+    real_xla = gsum._elementwise_xla
 
     sink = tf.Variable(0.0)
 
@@ -730,27 +731,13 @@ def summary_child(rounds: int, steps: int) -> dict:
         sink.assign_add(tf.reduce_sum(tf.cast(tensor, tf.float32)))
         return tf.constant(True)
 
-    def stats_no_hist(m1, m2, n, loss, lr):
-        fields, hist = real_stats(m1[:1], m2[:1], n, loss, lr)  # the same ops on 1 element
-        m1 = tf.reshape(tf.cast(m1, tf.float64), [-1])
-        m2 = tf.reshape(tf.cast(m2, tf.float64), [-1])
-        nf = tf.cast(n, tf.float64)
-        s2 = tf.maximum(m2 - m1 * m1, 0.0) * nf / tf.maximum(nf - 1.0, 1.0)
-        positive = s2 > 0.0
-        gsnr = tf.where(positive, m1 * m1 / tf.where(positive, s2, 1.0), 0.0)
-        fields = dict(
-            fields,
-            num_elements=tf.cast(tf.size(m1), tf.float64),
-            sum_m2=tf.reduce_sum(m1 * m1),
-            sum_var=tf.reduce_sum(s2),
-            sum_gsnr=tf.reduce_sum(gsnr),
-            gsnr_count=tf.reduce_sum(tf.cast(positive, tf.float64)),
-            sum_m2_raw=tf.reduce_sum(m2),
-        )
-        return fields, tf.zeros_like(hist)
+    def bins_none(s2, offsets=None):
+        # no key, no gathers: every element in its variable's first bin
+        base = tf.zeros(tf.shape(s2), tf.int32)
+        return base if offsets is None else base + offsets
 
-    def stats_none(m1, m2, n, loss, lr):
-        return real_stats(tf.reshape(m1, [-1])[:1], tf.reshape(m2, [-1])[:1], n, loss, lr)
+    def stats_none(moms, n, loss, lr):  # the same ops on one element per variable
+        return real_stats([{p: tf.reshape(m[p], [-1])[:1] for p in m} for m in moms], n, loss, lr)
 
     def pool_none(x, shape, block):
         from tb_gradmom import metadata
@@ -771,16 +758,19 @@ def summary_child(rounds: int, steps: int) -> dict:
         "logged": {},
         "no_event_writes": {"write": fake_write},
         "no_scalar_summaries": {"_selected_scalars": lambda values, per: []},
-        "no_histogram": {"_stats_vector": stats_no_hist},
-        "no_statistics": {"_stats_vector": stats_none},
+        "no_histogram": {"_bins": bins_none},
+        "no_statistics": {"_stats_fields": stats_none},
         "no_pooling": {"_pool": pool_none},
+        "no_xla": {"env": "0"},
         "moments_in_cond_only": {"_records": records_moments_only, "write": fake_write},
     }
     steps_by = {}
     base, writer = bench_summary.make_steps(model, os.path.join(logdir, "base"))
     steps_by["plain"] = base["plain"]
+    steps_by["moments"] = base["moments"]
     steps_by["skipped"] = base["skipped"]
     writers = [writer]
+    env0 = os.environ.get("TB_GRADMOM_XLA")
     for abl, patch in ablations.items():
         fns, w = bench_summary.make_steps(model, os.path.join(logdir, abl))
         writers.append(w)
@@ -791,9 +781,17 @@ def summary_child(rounds: int, steps: int) -> dict:
                 if k == "write":
                     saved[k] = tf.summary.write
                     tf.summary.write = v
+                elif k == "env":
+                    os.environ["TB_GRADMOM_XLA"] = v
                 else:
                     saved[k] = getattr(gsum, k)
                     setattr(gsum, k, v)
+            # a fresh XLA function: traced (and compiled) with this ablation's patches
+            gsum._elementwise_xla = tf.function(
+                lambda m1, m2, f, o: gsum._elementwise(m1, m2, f, o, xla=True),
+                jit_compile=True,
+                autograph=False,
+            )
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 fn.get_concrete_function(x, y)  # traced with the patch
@@ -803,17 +801,25 @@ def summary_child(rounds: int, steps: int) -> dict:
                     tf.summary.write = v
                 else:
                     setattr(gsum, k, v)
+            gsum._elementwise_xla = real_xla
+            if env0 is None:
+                os.environ.pop("TB_GRADMOM_XLA", None)
+            else:
+                os.environ["TB_GRADMOM_XLA"] = env0
         steps_by[abl] = fn
-    assert tf.summary.write is real_write and gsum._stats_vector is real_stats
+    assert tf.summary.write is real_write and gsum._stats_fields is real_stats
     assert gsum._pool is real_pool and gsum._selected_scalars is real_scalars
-    assert gsum._records is real_records
+    assert gsum._records is real_records and gsum._bins is real_bins
     per_round = {k: 10 for k in steps_by}
     times = bench_core.time_interleaved(steps_by, x, y, rounds, per_round)
     per = {k: [statistics.median(r) for r in v] for k, v in times.items()}
     ms = {k: 1e3 * statistics.median([t for r in v for t in r]) for k, v in times.items()}
     ratio = {k: statistics.median([a / b for a, b in zip(per[k], per["plain"])]) for k in steps_by}
+    ratio_m = {
+        k: statistics.median([a / b for a, b in zip(per[k], per["moments"])]) for k in steps_by
+    }
     profs = {}
-    for k in ("plain", "logged"):
+    for k in ("plain", "moments", "logged"):
         profs[k] = summarize_profile(
             profile_fn(steps_by[k], x, y, steps, os.path.join(_profile_dir(), f"summary_{k}")),
             top=25,
@@ -828,6 +834,7 @@ def summary_child(rounds: int, steps: int) -> dict:
     out = {
         "ms": ms,
         "x_plain": ratio,
+        "x_moments": ratio_m,
         "rounds": rounds,
         "profiles": profs,
         "load": [load0, os.getloadavg()[0]],
@@ -840,7 +847,10 @@ def summary_child(rounds: int, steps: int) -> dict:
 def print_summary_profile(res: dict) -> None:
     print(f"\nbench_summary.py MLP, {res['rounds']} interleaved rounds, load {res['load']}:")
     for k, v in res["ms"].items():
-        print(f"  {k:<22} {v:8.2f} ms  {res['x_plain'][k]:6.2f}x plain")
+        print(
+            f"  {k:<22} {v:8.2f} ms  {res['x_plain'][k]:6.2f}x plain"
+            f"  {res['x_moments'][k]:6.2f}x moments"
+        )
     for k, v in res["profiles"].items():
         print_profile(f"profile, {k} step", v)
 

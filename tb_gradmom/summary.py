@@ -12,6 +12,7 @@ in the untaken branch of a ``tf.cond`` and do not run. The event format is in ``
 from __future__ import annotations
 
 import math
+import os
 import re
 import warnings
 import weakref
@@ -178,11 +179,15 @@ def moments(
             prepared, indices, tags, contents, orders, lr, chunk_size, moms, group
         )
         ok = []
-        for tag, tensor, md in tensors:
-            ok.append(tf.summary.write(tag, tensor, step=step, metadata=md))
-        for stag, value in _selected_scalars(scalar_values, per_variable_scalars):
-            # tf.summary.write keeps the tag as given (tf.summary.scalar would prefix scopes).
-            ok.append(tf.summary.write(stag, tf.cast(value, tf.float32), step, _SCALAR_MD))
+        # This branch runs only where `pred` holds: record_if(True) lets each tf.summary.write
+        # skip its own cond on the recording condition (an `If` op, a function call per write
+        # at run time). Under tf.distribute the "replica 0" part of the condition stays.
+        with tf.summary.record_if(True):
+            for tag, tensor, md in tensors:
+                ok.append(tf.summary.write(tag, tensor, step=step, metadata=md))
+            for stag, value in _selected_scalars(scalar_values, per_variable_scalars):
+                # tf.summary.write keeps the tag as given (tf.summary.scalar prefixes scopes).
+                ok.append(tf.summary.write(stag, tf.cast(value, tf.float32), step, _SCALAR_MD))
         with tf.control_dependencies(ok):
             return tf.constant(True)
 
@@ -337,9 +342,11 @@ def _pool(x: tf.Tensor, shape, block) -> tf.Tensor:
     grid = tf.reshape(x, [rows, cols])
     if pr or pc:
         grid = tf.pad(grid, [[0, pr], [0, pc]])
-    # two contiguous reductions (columns, then rows) are much faster than one over axes [1, 3]
-    sums = tf.reduce_sum(tf.reshape(grid, [rows + pr, c2, bc]), axis=2)
-    sums = tf.reduce_sum(tf.reshape(sums, [r2, br, c2]), axis=1)
+    # two contiguous reductions are much faster than one over axes [1, 3]; rows first (a
+    # reduction over a middle axis, vectorised along the columns), so that the reduction over
+    # the few innermost cells of a block runs on a br times smaller array
+    sums = tf.reduce_sum(tf.reshape(grid, [r2, br, cols + pc]), axis=1)
+    sums = tf.reduce_sum(tf.reshape(sums, [r2, c2, bc]), axis=2)
     # cells per block: known at trace time
     count = np.full([r2, c2], float(br * bc))
     if pr:
@@ -351,70 +358,224 @@ def _pool(x: tf.Tensor, shape, block) -> tf.Tensor:
 
 _SCALAR_MD = scalar_metadata.create_summary_metadata(display_name="", description="")
 _EDGES = np.asarray(metadata.HIST_EDGES, np.float64)
-_FIRST, _LAST, _PER_DECADE = metadata.HIST_SPEC
-# A value whose scaled log lies this close to an integer may sit on either side of an edge
-# after rounding (the log is good to ~1e-14 here): its bucket is found by a binary search.
-_AMBIGUOUS = 1e-9
+_NB = metadata.NUM_HIST_BUCKETS
+
+# The variance histogram without logarithms or binary searches. The bits of a float64 read as
+# an unsigned integer grow with its value, for each sign. The top 13 bits (sign, the 11
+# exponent bits and the first mantissa bit) cut [0, inf) into intervals [2**e, 1.5 * 2**e) and
+# [1.5 * 2**e, 2**(e+1)), each at most 1.5 wide as a ratio; the edges are 10**(1/per_decade)
+# >= 1.5 apart (checked below), so an interval holds at most one edge. A value's bucket is
+# then `_KEY_BIN[key]` (the bucket of the interval's start) plus one if it is at or above the
+# edge inside its interval, `_KEY_EDGE[key]` (+inf when there is none): exactly numpy's
+# ``searchsorted(HIST_EDGES, v, side="right")``, edges and values next to them included.
+# The counts go to _BINS bins per variable, so that one bincount also gives the number of
+# positive variances (``gsnr_count``) and the padding can be taken out:
+#   bin 0               zero (either sign), subnormal or negative: bucket 0, not positive
+#   bin 1 + b           a positive finite value in histogram bucket b (0 <= b < _NB)
+#   bin _NAN_BIN        NaN or -inf: in no bucket (values that are not finite are left out)
+#   bin _NAN_BIN + 1    +inf: in no bucket, but positive
+_KEY_SHIFT = 51
+_NAN_BIN = _NB + 1
+_BINS = _NB + 3
 
 
-def _histogram(s2, finite):
-    """numpy's ``bincount(searchsorted(HIST_EDGES, s2, side="right"))`` over finite ``s2 >= 0``
-    (``NUM_HIST_BUCKETS`` counts; values that are not finite are left out). The edges are
-    ``10 ** (k / per_decade)``, so a value's bucket is the floor of ``log10(s2) * per_decade``,
-    shifted; only values whose log lies within rounding of an edge are bucketed by a binary
-    search. A few cheap element-wise passes instead of a binary search per element
-    (``UpperBound`` took a third of a logged step)."""
-    m = len(_EDGES)
-    nb = metadata.NUM_HIST_BUCKETS
-    t = tf.math.log(tf.where(finite, s2, 1.0)) * (_PER_DECADE / np.log(10.0))
-    floor = tf.floor(t)
-    frac = t - floor  # NaN for s2 = 0 (-inf - -inf): never ambiguous
-    ambiguous = tf.logical_and(finite, tf.logical_or(frac < _AMBIGUOUS, frac > 1.0 - _AMBIGUOUS))
-    guess = tf.cast(tf.clip_by_value(floor - (_FIRST * _PER_DECADE - 1), 0.0, float(m)), tf.int32)
-    sure = tf.where(tf.logical_and(finite, tf.logical_not(ambiguous)), guess, nb)
-    hist = tf.math.bincount(sure, minlength=nb + 1, maxlength=nb + 1)[:nb]
-    near = tf.boolean_mask(s2, ambiguous)
-    exact = tf.searchsorted(tf.constant(_EDGES), near, side="right", out_type=tf.int32)
-    return hist + tf.math.bincount(exact, minlength=nb, maxlength=nb)
+def _key_tables():
+    keys = np.arange(1 << (64 - _KEY_SHIFT), dtype=np.uint64)
+    start = (keys << np.uint64(_KEY_SHIFT)).view(np.float64)  # first value of each interval
+    half = len(keys) // 2  # keys >= half: the sign bit is set
+    # keys (half - 2, half - 1): exponent all ones: +inf (and NaNs with a first mantissa bit
+    # of 0), NaNs. +inf is the only one that is >= its "edge" +inf: it lands in _NAN_BIN + 1.
+    finite = half - 2
+    bins = np.full(len(keys), _NAN_BIN, np.int32)
+    edge = np.full(len(keys), np.inf)
+    # -0.0 and negative values; +0.0 and the positive subnormals (key 0): bucket 0, not
+    # positive. TensorFlow's CPU threads flush subnormals to zero (an element-wise biased
+    # variance is never subnormal, and `biased > 0` used to see them as 0); no compare
+    # against a subnormal edge, which those threads would read as 0.
+    bins[half : half + finite] = 0
+    bins[0] = 0
+    for k in range(1, finite):
+        lo = start[k]
+        hi = start[k + 1]  # exclusive
+        bins[k] = 1 + np.searchsorted(_EDGES, lo, side="right")
+        inside = _EDGES[(_EDGES > lo) & (_EDGES < hi)]
+        assert len(inside) <= 1, "two histogram edges in one key interval"
+        if len(inside):
+            edge[k] = inside[0]
+    assert np.searchsorted(_EDGES, start[1], side="right") == 0  # key 0: all in bucket 0
+    return bins, edge
 
 
-def _stats_vector(m1, m2, n, loss, lr):
-    """The STATS_FIELDS sums and the variance histogram of one variable, in float64.
+_KEY_BIN, _KEY_EDGE = _key_tables()
 
-    Element-wise passes are kept few (a logged step runs this over every element of every
-    variable): the n-dependent factors are scalars applied after the sums."""
-    m1 = tf.reshape(tf.cast(m1, tf.float64), [-1])
-    m2 = tf.reshape(tf.cast(m2, tf.float64), [-1])
-    nf = tf.cast(n, tf.float64)
-    nan = tf.constant(np.nan, tf.float64)
-    several = nf > 1.0
-    # n/(n-1): NaN for a batch of one (the unbiased variance is undefined), 0 in `inv_factor`.
-    factor = tf.where(several, nf / tf.maximum(nf - 1.0, 1.0), nan)
-    inv_factor = tf.where(several, (nf - 1.0) / nf, 0.0)
+
+def _bins(s2, offsets=None):
+    """The bin (see `_KEY_BIN`) of each element of the float64 ``s2``, plus ``offsets``."""
+    bits = tf.bitcast(s2, tf.uint64)  # no copy
+    key = tf.bitcast(tf.bitwise.right_shift(bits, tf.constant(_KEY_SHIFT, tf.uint64)), tf.int64)
+    above = tf.cast(s2 >= tf.gather(tf.constant(_KEY_EDGE), key), tf.int32)
+    base = tf.gather(tf.constant(_KEY_BIN), key)
+    if offsets is not None:
+        base = base + offsets
+    return base + above
+
+
+def _histogram_of_bins(counts):
+    """``[..., _BINS]`` bin counts -> (``[..., NUM_HIST_BUCKETS]`` histogram, positive count)."""
+    hist = tf.concat([counts[..., :1] + counts[..., 1:2], counts[..., 2 : _NB + 1]], -1)
+    positive = tf.reduce_sum(counts[..., 1 : _NB + 1], -1) + counts[..., _NAN_BIN + 1]
+    return hist, positive
+
+
+def _histogram(s2, finite=None):
+    """numpy's ``bincount(searchsorted(HIST_EDGES, s2, side="right"))`` over the finite values
+    of the float64 ``s2 >= 0`` (``NUM_HIST_BUCKETS`` counts; values that are not finite are
+    left out). ``finite`` is accepted for the callers of the former version and unused."""
+    del finite
+    counts = tf.math.bincount(_bins(tf.reshape(s2, [-1])), minlength=_BINS, maxlength=_BINS)
+    return _histogram_of_bins(counts)[0]
+
+
+# Elements per partial sum: each variable is padded with zeros to a multiple of this, the
+# padded vector summed per block of _BLOCK elements and the block sums added per variable.
+_BLOCK = 1024
+
+
+def _elementwise(m1, m2, factor, block_offsets, xla: bool):
+    """The per-element work of the statistics over ``[blocks * _BLOCK]`` moments (any float
+    dtype): ``(per_block [blocks, 4] float64, bins [blocks * _BLOCK] int32)``.
+
+    ``per_block[:, k]`` are the block sums of ``M_1**2``, ``biased = max(M_2 - M_1**2, 0)``,
+    ``M_1**2 / biased`` (0 where ``biased`` is 0) and ``M_2``; ``bins`` the bin (see
+    `_KEY_BIN`) of ``s2 = biased * factor``, plus the block's offset (its variable's first
+    bin). Every element-wise value is the float64 one `tb_gradmom.stats` computes: the moments
+    are cast to float64 first (``M_2 - M_1**2`` cancels, so float32 arithmetic would change
+    the variances and their buckets)."""
+    m1 = tf.cast(m1, tf.float64)
+    m2 = tf.cast(m2, tf.float64)
     m1sq = m1 * m1
     biased = tf.maximum(m2 - m1sq, 0.0)
-    s2 = biased * factor
-    positive = biased > 0.0
+    gsnr = tf.math.divide_no_nan(m1sq, biased)
+    parts = (m1sq, biased, gsnr, m2)
+    if xla:
+        # XLA fuses the element-wise ops into the products; its row reductions are slow on
+        # CPU, its dot (Eigen's) is not: block sums as [blocks, _BLOCK] @ ones
+        ones = tf.ones([_BLOCK], tf.float64)
+        sums = [tf.linalg.matvec(tf.reshape(x, [-1, _BLOCK]), ones) for x in parts]
+    else:
+        sums = [tf.reduce_sum(tf.reshape(x, [-1, _BLOCK]), axis=1) for x in parts]
+    bins = _bins(tf.reshape(biased * factor, [-1, _BLOCK]), block_offsets[:, None])
+    return tf.stack(sums, axis=1), tf.reshape(bins, [-1])
+
+
+# The element-wise part as one XLA computation: a few passes over memory instead of one per
+# op (the statistics of a logged step cost about a third of TensorFlow's op-by-op version).
+# Compiled once per padded length. TB_GRADMOM_XLA=0 (or a TensorFlow without XLA) runs the
+# same ops one by one.
+_elementwise_xla = tf.function(
+    lambda m1, m2, factor, offsets: _elementwise(m1, m2, factor, offsets, xla=True),
+    jit_compile=True,
+    autograph=False,
+    reduce_retracing=True,
+)
+
+
+def _use_xla() -> bool:
+    return os.environ.get("TB_GRADMOM_XLA", "1") != "0" and tf.test.is_built_with_xla()
+
+
+def _stats_sums(moms, factor):
+    """The per-variable sums of the statistics and the variance histograms, all variables at
+    once: ``(sums [V, 4] float64, counts [V, _BINS] int32, pads)``.
+
+    ``sums[:, k]`` are the sums over each variable's elements of the four `_elementwise`
+    quantities; ``counts`` the bins of its unbiased variance (see `_KEY_BIN`; NaN for a
+    batch of one, so then every element is in _NAN_BIN and nothing is positive).
+
+    The variables of one dtype are concatenated, each padded with zeros to a multiple of
+    `_BLOCK`, and go through one set of element-wise ops (a few dozen ops for any number of
+    variables, instead of a hundred per variable); the block sums are added per variable
+    (float64 sums of float64 values: no accuracy lost to the grouping). The padding adds
+    nothing to the sums (its elements are 0 in each summand: 0, max(0, 0), 0/0 -> 0, 0)
+    and puts exactly ``pads[i]`` elements in bin 0 of variable i (s2 = +0.0 when n > 1; NaN
+    when n = 1: then in _NAN_BIN, which no count uses): the caller subtracts them.
+    """
+    groups: dict = {}  # dtype -> [variable index]
+    for i, m in enumerate(moms):
+        groups.setdefault(m[1].dtype, []).append(i)
+    sizes = [int(np.prod(m[1].shape.as_list())) for m in moms]
+    pads = np.array([(-d) % _BLOCK for d in sizes], np.int32)
+    xla = _use_xla()
+    parts_sums, parts_counts, order = [], [], []
+    for dtype, members in groups.items():
+
+        def flat(p, dtype=dtype, members=members):
+            pieces = []
+            for i in members:
+                pieces.append(tf.reshape(moms[i][p], [-1]))
+                pieces.append(tf.zeros([int(pads[i])], dtype))
+            return tf.concat(pieces, 0)
+
+        blocks = np.array([(sizes[i] + int(pads[i])) // _BLOCK for i in members])
+        var_of_block = np.repeat(np.arange(len(members), dtype=np.int32), blocks)
+        args = (flat(1), flat(2), factor, tf.constant(var_of_block * _BINS))
+        per_block, bins = _elementwise_xla(*args) if xla else _elementwise(*args, xla=False)
+        parts_sums.append(
+            tf.math.unsorted_segment_sum(
+                per_block, tf.constant(var_of_block), num_segments=len(members)
+            )
+        )
+        size = len(members) * _BINS
+        counts = tf.math.bincount(bins, minlength=size, maxlength=size)
+        parts_counts.append(tf.reshape(counts, [len(members), _BINS]))
+        order += members
+    if len(parts_sums) == 1:
+        sums, counts = parts_sums[0], parts_counts[0]
+    else:
+        back = np.argsort(order)  # the groups' rows back in variable order
+        sums = tf.gather(tf.concat(parts_sums, 0), back)
+        counts = tf.gather(tf.concat(parts_counts, 0), back)
+    return sums, counts, pads
+
+
+def _stats_fields(moms, n, loss, lr):
+    """The STATS_FIELDS sums (each a float64 ``[V + 1]`` vector: the variables, then the
+    model) and the variance histograms (``[V + 1, NUM_HIST_BUCKETS]`` float64)."""
+    nf = tf.cast(n, tf.float64)
+    several = nf > 1.0
+    # n/(n-1): NaN for a batch of one (the unbiased variance is undefined), 0 in `inv_factor`.
+    factor = tf.where(several, nf / tf.maximum(nf - 1.0, 1.0), np.nan)
     # sum of m1^2 / s2 over positive s2 = (n-1)/n * sum of m1^2 / biased
-    sum_gsnr = tf.reduce_sum(tf.math.divide_no_nan(m1sq, biased)) * inv_factor
-    gsnr_count = tf.where(several, tf.reduce_sum(tf.cast(positive, tf.float64)), 0.0)
-    hist = _histogram(s2, tf.math.is_finite(s2))
+    inv_factor = tf.where(several, (nf - 1.0) / nf, 0.0)
+    sums, counts, pads = _stats_sums(moms, factor)
+    # the zero padding is in bin 0 when n > 1, in _NAN_BIN when n = 1 (see `_stats_sums`)
+    pad_bins = np.zeros([len(moms), _BINS], np.int32)
+    pad_bins[:, 0] = pads
+    counts = counts - tf.constant(pad_bins) * tf.cast(several, tf.int32)
+    hist, positive = _histogram_of_bins(tf.cast(counts, tf.float64))
+    sizes = np.array([float(np.prod(m[1].shape.as_list())) for m in moms])
+    sums = tf.concat([sums, tf.reduce_sum(sums, 0, keepdims=True)], 0)  # + the model's
+    hist = tf.concat([hist, tf.reduce_sum(hist, 0, keepdims=True)], 0)
+    positive = tf.concat([positive, tf.reduce_sum(positive, 0, keepdims=True)], 0)
+    ones = tf.ones([len(moms) + 1], tf.float64)
+    nan = tf.constant(np.nan, tf.float64)
     fields = {
-        "batch_size": nf,
-        "num_elements": tf.cast(tf.size(m1), tf.float64),
-        "sum_m2": tf.reduce_sum(m1sq),
-        "sum_var": tf.reduce_sum(biased) * factor,
-        "sum_gsnr": sum_gsnr,
-        "gsnr_count": gsnr_count,
-        "sum_m2_raw": tf.reduce_sum(m2),
-        "loss": nan if loss is None else loss,
-        "learning_rate": nan if lr is None else lr,
+        "batch_size": nf * ones,
+        "num_elements": tf.constant(np.append(sizes, sizes.sum())),
+        "sum_m2": sums[:, 0],
+        "sum_var": sums[:, 1] * factor,
+        "sum_gsnr": sums[:, 2] * inv_factor,
+        # 0 for a batch of one: every s2 is NaN then
+        "gsnr_count": positive,
+        "sum_m2_raw": sums[:, 3],
+        "loss": (nan if loss is None else loss) * ones,
+        "learning_rate": (nan if lr is None else lr) * ones,
     }
-    return fields, tf.cast(hist, tf.float64)
+    return fields, hist
 
 
 def _derived(f):
-    """The in-graph twin of `tb_gradmom.stats.derived` (same formulas)."""
+    """The in-graph twin of `tb_gradmom.stats.derived` (same formulas), element-wise."""
     n, d = f["batch_size"], f["num_elements"]
     unbiased = f["sum_m2"] - f["sum_var"] / n
     return {
@@ -432,23 +593,23 @@ def _derived(f):
     }
 
 
-def _pack(fields, hist):
-    head = tf.stack([tf.cast(fields[k], tf.float64) for k in metadata.STATS_FIELDS])
-    return tf.cast(tf.concat([head, hist], 0), tf.float32)
-
-
 def _records(prepared, indices, tags, contents, orders, lr, chunk_size, moms=None, group=None):
-    """The tensors and scalars one logged step writes."""
+    """The tensors and scalars one logged step writes.
+
+    The statistics of every variable and of the model are computed together (`_stats_fields`)
+    as ``[V + 1]`` vectors, and split into the per-tag tensors and scalars by one ``Unpack``
+    each: the number of ops does not grow with the statistics per variable."""
     model_tag = metadata.model_tag(group)
     if moms is None:
         moms = prepared.moments(orders, chunk_size, indices)
     loss = tf.cast(prepared.loss, tf.float64)
     if prepared.inv_scale is not None:
         loss = loss * tf.cast(prepared.inv_scale, tf.float64)
-    n = prepared.n_total
-    tensors, scalars = [], []  # scalars: (tag, fields)
-    model_fields, model_hist = None, None
-    for tag, content, m in zip(tags, contents, moms):
+    fields, hist = _stats_fields(moms, prepared.n_total, loss, lr)
+    head = tf.stack([fields[k] for k in metadata.STATS_FIELDS], axis=1)
+    packed = tf.unstack(tf.cast(tf.concat([head, hist], 1), tf.float32))  # V + 1 stats tensors
+    tensors = []
+    for tag, content, m, stats in zip(tags, contents, moms, packed):
         arrays = []
         for p in orders:
             a = tf.cast(m[p], tf.float32)
@@ -457,25 +618,21 @@ def _records(prepared, indices, tags, contents, orders, lr, chunk_size, moms=Non
             arrays.append(a)
         md = metadata.create_summary_metadata(content)
         tensors.append((tag, tf.stack(arrays), md))
-        fields, hist = _stats_vector(m[1], m[2], n, loss, lr)
         stats_md = metadata.create_summary_metadata(metadata.StatsContent(variable=tag))
-        tensors.append((metadata.stats_tag(tag), _pack(fields, hist), stats_md))
-        scalars.append((tag, fields))
-        if model_fields is None:
-            model_fields, model_hist = dict(fields), hist
-        else:
-            for k in ("num_elements", "sum_m2", "sum_var", "sum_gsnr", "gsnr_count", "sum_m2_raw"):
-                model_fields[k] = model_fields[k] + fields[k]
-            model_hist = model_hist + hist
+        tensors.append((metadata.stats_tag(tag), stats, stats_md))
     model_md = metadata.create_summary_metadata(metadata.StatsContent(variable=model_tag))
-    tensors.append((metadata.stats_tag(model_tag), _pack(model_fields, model_hist), model_md))
-    scalar_values = []
-    for tag, fields in scalars + [(model_tag, model_fields)]:
-        derived = _derived(fields)
-        for key in SCALARS:
-            if key == "cabs_batch_size" and lr is None:
-                continue
-            scalar_values.append((tag, f"gradmom/{tag}/{key}", derived[key]))
+    tensors.append((metadata.stats_tag(model_tag), packed[-1], model_md))
+    keys = [k for k in SCALARS if not (k == "cabs_batch_size" and lr is None)]
+    derived = _derived(fields)
+    # the scalars, tag-major: [(V + 1) * len(keys)] float32 values
+    values = tf.unstack(
+        tf.reshape(tf.cast(tf.stack([derived[k] for k in keys], 1), tf.float32), [-1])
+    )
+    scalar_values = [
+        (tag, f"gradmom/{tag}/{key}", values[i * len(keys) + j])
+        for i, tag in enumerate(list(tags) + [model_tag])
+        for j, key in enumerate(keys)
+    ]
     return tensors, scalar_values
 
 
