@@ -3,7 +3,7 @@
 // this module builds them from its own URL instead, which is the same folder and does not
 // depend on the frame's base.
 
-import { decodeArray, decodeNumber } from "./core.js";
+import { checkMeta, decodeArray, decodeNumber } from "./core.js";
 
 const BASE = new URL("./", import.meta.url);
 
@@ -37,6 +37,21 @@ async function getJSON(route, params, signal) {
 }
 
 const numbers = (a) => decodeArray(a ?? []);
+
+/**
+ * GET meta: the labels, statistic orders, palettes and defaults the tab shows
+ * (tb_gradmom.views.meta), checked (core.checkMeta) and frozen. Fetched once, at start-up;
+ * rejects with an ApiError when the route fails, an Error when the payload is not what this
+ * tab reads.
+ */
+export async function fetchMeta(signal) {
+  const d = await getJSON("meta", {}, signal);
+  try {
+    return checkMeta(d);
+  } catch (e) {
+    throw new Error(`meta: unexpected payload, ${e.message}`);
+  }
+}
 
 /** GET tags: {runs: {run: {tag: info}}, model: {run: {steps}}}. */
 export async function fetchTags(signal) {
@@ -92,30 +107,23 @@ export async function fetchSeries({ run, tag, smoothing }, signal) {
   };
 }
 
-const SUMMARY_NUMBERS = [
-  "size",
-  "total_variance",
-  "snr",
-  "noise_scale",
-  "batch_size",
-  "grad_norm_sq",
-  "norm_test",
-];
-
-function summaryRow(r) {
+function summaryRow(r, numeric) {
   const out = { ...r };
   // null is "not available" (shown as a dash), "NaN"/"Infinity" are numbers.
-  for (const k of SUMMARY_NUMBERS) if (k in out && out[k] !== null) out[k] = decodeNumber(out[k]);
+  for (const k of numeric) if (k in out && out[k] !== null) out[k] = decodeNumber(out[k]);
   return out;
 }
 
-/** GET summary: one row per variable at a step, and the whole model's row (or null). */
-export async function fetchSummary({ run, step, group }, signal) {
+/**
+ * GET summary: one row per variable at a step, and the whole model's row (or null). `numeric`
+ * names the fields to decode as numbers (core.summaryNumericKeys of /meta).
+ */
+export async function fetchSummary({ run, step, group, numeric }, signal) {
   const d = await getJSON("summary", { run, step, group }, signal);
   return {
     ...d,
-    rows: (d.rows ?? []).map(summaryRow),
-    model: d.model ? summaryRow(d.model) : null,
+    rows: (d.rows ?? []).map((r) => summaryRow(r, numeric)),
+    model: d.model ? summaryRow(d.model, numeric) : null,
   };
 }
 

@@ -2,7 +2,9 @@
 //
 // Colour maps and scales, tick choice, pooling, histogram binning, index arithmetic for the
 // 2-D view of a variable, CSV and SVG text, sorting and filtering. The views draw with these;
-// the browser tests compute expected colours with the same lookup tables.
+// the browser tests compute expected colours with the same lookup tables. Labels, statistic
+// orders, signs, run colours and defaults are not here: the backend serves them (GET /meta,
+// tb_gradmom.views.meta) and the functions that need them take that payload as `meta`.
 
 import { COLORMAP_HEX } from "./colormaps.js";
 
@@ -473,67 +475,131 @@ export function fileName(parts, ext, maxBytes = 255) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Runs, tags, steps, tables.
+// What the backend says the tab shows: GET /meta (tb_gradmom.views.meta, docs/http_api.md).
+// The tab keeps no copy of a label, an order, a palette or a default; the node tests read the
+// same payload from tests/js/meta.json (checked against views.meta() by a Python test).
 
-/** The run colours: TensorBoard's default palette (light and dark variants), in sorted run order. */
-export const RUN_PALETTE = Object.freeze([
-  "#425066",
-  "#12b5cb",
-  "#e52592",
-  "#f9ab00",
-  "#9334e6",
-  "#7cb342",
-  "#e8710a",
-]);
-export const RUN_PALETTE_DARK = Object.freeze([
-  "#8e98a3",
-  "#12b5cb",
-  "#e52592",
-  "#f9ab00",
-  "#9334e6",
-  "#7cb342",
-  "#e8710a",
-]);
+/** The keys of /meta the tab reads, and what each must be. */
+const META_SHAPE = Object.freeze({
+  version: "number",
+  element_statistics: "array",
+  statistics: "object",
+  summary_statistics: "array",
+  series_keys: "array",
+  series_names: "object",
+  positive_only: "array",
+  default_smoothing: "number",
+  run_palette: "object",
+  landing: "object",
+});
 
-export function runColors(runs, dark = false) {
-  const palette = dark ? RUN_PALETTE_DARK : RUN_PALETTE;
+const kindOf = (v) => (Array.isArray(v) ? "array" : v === null ? "null" : typeof v);
+
+/**
+ * The /meta payload, checked and frozen: throws an Error naming every key that is missing or
+ * of the wrong kind (an older or newer backend than this tab), so the tab can say so instead
+ * of drawing with half its labels.
+ */
+export function checkMeta(meta) {
+  if (kindOf(meta) !== "object") throw new Error(`expected an object, got ${kindOf(meta)}`);
+  const problems = [];
+  for (const [key, kind] of Object.entries(META_SHAPE)) {
+    if (kindOf(meta[key]) !== kind) problems.push(`${key} (${kind}, got ${kindOf(meta[key])})`);
+  }
+  if (!problems.length) {
+    const bad = meta.element_statistics.filter(
+      (s) => typeof s?.key !== "string" || typeof s.label !== "string" || !Array.isArray(s.orders),
+    );
+    if (bad.length || !meta.element_statistics.length)
+      problems.push("element_statistics (objects with key, label, orders)");
+    for (const theme of ["light", "dark"])
+      if (!meta.run_palette[theme]?.length) problems.push(`run_palette.${theme} (colours)`);
+    for (const key of ["stat", "curve", "sort"])
+      if (typeof meta.landing[key] !== "string") problems.push(`landing.${key} (string)`);
+  }
+  if (problems.length) throw new Error(`missing or invalid: ${problems.join(", ")}`);
+  return deepFreeze(meta);
+}
+
+function deepFreeze(v) {
+  if (v && typeof v === "object" && !Object.isFrozen(v)) {
+    Object.freeze(v);
+    for (const x of Object.values(v)) deepFreeze(x);
+  }
+  return v;
+}
+
+/** The /meta entry of an element-wise statistic ({key, label, orders, signed, ...}), or null. */
+export function elementStat(stat, meta) {
+  return meta.element_statistics.find((s) => s.key === stat) ?? null;
+}
+
+/** A statistic's readable label, naming which variance it uses (reductions.STAT_LABELS). */
+export function statLabel(stat, meta) {
+  return elementStat(stat, meta)?.label ?? stat;
+}
+
+/** The statistics computable from the stored moment orders, in display order. */
+export function availableStats(orders, meta) {
+  const have = new Set(orders);
+  return meta.element_statistics
+    .filter((s) => s.orders.every((o) => have.has(o)))
+    .map((s) => s.key);
+}
+
+/** Whether a statistic takes both signs (a diverging colour map centred on zero). */
+export function isSigned(stat, meta) {
+  return !!elementStat(stat, meta)?.signed;
+}
+
+/**
+ * The colour scale and map a statistic opens with: log for the non-negative ones (variances
+ * span decades; log shows dead filters at once), a linear diverging map for signed ones.
+ */
+export function defaultView(stat, meta) {
+  return isSigned(stat, meta)
+    ? { scale: "linear", colormap: "rdbu_r" }
+    : { scale: "log", colormap: "viridis" };
+}
+
+/** The run colours (TensorBoard's palette, light or dark), assigned in sorted run order. */
+export function runColors(runs, meta, dark = false) {
+  const palette = meta.run_palette[dark ? "dark" : "light"];
   const sorted = [...runs].sort();
   return new Map(sorted.map((r, k) => [r, palette[k % palette.length]]));
 }
 
-/** The element-wise statistics and the moment orders each needs (as reductions.required_orders). */
-export const STAT_ORDERS = Object.freeze({
-  variance: [1, 2],
-  mean: [1],
-  std: [1, 2],
-  snr: [1, 2],
-  second_moment: [2],
-  biased_variance: [1, 2],
-  third_moment: [3],
-  fourth_moment: [4],
-  skewness: [1, 2, 3],
-  kurtosis: [1, 2, 3, 4],
-});
-
-/** Readable labels of the statistics, naming which variance is meant (as reductions.STAT_LABELS). */
-export const STAT_LABELS = Object.freeze({
-  mean: "mean gradient M1",
-  second_moment: "second raw moment M2",
-  variance: "variance (unbiased, n/(n-1))",
-  biased_variance: "variance (biased, M2 - M1²)",
-  std: "standard deviation (sqrt of unbiased variance)",
-  snr: "SNR M1² / variance (unbiased)",
-  third_moment: "third raw moment M3",
-  fourth_moment: "fourth raw moment M4",
-  skewness: "skewness μ3 / v^1.5 (biased v)",
-  kurtosis: "kurtosis μ4 / v² (biased v)",
-});
-
-/** The statistics computable from the stored orders, in display order. */
-export function availableStats(orders) {
-  const have = new Set(orders);
-  return Object.keys(STAT_ORDERS).filter((s) => STAT_ORDERS[s].every((o) => have.has(o)));
+/**
+ * What a /series quantity is: a derived statistic's explanation (stats.STATISTICS: name,
+ * meaning, formula, unit, ...), else {name, unit} of the logged quantities (batch size, loss,
+ * learning rate), else its key as its name.
+ */
+export function seriesInfo(key, meta) {
+  return meta.statistics[key] ?? meta.series_names[key] ?? { name: key, unit: "" };
 }
+
+/**
+ * The quantities the curves' select offers, in order: the derived statistics (display
+ * order), then the other /series quantities but the loss (drawn in its own plot).
+ */
+export function curveChoices(meta) {
+  const stats = Object.keys(meta.statistics);
+  const rest = meta.series_keys.filter((k) => !stats.includes(k) && k !== "loss");
+  return [...stats, ...rest];
+}
+
+/** Whether a curve's values <= 0 mean "noise-dominated" (marked, not drawn). */
+export function isPositiveOnly(key, meta) {
+  return meta.positive_only.includes(key);
+}
+
+/** The numeric fields of a /summary row: its size and batch size, and the statistics. */
+export function summaryNumericKeys(meta) {
+  return ["size", "batch_size", ...meta.summary_statistics];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runs, tags, steps, tables.
 
 /**
  * Tags matching a regular expression, case-insensitive as in TensorBoard's tag filter.
@@ -597,20 +663,7 @@ export const THEMES = Object.freeze({
 });
 
 // ---------------------------------------------------------------------------------------------
-// Landing defaults and noise statistics.
-
-/** Statistics that take both signs: drawn with a diverging colour map around zero. */
-export const SIGNED_STATS = Object.freeze(["mean", "third_moment", "skewness"]);
-
-/**
- * The colour scale and map a statistic opens with: log for the non-negative ones (variances
- * span decades; log shows dead filters at once), a linear diverging map for signed ones.
- */
-export function defaultView(stat) {
-  return SIGNED_STATS.includes(stat)
-    ? { scale: "linear", colormap: "rdbu_r" }
-    : { scale: "log", colormap: "viridis" };
-}
+// Noise statistics.
 
 /** A colour domain symmetric around zero ([-a, a], a the largest |finite value|), or null. */
 export function symmetricDomain(values) {

@@ -1,41 +1,80 @@
 // The Grad Moments tab. TensorBoard loads this module in the plugin frame
 // (/data/plugin_entry.html?name=gradmom, base href /data/plugin/gradmom/) and calls render().
 //
-// State lives in App; api.js fetches, core.js transforms, views/ draw.
+// State lives in App; api.js fetches, core.js transforms, views/ draw. Every label, statistic
+// order, sign, run colour and default comes from the backend's /meta (tb_gradmom.views.meta),
+// fetched once before anything is drawn; without it the tab says why instead of starting.
 
 import * as api from "./api.js";
 import {
   COLORMAPS,
-  STAT_LABELS,
   THEMES,
   argmaxRow,
   availableStats,
+  curveChoices,
   defaultView,
   filterTags,
   groupLabel,
   groupsOf,
+  isPositiveOnly,
+  isSigned,
   modelTag,
   nearestStep,
   runColors,
+  seriesInfo,
+  statLabel,
+  summaryNumericKeys,
 } from "./core.js";
 import { h, select } from "./views/common.js";
-import { CurvesView, METRICS } from "./views/curves.js";
+import { CurvesView } from "./views/curves.js";
 import { HeatmapView } from "./views/heatmap.js";
 import { HistogramView } from "./views/histogram.js";
 import { TableView } from "./views/table.js";
 
 const RELOAD_MS = 30000; // TensorBoard's default reload period
-// The noise curves' default smoothing. Higher than TensorBoard's 0.6 for raw scalars: these are
-// ratios of estimates logged every N steps, and 0.9 averages about ten logged steps.
-const DEFAULT_SMOOTHING = 0.9;
+// Element-wise statistics the heatmap's tooltip and CSV show beside the selected one (those
+// the variable's orders allow).
+const TOOLTIP_STATS = ["mean", "variance", "std", "snr"];
 
 /** Builds the tab into document.body. Returns the app (tests and the console can reach it). */
 export async function render() {
   await loadStylesheet(new URL("./style.css", import.meta.url).href);
-  const app = new App(document.body);
+  document.documentElement.dataset.theme = detectTheme(); // for a start-up error too
+  return start(document.body);
+}
+
+/**
+ * Starts the tab in `root`: loads /meta (`loadMeta`), then the app. If /meta cannot be loaded
+ * the tab shows why (showStartupError) and returns null; it never stays blank.
+ */
+export async function start(root, loadMeta = api.fetchMeta) {
+  let meta;
+  try {
+    meta = await loadMeta();
+  } catch (e) {
+    showStartupError(root, e);
+    return null;
+  }
+  const app = new App(root, meta);
   window.gradmom = app; // for debugging and the browser tests
   await app.start();
   return app;
+}
+
+/** The tab's content when it cannot start: what failed and what to check. */
+export function showStartupError(root, error) {
+  root.replaceChildren(
+    h("div", { class: "status error startup-error", role: "alert" }, [
+      h("p", { text: "The Grad Moments tab could not start." }),
+      h("p", {
+        text:
+          `Its labels and settings could not be loaded from the plugin: ${error?.message ?? error}. ` +
+          "Reload the page; if this persists, check TensorBoard's log for errors from " +
+          "Grad Moments, and that the tb_gradmom installed where TensorBoard runs is the one " +
+          "that served this tab.",
+      }),
+    ]),
+  );
 }
 
 function loadStylesheet(href) {
@@ -59,8 +98,11 @@ function detectTheme() {
 }
 
 class App {
-  constructor(root) {
+  /** `meta`: the backend's /meta payload (core.checkMeta), for every label and default. */
+  constructor(root, meta) {
     this.root = root;
+    this.meta = meta;
+    const landing = meta.landing;
     this.state = {
       runs: {},
       model: {},
@@ -72,16 +114,15 @@ class App {
       run: null,
       tag: null,
       filter: "",
-      stat: "variance",
-      ...defaultView("variance"),
+      stat: landing.stat,
+      ...defaultView(landing.stat, meta),
       step: null,
       follow: true,
       histMode: "step",
       histLog: false,
-      metric: "noise_scale",
+      metric: landing.curve,
       logy: false,
-      smoothing: DEFAULT_SMOOTHING,
-      statistics: {},
+      smoothing: meta.default_smoothing,
       landed: false,
       theme: detectTheme(),
     };
@@ -152,7 +193,11 @@ class App {
     curves.body.append(this.el.info, this.el.curvesModel, this.el.curvesLoss, this.el.curvesLayer);
 
     this.views = {
-      table: new TableView(summary.body, (tag) => this.selectTag(tag, true)),
+      table: new TableView(
+        summary.body,
+        (tag) => this.selectTag(tag, true),
+        this.meta.landing.sort,
+      ),
       heatmap: new HeatmapView(heatmap.body),
       histogram: new HistogramView(hist.body),
       layerCurves: new CurvesView(this.el.curvesLayer),
@@ -219,7 +264,7 @@ class App {
 
   applyTheme() {
     document.documentElement.dataset.theme = this.state.theme;
-    this.colors = runColors(this.state.runList, this.state.theme === "dark");
+    this.colors = runColors(this.state.runList, this.meta, this.state.theme === "dark");
   }
 
   get theme() {
@@ -338,8 +383,12 @@ class App {
     }
     const info = this.tagInfo();
     if (info) {
-      const stats = availableStats(info.orders ?? [1, 2]);
-      if (!stats.includes(s.stat)) s.stat = stats[0];
+      const stats = availableStats(info.orders ?? [1, 2], this.meta);
+      if (!stats.includes(s.stat)) {
+        // The landing statistic if this variable has it, else its first; in its default view.
+        s.stat = stats.includes(this.meta.landing.stat) ? this.meta.landing.stat : stats[0];
+        Object.assign(s, defaultView(s.stat, this.meta));
+      }
     }
   }
 
@@ -424,9 +473,9 @@ class App {
     const withTags = s.runList.filter((r) => Object.keys(s.runs[r] ?? {}).length);
     const field = (label, control) =>
       h("label", { class: "field" }, [h("span", { text: label }), control]);
-    const stats = availableStats(info?.orders ?? [1, 2]).map((v) => ({
+    const stats = availableStats(info?.orders ?? [1, 2], this.meta).map((v) => ({
       value: v,
-      label: STAT_LABELS[v] ?? v,
+      label: statLabel(v, this.meta),
     }));
 
     const slider = h("input", {
@@ -503,7 +552,7 @@ class App {
           s.stat,
           (v) => {
             s.stat = v;
-            Object.assign(s, defaultView(v));
+            Object.assign(s, defaultView(v, this.meta));
             this.renderToolbar();
             this.loadViews({ only: ["heatmap", "histogram"] });
           },
@@ -564,7 +613,6 @@ class App {
         h("span", { text: "log x" }),
       ]),
     );
-    const metricLabel = (k) => s.statistics[k]?.name ?? METRICS[k] ?? k;
     const smoothing = h("input", {
       type: "range",
       class: "smoothing",
@@ -597,9 +645,7 @@ class App {
     });
     this.el.curveControls.replaceChildren(
       select(
-        Object.keys(METRICS)
-          .filter((k) => k !== "loss")
-          .map((k) => ({ value: k, label: metricLabel(k) })),
+        curveChoices(this.meta).map((k) => ({ value: k, label: seriesInfo(k, this.meta).name })),
         s.metric,
         (v) => {
           s.metric = v;
@@ -628,15 +674,12 @@ class App {
     );
   }
 
-  /** The info panel: the selected statistic's name, meaning, formula, unit, reading, reference. */
+  /**
+   * The info panel: the selected quantity's name, meaning, formula, unit, reading, reference
+   * (those it has: the logged quantities have a name, meaning and unit only).
+   */
   renderInfo() {
-    const st = this.state.statistics[this.state.metric];
-    if (!st) {
-      this.el.info.replaceChildren(
-        h("p", { text: METRICS[this.state.metric] ?? this.state.metric }),
-      );
-      return;
-    }
+    const st = seriesInfo(this.state.metric, this.meta);
     const row = (k, v) =>
       v &&
       h("div", { class: `info-row info-${k}` }, [
@@ -644,13 +687,15 @@ class App {
         h("span", { class: "info-value", text: v }),
       ]);
     this.el.info.replaceChildren(
-      h("h3", { text: st.name }),
-      h("p", { class: "info-meaning", text: `${st.meaning}.` }),
-      row("formula", st.formula),
-      row("unit", st.unit),
-      row("reading", st.reading),
-      row("smoothing", st.smoothing),
-      row("reference", st.reference),
+      ...[
+        h("h3", { text: st.name }),
+        st.meaning && h("p", { class: "info-meaning", text: `${st.meaning}.` }),
+        row("formula", st.formula),
+        row("unit", st.unit),
+        row("reading", st.reading),
+        row("smoothing", st.smoothing),
+        row("reference", st.reference),
+      ].filter(Boolean),
     );
   }
 
@@ -707,8 +752,8 @@ class App {
         api.fetchHeatmap({ run, tag, step, stat: st }),
       );
     try {
-      const extraStats = ["mean", "variance", "std", "snr"].filter(
-        (x) => x !== stat && availableStats(info.orders ?? [1, 2]).includes(x),
+      const extraStats = TOOLTIP_STATS.filter(
+        (x) => x !== stat && availableStats(info.orders ?? [1, 2], this.meta).includes(x),
       );
       const [data, ...extras] = await Promise.all([
         get(stat),
@@ -720,6 +765,7 @@ class App {
           data,
           extras: Object.fromEntries(extraStats.map((x, k) => [x, extras[k]])),
           stat,
+          signed: isSigned(stat, this.meta),
           run,
           tag,
           colormap: s.colormap,
@@ -781,11 +827,6 @@ class App {
           const d = await this.cached(`series|${run}|${tag}|${smoothing}`, () =>
             api.fetchSeries({ run, tag, smoothing: smoothing > 0 ? smoothing : undefined }),
           );
-          if (d.statistics && !Object.keys(s.statistics).length) {
-            s.statistics = d.statistics;
-            this.renderToolbar();
-            this.renderInfo();
-          }
           const pick = (m) => ({
             run,
             color: this.colors.get(run),
@@ -811,7 +852,8 @@ class App {
       metric: s.metric,
       logy: s.logy,
       smoothing: s.smoothing,
-      statistic: s.statistics[s.metric] ?? null,
+      statistic: seriesInfo(s.metric, this.meta),
+      positiveOnly: isPositiveOnly(s.metric, this.meta),
       theme: this.theme,
       exportTheme: THEMES.light,
     };
@@ -831,7 +873,8 @@ class App {
           ...common,
           metric: "loss",
           logy: false,
-          statistic: { name: "Training loss", unit: "" },
+          statistic: seriesInfo("loss", this.meta),
+          positiveOnly: isPositiveOnly("loss", this.meta),
           label: this.grouped() ? `${groupLabel(s.group)}, as logged` : "as logged",
           tag: modelTag(s.group),
           series: loss,
@@ -864,7 +907,7 @@ class App {
     );
     try {
       const d = await this.cached(`summary|${run}|${step}|${group}`, () =>
-        api.fetchSummary({ run, step, group }),
+        api.fetchSummary({ run, step, group, numeric: summaryNumericKeys(this.meta) }),
       );
       if (gen !== this.generation.table) return;
       const { tags } = filterTags(
@@ -873,11 +916,12 @@ class App {
       );
       const keep = new Set(tags);
       if (!s.landed) {
-        // Land on the noisiest variable (largest total variance), once per page load.
+        // Land on the noisiest variable (largest total variance: /meta's landing.sort), once
+        // per page load.
         s.landed = true;
         const best = argmaxRow(
           d.rows.filter((r) => keep.has(r.tag)),
-          "total_variance",
+          this.meta.landing.sort,
         );
         const rows = d.rows.filter((r) => keep.has(r.tag));
         if (best >= 0 && rows[best].tag !== s.tag) {
@@ -894,7 +938,7 @@ class App {
         theme: this.theme,
         exportTheme: THEMES.light,
         group: this.grouped() ? groupLabel(s.group) : null,
-        statistics: d.statistics ?? {},
+        statistics: this.meta.statistics,
       });
     } catch (e) {
       if (gen === this.generation.table)

@@ -7,21 +7,6 @@ import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } fro
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 72 };
 
-/** What the series route's quantities are, for titles and axis labels. */
-export const METRICS = {
-  noise_scale: "noise scale B_simple = tr(Σ) / |g|²",
-  total_variance: "total variance tr(Σ)",
-  grad_norm_sq: "|g|² (squared norm of the batch gradient)",
-  grad_norm_sq_unbiased: "|g|² − tr(Σ)/B (unbiased)",
-  gsnr_mean: "mean gradient signal-to-noise ratio",
-  norm_test: "norm test statistic",
-  eb_criterion: "EB criterion",
-  cabs_batch_size: "CABS batch size",
-  batch_size: "batch size",
-  loss: "loss (as logged)",
-  learning_rate: "learning rate (as logged)",
-};
-
 export class CurvesView {
   constructor(container) {
     this.container = container;
@@ -39,9 +24,10 @@ export class CurvesView {
   }
 
   /**
-   * model: {label (what the curves are of), tag, metric, logy, smoothing, statistic (the
-   * backend's explanation, or null), series: [{run, color, steps, values (numbers), smoothed
-   * (numbers, or null), wall_times}], theme, exportTheme}.
+   * model: {label (what the curves are of), tag, metric, logy, smoothing, statistic (what the
+   * metric is, from /meta: core.seriesInfo), positiveOnly (values <= 0 mean noise-dominated:
+   * core.isPositiveOnly), series: [{run, color, steps, values (numbers), smoothed (numbers, or
+   * null), wall_times}], theme, exportTheme}.
    */
   update(model) {
     this.model = model;
@@ -71,7 +57,7 @@ export class CurvesView {
     const { width, height } = this.size;
     const svg = newFigure(width, height, theme);
     const { statistic, smoothing } = this.model;
-    const name = statistic?.name ?? METRICS[metric] ?? metric;
+    const name = statistic?.name ?? metric;
     const smooth = series.some((s) => s.smoothed);
     drawTitle(
       svg,
@@ -82,7 +68,7 @@ export class CurvesView {
     );
     // Positive-only quantities (a noise scale, a batch size) and log axes: values <= 0 are
     // not drawn as a line but marked, with the reason, along the bottom of the plot.
-    const positiveOnly = logy || metric === "noise_scale" || metric === "cabs_batch_size";
+    const positiveOnly = logy || !!this.model.positiveOnly;
     // The legend (one line per run, top right) pushes the plot down when there are many runs.
     const top = Math.max(MARGIN.top, 24 + 14 * series.length);
     const plotW = width - MARGIN.left - MARGIN.right;
@@ -313,7 +299,7 @@ export class CurvesView {
     const note = (v) =>
       Number.isNaN(v)
         ? " (undefined)"
-        : !(v > 0) && this.model.metric === "noise_scale"
+        : !(v > 0) && this.model.positiveOnly
           ? " (noise-dominated)"
           : "";
     tip.replaceChildren(

@@ -14,7 +14,6 @@ import {
   niceTicks,
   normalizer,
   poolGrid,
-  SIGNED_STATS,
   symmetricDomain,
   to2dShape,
   toCSV,
@@ -46,8 +45,9 @@ export class HeatmapView {
   }
 
   /**
-   * Shows a heatmap. model: {data (fetchHeatmap), extras: {stat: data}, colormap, scale,
-   * theme, run, tag}. `keepZoom` keeps the current zoom when the same variable is redrawn.
+   * Shows a heatmap. model: {data (fetchHeatmap), extras: {stat: data}, stat, signed (whether
+   * the statistic takes both signs, from /meta), colormap, scale, theme, run, tag}.
+   * `keepZoom` keeps the current zoom when the same variable is redrawn.
    */
   update(model, { keepZoom = false } = {}) {
     const same = this.model && this.model.run === model.run && this.model.tag === model.tag;
@@ -64,10 +64,10 @@ export class HeatmapView {
 
   /** The colour normaliser and the colour scale's domain of the current model. */
   colorScale() {
-    const { data, scale, stat } = this.model;
+    const { data, scale, signed } = this.model;
     // Signed statistics on a linear scale: centred on zero, for the diverging colour maps.
     const domain =
-      scale === "linear" && SIGNED_STATS.includes(stat)
+      scale === "linear" && signed
         ? (symmetricDomain(data.values) ?? finiteExtent(data.values, scale))
         : finiteExtent(data.values, scale);
     return { domain, normalize: normalizer(domain, scale) };

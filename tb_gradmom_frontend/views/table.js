@@ -4,6 +4,8 @@
 import { formatValue, sortRows, toCSV } from "../core.js";
 import { drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
 
+// The tab's columns with their short headers (the statistic columns are keys of /meta's
+// summary_statistics, checked by the node tests; their tooltips are /meta's explanations).
 export const COLUMNS = [
   { key: "tag", label: "variable", numeric: false },
   { key: "size", label: "size", numeric: true },
@@ -19,7 +21,7 @@ const PLAIN_TITLES = {
   batch_size: "n, the number of examples the moments average over at this step",
 };
 
-/** A column header's tooltip: the backend's explanation of the statistic (stats.STATISTICS). */
+/** A column header's tooltip: the backend's explanation of the statistic (/meta's statistics). */
 export function columnTitle(key, statistics) {
   const st = statistics?.[key];
   if (!st) return PLAIN_TITLES[key] ?? key;
@@ -44,11 +46,11 @@ const cellText = (col, v) =>
       : String(v);
 
 export class TableView {
-  /** `onSelect(tag)` is called when a row is clicked. */
-  constructor(container, onSelect) {
+  /** `onSelect(tag)` is called when a row is clicked; rows start sorted by `sortKey`, descending. */
+  constructor(container, onSelect, sortKey) {
     this.container = container;
     this.onSelect = onSelect;
-    this.sortKey = "total_variance";
+    this.sortKey = sortKey;
     this.descending = true;
     this.model = null;
   }
@@ -61,7 +63,7 @@ export class TableView {
   /**
    * model: {rows, model (the whole model's row or null), run, step, selected, group (its label
    * when the tab shows one group of several, else null), statistics (the columns'
-   * explanations, from /summary), theme, exportTheme}.
+   * explanations, /meta's statistics), theme, exportTheme}.
    */
   update(model) {
     this.model = model;

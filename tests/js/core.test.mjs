@@ -1,9 +1,14 @@
 // Unit tests of tb_gradmom_frontend/core.js. Run from the repository root:
 //   node --test tests/js/
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import * as core from "../../tb_gradmom_frontend/core.js";
+
+// The backend's GET /meta as the tab receives it: tb_gradmom.views.meta(), written by
+// tests/js/meta_fixture.py and checked against it by tests/test_stats.py.
+const META = core.checkMeta(JSON.parse(readFileSync(new URL("./meta.json", import.meta.url))));
 
 test("decodeNumber reads the backend's NaN/Inf encoding", () => {
   assert.ok(Number.isNaN(core.decodeNumber(null)));
@@ -206,20 +211,31 @@ test("file names follow tb_gradmom.encode.file_name on the shared cases", async 
 });
 
 test("runs, tags, steps and sorting", () => {
-  const colors = core.runColors(["b", "a", "c"]);
-  assert.equal(colors.get("a"), core.RUN_PALETTE[0]);
-  assert.equal(colors.get("c"), core.RUN_PALETTE[2]);
-  assert.equal(core.runColors(["a"], true).get("a"), "#8e98a3");
-  assert.deepEqual(core.availableStats([1, 2]), [
-    "variance",
+  const colors = core.runColors(["b", "a", "c"], META);
+  assert.equal(colors.get("a"), META.run_palette.light[0]);
+  assert.equal(colors.get("c"), META.run_palette.light[2]);
+  assert.equal(colors.get("a"), "#425066"); // TensorBoard's first run colour
+  assert.equal(core.runColors(["a"], META, true).get("a"), "#8e98a3");
+  const many = core.runColors(
+    Array.from({ length: 9 }, (_, k) => `r${k}`),
+    META,
+  );
+  assert.equal(many.get("r7"), META.run_palette.light[0]); // the palette repeats
+  assert.deepEqual(core.availableStats([1, 2], META), [
     "mean",
+    "second_moment",
+    "variance",
+    "biased_variance",
     "std",
     "snr",
-    "second_moment",
-    "biased_variance",
   ]);
-  assert.deepEqual(core.availableStats([1]), ["mean"]);
-  assert.equal(core.availableStats([1, 2, 3, 4]).length, 10);
+  assert.deepEqual(core.availableStats([1], META), ["mean"]);
+  assert.deepEqual(core.availableStats([2, 1, 4], META).slice(-1), ["fourth_moment"]);
+  assert.equal(core.availableStats([1, 2, 3, 4], META).length, 10);
+  assert.deepEqual(
+    core.availableStats([1, 2, 3, 4], META),
+    META.element_statistics.map((s) => s.key),
+  );
   const tags = ["dense/kernel", "dense/bias", "conv2d/kernel"];
   assert.deepEqual(core.filterTags(tags, "KERNEL$").tags, ["dense/kernel", "conv2d/kernel"]);
   const bad = core.filterTags(tags, "(");
@@ -273,8 +289,10 @@ test("histogramStepsLabel says when the steps are a sample", () => {
 
 test("defaultView: log viridis for variances, linear diverging for signed statistics", () => {
   const c = core;
-  assert.deepEqual(c.defaultView("variance"), { scale: "log", colormap: "viridis" });
-  assert.deepEqual(c.defaultView("mean"), { scale: "linear", colormap: "rdbu_r" });
+  assert.deepEqual(c.defaultView("variance", META), { scale: "log", colormap: "viridis" });
+  assert.deepEqual(c.defaultView("mean", META), { scale: "linear", colormap: "rdbu_r" });
+  for (const s of META.signed_stats) assert.equal(c.defaultView(s, META).colormap, "rdbu_r", s);
+  assert.deepEqual(c.defaultView("unknown", META), { scale: "log", colormap: "viridis" });
   assert.ok(c.COLORMAPS.includes("rdbu_r"));
   // diverging: the middle is near white, the ends blue (low) and red (high)
   const [r0, , b0] = c.colormapColor("rdbu_r", 0);
@@ -340,4 +358,86 @@ test("robustRange keeps ordinary curves whole and cuts spikes", () => {
   const d = core.robustRange(dip);
   assert.ok(d.clipped && d.lo > 0 && d.hi === 149, JSON.stringify(d));
   assert.equal(core.robustRange([NaN]), null);
+});
+
+test("/meta: labels, orders and signs of the element-wise statistics", () => {
+  assert.equal(core.statLabel("variance", META), "variance (unbiased, n/(n-1))");
+  assert.equal(core.statLabel("biased_variance", META), "variance (biased, M2 - M1²)");
+  assert.equal(core.statLabel("nope", META), "nope");
+  assert.deepEqual(core.elementStat("kurtosis", META).orders, [1, 2, 3, 4]);
+  assert.equal(core.elementStat("snr", META).needs_batch_size, true);
+  assert.equal(core.elementStat("nope", META), null);
+  assert.deepEqual(
+    META.element_statistics.filter((s) => core.isSigned(s.key, META)).map((s) => s.key),
+    META.signed_stats,
+  );
+  assert.ok(core.isSigned("mean", META) && !core.isSigned("variance", META));
+  // Labels and orders come from the payload, whatever it says.
+  const other = {
+    ...META,
+    element_statistics: [{ key: "variance", label: "var", orders: [2, 1], signed: true }],
+  };
+  assert.equal(core.statLabel("variance", other), "var");
+  assert.deepEqual(core.availableStats([1, 2], other), ["variance"]);
+  assert.deepEqual(core.availableStats([1], other), []);
+  assert.deepEqual(core.defaultView("variance", other).colormap, "rdbu_r");
+});
+
+test("/meta: curve quantities, their names and the summary's numeric fields", () => {
+  const choices = core.curveChoices(META);
+  assert.deepEqual(choices.slice(0, META.summary_statistics.length), Object.keys(META.statistics));
+  assert.ok(choices.includes("batch_size") && choices.includes("learning_rate"));
+  assert.ok(!choices.includes("loss")); // the loss has its own plot
+  assert.deepEqual(new Set([...choices, "loss"]), new Set(META.series_keys));
+  assert.ok(choices.includes(META.landing.curve));
+  assert.equal(core.seriesInfo("noise_scale", META), META.statistics.noise_scale);
+  assert.match(core.seriesInfo("noise_scale", META).name, /noise scale/i);
+  assert.equal(core.seriesInfo("loss", META).name, "Training loss");
+  assert.deepEqual(core.seriesInfo("mystery", META), { name: "mystery", unit: "" });
+  assert.ok(core.isPositiveOnly("noise_scale", META));
+  assert.ok(core.isPositiveOnly("cabs_batch_size", META));
+  assert.ok(!core.isPositiveOnly("eb_criterion", META));
+  assert.deepEqual(core.summaryNumericKeys(META), [
+    "size",
+    "batch_size",
+    ...META.summary_statistics,
+  ]);
+  assert.equal(META.default_smoothing, 0.9);
+});
+
+test("checkMeta freezes the payload and names what is missing", () => {
+  assert.ok(Object.isFrozen(META) && Object.isFrozen(META.run_palette.light));
+  const copy = () => JSON.parse(JSON.stringify(META));
+  assert.doesNotThrow(() => core.checkMeta(copy()));
+  const noLabels = copy();
+  delete noLabels.element_statistics;
+  delete noLabels.default_smoothing;
+  assert.throws(
+    () => core.checkMeta(noLabels),
+    /missing or invalid: element_statistics \(array, got undefined\), default_smoothing/,
+  );
+  const badPalette = copy();
+  badPalette.run_palette = { light: ["#000000"], dark: [] };
+  assert.throws(() => core.checkMeta(badPalette), /run_palette\.dark/);
+  const badStat = copy();
+  badStat.element_statistics = [{ key: "mean" }];
+  assert.throws(() => core.checkMeta(badStat), /element_statistics \(objects with key/);
+  const badLanding = copy();
+  badLanding.landing = { stat: "variance" };
+  assert.throws(() => core.checkMeta(badLanding), /landing\.curve \(string\), landing\.sort/);
+  assert.throws(() => core.checkMeta(null), /expected an object, got null/);
+  assert.throws(() => core.checkMeta([]), /expected an object, got array/);
+});
+
+test("the summary table's columns are fields of /summary rows (/meta)", async () => {
+  const { COLUMNS, columnTitle } = await import("../../tb_gradmom_frontend/views/table.js");
+  const numeric = core.summaryNumericKeys(META);
+  for (const col of COLUMNS) {
+    if (col.numeric) assert.ok(numeric.includes(col.key), col.key);
+    if (META.summary_statistics.includes(col.key)) {
+      const st = META.statistics[col.key];
+      assert.ok(columnTitle(col.key, META.statistics).startsWith(`${st.name}: ${st.meaning}.`));
+    }
+  }
+  assert.ok(COLUMNS.some((c) => c.key === META.landing.sort)); // the table starts sorted by it
 });
