@@ -442,12 +442,21 @@ class _Loop:
         else:
             deltas = seeds
         for tap, d in zip(taps, deltas):
-            out[tap.name] = d
+            out[tap.name] = _examples_first(d, tap.axis)
         for r, lst in zip(records, result[nc + len(taps) :]):
-            out[r.name] = tf.raw_ops.TensorListStack(
+            stack = tf.raw_ops.TensorListStack(
                 input_handle=lst, element_shape=element_shape(r.dims), element_dtype=r.dtype
             )
+            out[r.name] = _examples_first(stack, r.axis)
         return out
+
+
+def _examples_first(stack: tf.Tensor, axis: int) -> tf.Tensor:
+    """A ``[T, *element]`` stack whose elements hold the examples on ``axis``, as ``[n, T,
+    *other element axes]`` (in the copy's graph, once: chunks of examples slice it)."""
+    rank = stack.shape.rank
+    perm = [axis + 1, 0] + [k + 1 for k in range(rank - 1) if k != axis]
+    return tf.transpose(stack, perm)
 
 
 # Loops analysed in one call of the core (keyed by its `Examples`), by op name: one analysis, one
@@ -679,39 +688,19 @@ def _bias_use(c, i, view_shape, positions, sub, body, what) -> _Use:
 # --- per-example gradients ---------------------------------------------------------------------
 
 
-def _chunk(t: tf.Tensor, axis: int, start, size) -> tf.Tensor:
-    """``t[..., start:start + size, ...]`` on ``axis``."""
-    rank = t.shape.rank
-    begin = [0] * rank
-    sizes = [-1] * rank
-    begin[axis] = start
-    sizes[axis] = size
-    return tf.slice(t, tf.stack(begin), tf.stack(sizes))
-
-
-def _rows(t: tf.Tensor, axis: int) -> tf.Tensor:
-    """A ``[T, a, b]`` stack with the examples on ``axis`` (of an element) as ``[T, n, d]``."""
-    return t if axis == 0 else tf.transpose(t, [0, 2, 1])
-
-
 def _use_gradients(u: _Use, stacks: dict, start, size, dtype) -> tf.Tensor:
     """``[size, *u.shape]``: the per-example gradients of the used view, examples ``[start,
-    start + size)``, unscaled."""
-    d = tf.cast(stacks[u.tap.name], dtype)  # [T, *tap dims]
+    start + size)``, unscaled. The stacks are ``[n, T, ...]`` (`_examples_first`)."""
+    d = tf.cast(stacks[u.tap.name][start : start + size], dtype)  # [size, T, *other tap dims]
     if u.kind == "matmul":
-        a = tf.cast(stacks[u.record.name], dtype)
-        a = _chunk(_rows(a, u.record.axis), 1, start, size)
-        d = _chunk(_rows(d, u.tap.axis), 1, start, size)
-        g = tf.einsum("tni,tno->nio", a, d)
+        a = tf.cast(stacks[u.record.name][start : start + size], dtype)  # [size, T, d_in]
+        # one [d_in, T] x [T, d_out] product per example (a batched matmul, not an einsum:
+        # measured 1.5-2x faster for LSTM(128) at T = 50)
+        g = tf.matmul(a, d, transpose_a=True)
         return tf.linalg.matrix_transpose(g) if u.transpose_out else g
-    d = _chunk(d, u.tap.axis + 1, start, size)
-    rank = len(u.tap.dims)
-    summed = [0] + [j + 1 for j in range(rank) if j != u.tap.axis and j not in u.keep]
-    g = tf.reduce_sum(d, axis=summed)  # [.. examples and kept axes, in order ..]
-    before = sum(1 for j in u.keep if j < u.tap.axis)
-    if before:
-        perm = [before] + [k for k in range(len(u.keep) + 1) if k != before]
-        g = tf.transpose(g, perm)
+    other = [j for j in range(len(u.tap.dims)) if j != u.tap.axis]
+    summed = [1] + [2 + k for k, j in enumerate(other) if j not in u.keep]
+    g = tf.reduce_sum(d, axis=summed)  # [size, kept axes in order]
     g = tf.reshape(g, [-1, *u.shape])
     return -g if u.sign < 0 else g
 
