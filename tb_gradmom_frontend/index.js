@@ -629,6 +629,7 @@ class App {
     });
     smoothing.addEventListener("change", () => {
       s.smoothing = +smoothing.value;
+      smoothingValue.textContent = s.smoothing.toFixed(2);
       this.loadCurves();
     });
     const infoButton = h("button", {

@@ -1127,6 +1127,7 @@ def test_demo_landing_smoothing_info_and_resize(browser, demo_tensorboard):
         pg.settle()
         p.wait_for_function("() => gradmom.state.smoothing === 0.6")
         p.wait_for_selector(".curves-model .subtitle:has-text('smoothing 0.6')")
+        assert p.text_content(".smoothing-value") == "0.60"
 
         # The info panel: formula, unit and reference from the backend's STATISTICS.
         p.click(".info-button")
@@ -1166,8 +1167,9 @@ def test_demo_landing_smoothing_info_and_resize(browser, demo_tensorboard):
         p.set_viewport_size({"width": 380, "height": 900})
         p.wait_for_function("() => (gradmom.resized ?? 0) > 1")
         pg.settle()
-        assert _svg_labels_outside(p, "main") == []
         p.screenshot(path=str(DEMO_SHOTS / "demo_narrow.png"), full_page=True)
+        outside = _svg_labels_outside(p, "main")
+        assert outside == [], "\n".join(outside)
     finally:
         pg.close()
     assert not pg.errors, pg.errors

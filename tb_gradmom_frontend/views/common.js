@@ -158,7 +158,7 @@ export function newFigure(width, height, theme) {
     .attr("width", width)
     .attr("height", height)
     .attr("viewBox", `0 0 ${width} ${height}`)
-    .attr("font-family", "Roboto, Helvetica, Arial, sans-serif")
+    .attr("font-family", FONT_FAMILY)
     .attr("font-size", 11)
     .attr("color", theme.text)
     .attr("fill", theme.text);
@@ -173,25 +173,75 @@ export function newFigure(width, height, theme) {
 
 /** A figure's title (and an optional subtitle) at its top left. */
 export function drawTitle(svg, title, subtitle, theme) {
-  svg
-    .append("text")
-    .attr("class", "title")
-    .attr("x", 12)
-    .attr("y", 18)
-    .attr("font-size", 13)
-    .attr("font-weight", 600)
-    .attr("fill", theme.text)
-    .text(title);
-  if (subtitle) {
+  const room = Number(svg.attr("width")) - 24;
+  fitText(
     svg
       .append("text")
-      .attr("class", "subtitle")
+      .attr("class", "title")
       .attr("x", 12)
-      .attr("y", 34)
-      .attr("font-size", 11)
-      .attr("fill", theme.muted)
-      .text(subtitle);
+      .attr("y", 18)
+      .attr("font-size", 13)
+      .attr("font-weight", 600)
+      .attr("fill", theme.text)
+      .text(title),
+    room,
+  );
+  if (subtitle) {
+    fitText(
+      svg
+        .append("text")
+        .attr("class", "subtitle")
+        .attr("x", 12)
+        .attr("y", 34)
+        .attr("font-size", 11)
+        .attr("fill", theme.muted)
+        .text(subtitle),
+      room,
+    );
   }
+}
+
+const FONT_FAMILY = "Roboto, Helvetica, Arial, sans-serif";
+let measureContext = null;
+
+/** The width in pixels of an SVG text element's text, laid out or not (figures are drawn
+ * before they are attached: a canvas measures them with the same font). */
+function textWidth(node) {
+  if (node.isConnected && typeof node.getComputedTextLength === "function") {
+    return node.getComputedTextLength();
+  }
+  if (typeof document === "undefined") return 0;
+  measureContext ??= document.createElement("canvas").getContext("2d");
+  if (!measureContext) return 0;
+  const size = node.getAttribute("font-size") ?? 11;
+  const weight = node.getAttribute("font-weight") ?? 400;
+  measureContext.font = `${weight} ${size}px ${FONT_FAMILY}`;
+  return measureContext.measureText(node.textContent).width;
+}
+
+/**
+ * Shortens an SVG text to at most `maxWidth` pixels, ending it with "…", and keeps the whole
+ * text as its tooltip (a <title> child, also in exported SVGs). A text that fits is left as it
+ * is.
+ */
+export function fitText(text, maxWidth) {
+  const node = text.node();
+  if (!node || !(maxWidth > 0)) return text;
+  const full = node.textContent;
+  // A few per cent of slack: the canvas and the SVG renderer may round glyphs differently.
+  const room = maxWidth * 0.97;
+  if (textWidth(node) <= room) return text;
+  let lo = 0;
+  let hi = full.length;
+  while (lo < hi) {
+    const mid = Math.ceil((lo + hi) / 2);
+    node.textContent = `${full.slice(0, mid).trimEnd()}…`;
+    if (textWidth(node) <= room) lo = mid;
+    else hi = mid - 1;
+  }
+  node.textContent = `${full.slice(0, lo).trimEnd()}…`;
+  text.append("title").text(full);
+  return text;
 }
 
 /** The ticks of a d3 linear or log scale with core's tick choice. */

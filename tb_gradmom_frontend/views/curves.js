@@ -3,7 +3,16 @@
 
 import * as d3 from "../vendor/d3.js";
 import { formatValue, linePath, niceDomain, robustRange, splitCurve, toCSV } from "../core.js";
-import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
+import {
+  drawAxis,
+  drawTitle,
+  exportButtons,
+  fitText,
+  h,
+  message,
+  newFigure,
+  toJSON,
+} from "./common.js";
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 72 };
 
@@ -220,13 +229,16 @@ export class CurvesView {
       svg.select("rect.bg").attr("height", full);
     }
     notes.forEach((note, k) => {
-      svg
-        .append("text")
-        .attr("class", "gap-note")
-        .attr("x", 8)
-        .attr("y", height - 6 + 14 * k)
-        .attr("fill", theme.muted)
-        .text(note);
+      fitText(
+        svg
+          .append("text")
+          .attr("class", "gap-note")
+          .attr("x", 8)
+          .attr("y", height - 6 + 14 * k)
+          .attr("fill", theme.muted)
+          .text(note),
+        width - 16,
+      );
     });
     // Legend: run names as text, top right, one per line.
     const legend = svg
