@@ -270,7 +270,7 @@ def split_stats_tensor(
 
 # The default smoothing of the curves (the tab, `plot`, `tb-gradmom export`): a decay of 0.9
 # averages about ten logged steps, numerators and denominators separately (`smoothed`). The
-# tab's copy (tb_gradmom_frontend/index.js DEFAULT_SMOOTHING) is checked against it by a test.
+# tab reads it from GET /meta (`tb_gradmom.views.meta`).
 DEFAULT_SMOOTHING = 0.9
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tb_gradmom import metadata, reductions, stats
+from tb_gradmom import metadata, reductions, stats, views
 
 __all__ = [
     "work_bytes",
@@ -25,8 +25,8 @@ __all__ = [
     "SERIES_KEYS",
 ]
 
-# The keys of /series "values", in display order.
-SERIES_KEYS: tuple[str, ...] = ("batch_size", *stats.DERIVED, "loss", "learning_rate")
+# The keys of /series "values", in display order (one definition: `views.SERIES_KEYS`).
+SERIES_KEYS = views.SERIES_KEYS
 
 # Pass-one stat arrays kept for pass two of `histograms_streaming` (the rest is recomputed).
 _STREAM_KEEP_BYTES = 32 * 1024 * 1024
