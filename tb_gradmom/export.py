@@ -254,37 +254,14 @@ def _numbers(job: Job, runs, opts: dict) -> tuple[dict, str, list[str], list[lis
 
 
 def _figure(job: Job, runs, opts: dict):
-    if job.plot == "heatmap":
-        return plot.heatmap(
-            runs,
-            job.tag,
-            run=job.run,
-            step=job.step,
-            stat=opts["stat"],
-            scale=opts["scale"],
-            cmap=opts["cmap"],
-        )
-    if job.plot == "histogram":
-        return plot.histogram(
-            runs,
-            job.tag,
-            run=job.run,
-            step=job.step,
-            stat=opts["stat"],
-            bins=opts["bins"],
-            scale=opts["scale"],
-            cmap=opts["cmap"],
-        )
+    if job.plot in ("heatmap", "histogram"):
+        common = {"run": job.run, "step": job.step, "stat": opts["stat"], "scale": opts["scale"]}
+        if job.plot == "heatmap":
+            return plot.heatmap(runs, job.tag, **common, cmap=opts["cmap"])
+        return plot.histogram(runs, job.tag, **common, bins=opts["bins"], cmap=opts["cmap"])
     if job.plot == "curves":
-        return plot.curves(
-            runs,
-            tag=job.tag,
-            runs=job.runs,
-            quantities=opts["quantities"],
-            ema=opts["ema"],
-            yscale=opts["yscale"],
-            smoothing=opts["smoothing"],
-        )
+        keys = ("quantities", "ema", "yscale", "smoothing")
+        return plot.curves(runs, tag=job.tag, runs=job.runs, **{k: opts[k] for k in keys})
     return plot.summary(runs, run=job.run, step=job.step)
 
 

@@ -663,26 +663,17 @@ def curves(
                 # Marks along the bottom of the axes (x in data, y in axes coordinates).
                 at = ax.get_xaxis_transform()
                 steps = series["step"]
-                if noisy.any():
-                    ax.plot(
-                        steps[noisy],
-                        np.full(noisy.sum(), 0.04),
-                        "v",
-                        ms=3,
-                        transform=at,
-                        color=colours[run],
-                        clip_on=False,
-                    )
-                if undefined.any():
-                    ax.plot(
-                        steps[undefined],
-                        np.full(undefined.sum(), 0.04),
-                        "x",
-                        ms=3,
-                        transform=at,
-                        color=colours[run],
-                        clip_on=False,
-                    )
+                for mask, marker in ((noisy, "v"), (undefined, "x")):
+                    if mask.any():
+                        ax.plot(
+                            steps[mask],
+                            np.full(mask.sum(), 0.04),
+                            marker,
+                            ms=3,
+                            transform=at,
+                            color=colours[run],
+                            clip_on=False,
+                        )
                 marked_any = marked_any or bool(noisy.any() or undefined.any())
             ax.set_ylabel(q.replace("_", " "))
             ax.set_yscale(yscale)

@@ -111,20 +111,26 @@ def check_stat(stat: str, orders: Sequence[int], n: float | None, where: str = "
       ValueError: for an unknown statistic, missing orders, or a statistic of
         `NEEDS_BATCH_SIZE` without a batch size; the message says what to do instead.
     """
-    needed = required_orders(stat)
-    missing = [p for p in needed if p not in orders]
-    if missing:
-        raise ValueError(
-            f"statistic {stat!r} needs moment orders {list(needed)}, but {where} has orders "
-            f"{sorted(orders)} (missing {missing}); log them with orders="
-            f"{tuple(sorted(set(orders) | set(needed)))} or pick another statistic"
-        )
+    _check_orders(stat, orders, f"{where} has orders")
     if stat in NEEDS_BATCH_SIZE and not valid_batch_size(n):
         raise ValueError(
             f"statistic {stat!r} needs the batch size, stored in the tag's "
             f"'{metadata.STATS_SUFFIX}' tag, which {where} does not have; use "
             "'biased_variance' instead"
         )
+
+
+def _check_orders(stat: str, orders, what: str) -> tuple[int, ...]:
+    """The orders ``stat`` needs; ValueError naming the missing ones if ``orders`` lacks any."""
+    needed = required_orders(stat)
+    missing = [p for p in needed if p not in orders]
+    if missing:
+        raise ValueError(
+            f"statistic {stat!r} needs moment orders {list(needed)}, but {what} "
+            f"{sorted(orders)} (missing {missing}); log them with orders="
+            f"{tuple(sorted(set(orders) | set(needed)))} or pick another statistic"
+        )
+    return needed
 
 
 def _check_stat(stat: str) -> None:
@@ -197,14 +203,7 @@ def stat_array(moments: Mapping[int, np.ndarray], n: int | float, stat: str) -> 
       ValueError: for an unknown statistic, missing orders (the message names the statistic,
         the orders it needs and the ones given), or ``n < 1``.
     """
-    needed = required_orders(stat)
-    missing = [p for p in needed if p not in moments]
-    if missing:
-        raise ValueError(
-            f"statistic {stat!r} needs moment orders {list(needed)}, but orders "
-            f"{sorted(moments)} were given (missing {missing}); log them with orders="
-            f"{tuple(sorted(set(moments) | set(needed)))}"
-        )
+    needed = _check_orders(stat, moments, "orders given were")
     n = float(n)
     if not n >= 1:
         raise ValueError(f"batch size n must be >= 1 for statistic {stat!r}, got {n}")
