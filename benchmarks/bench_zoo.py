@@ -721,7 +721,7 @@ def summary_child(rounds: int, steps: int) -> dict:
 
     real_write, real_stats, real_pool = tf.summary.write, gsum._stats_fields, gsum._pool
     real_scalars, real_records, real_bins = gsum._selected_scalars, gsum._records, gsum._bins
-    real_xla = gsum._elementwise_xla
+    real_xla, real_pool_xla = gsum._elementwise_xla, gsum._pool_xla
 
     sink = tf.Variable(0.0)
 
@@ -786,12 +786,13 @@ def summary_child(rounds: int, steps: int) -> dict:
                 else:
                     saved[k] = getattr(gsum, k)
                     setattr(gsum, k, v)
-            # a fresh XLA function: traced (and compiled) with this ablation's patches
+            # fresh XLA functions: traced (and compiled) with this ablation's patches
             gsum._elementwise_xla = tf.function(
-                lambda m1, m2, f, o: gsum._elementwise(m1, m2, f, o, xla=True),
+                lambda m1, m2, f, o, pads: gsum._elementwise(m1, m2, f, o, pads, xla=True),
                 jit_compile=True,
                 autograph=False,
             )
+            gsum._pool_xla = tf.function(gsum._pool_all, jit_compile=True, autograph=False)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 fn.get_concrete_function(x, y)  # traced with the patch
@@ -801,7 +802,7 @@ def summary_child(rounds: int, steps: int) -> dict:
                     tf.summary.write = v
                 else:
                     setattr(gsum, k, v)
-            gsum._elementwise_xla = real_xla
+            gsum._elementwise_xla, gsum._pool_xla = real_xla, real_pool_xla
             if env0 is None:
                 os.environ.pop("TB_GRADMOM_XLA", None)
             else:

@@ -441,9 +441,19 @@ def _histogram(s2, finite=None):
 _BLOCK = 1024
 
 
-def _elementwise(m1, m2, factor, block_offsets, xla: bool):
-    """The per-element work of the statistics over ``[blocks * _BLOCK]`` moments (any float
-    dtype): ``(per_block [blocks, 4] float64, bins [blocks * _BLOCK] int32)``.
+def _flat(arrays, pads):
+    """The arrays flattened and concatenated, each followed by ``pad`` zeros."""
+    pieces = []
+    for a, pad in zip(arrays, pads):
+        pieces.append(tf.reshape(a, [-1]))
+        pieces.append(tf.zeros([pad], a.dtype))
+    return tf.concat(pieces, 0)
+
+
+def _elementwise(m1s, m2s, factor, block_offsets, pads, xla: bool):
+    """The per-element work of the statistics of variables of one dtype (``m1s``, ``m2s``:
+    their moments; ``pads``: the zeros after each, so that each fills whole blocks):
+    ``(per_block [blocks, 4] float64, bins [blocks * _BLOCK] int32)``.
 
     ``per_block[:, k]`` are the block sums of ``M_1**2``, ``biased = max(M_2 - M_1**2, 0)``,
     ``M_1**2 / biased`` (0 where ``biased`` is 0) and ``M_2``; ``bins`` the bin (see
@@ -451,8 +461,8 @@ def _elementwise(m1, m2, factor, block_offsets, xla: bool):
     bin). Every element-wise value is the float64 one `tb_gradmom.stats` computes: the moments
     are cast to float64 first (``M_2 - M_1**2`` cancels, so float32 arithmetic would change
     the variances and their buckets)."""
-    m1 = tf.cast(m1, tf.float64)
-    m2 = tf.cast(m2, tf.float64)
+    m1 = tf.cast(_flat(m1s, pads), tf.float64)
+    m2 = tf.cast(_flat(m2s, pads), tf.float64)
     m1sq = m1 * m1
     biased = tf.maximum(m2 - m1sq, 0.0)
     gsnr = tf.math.divide_no_nan(m1sq, biased)
@@ -468,16 +478,26 @@ def _elementwise(m1, m2, factor, block_offsets, xla: bool):
     return tf.stack(sums, axis=1), tf.reshape(bins, [-1])
 
 
-# The element-wise part as one XLA computation: a few passes over memory instead of one per
-# op (the statistics of a logged step cost about a third of TensorFlow's op-by-op version).
-# Compiled once per padded length. TB_GRADMOM_XLA=0 (or a TensorFlow without XLA) runs the
-# same ops one by one.
+def _pool_all(arrays, specs):
+    """``[P, *stored shape]`` per pooled variable: ``arrays[k]`` its P float32 moment arrays,
+    ``specs[k]`` its (shape, block)."""
+    return [
+        tf.stack([_pool(a, shape, block) for a in orders])
+        for orders, (shape, block) in zip(arrays, specs)
+    ]
+
+
+# The element-wise part of the statistics and the pooling as XLA computations: a few passes
+# over memory instead of one per op (a logged step's statistics cost about a third of
+# TensorFlow's op-by-op version, the pooling half). Compiled once per set of shapes (the
+# first logged step). TB_GRADMOM_XLA=0, or a TensorFlow built without XLA, runs the same ops
+# one by one.
 _elementwise_xla = tf.function(
-    lambda m1, m2, factor, offsets: _elementwise(m1, m2, factor, offsets, xla=True),
+    lambda m1s, m2s, factor, offsets, pads: _elementwise(m1s, m2s, factor, offsets, pads, True),
     jit_compile=True,
     autograph=False,
-    reduce_retracing=True,
 )
+_pool_xla = tf.function(_pool_all, jit_compile=True, autograph=False)
 
 
 def _use_xla() -> bool:
@@ -507,18 +527,16 @@ def _stats_sums(moms, factor):
     pads = np.array([(-d) % _BLOCK for d in sizes], np.int32)
     xla = _use_xla()
     parts_sums, parts_counts, order = [], [], []
-    for dtype, members in groups.items():
-
-        def flat(p, dtype=dtype, members=members):
-            pieces = []
-            for i in members:
-                pieces.append(tf.reshape(moms[i][p], [-1]))
-                pieces.append(tf.zeros([int(pads[i])], dtype))
-            return tf.concat(pieces, 0)
-
+    for members in groups.values():
         blocks = np.array([(sizes[i] + int(pads[i])) // _BLOCK for i in members])
         var_of_block = np.repeat(np.arange(len(members), dtype=np.int32), blocks)
-        args = (flat(1), flat(2), factor, tf.constant(var_of_block * _BINS))
+        args = (
+            [moms[i][1] for i in members],
+            [moms[i][2] for i in members],
+            factor,
+            tf.constant(var_of_block * _BINS),
+            tuple(int(pads[i]) for i in members),
+        )
         per_block, bins = _elementwise_xla(*args) if xla else _elementwise(*args, xla=False)
         parts_sums.append(
             tf.math.unsorted_segment_sum(
@@ -608,16 +626,18 @@ def _records(prepared, indices, tags, contents, orders, lr, chunk_size, moms=Non
     fields, hist = _stats_fields(moms, prepared.n_total, loss, lr)
     head = tf.stack([fields[k] for k in metadata.STATS_FIELDS], axis=1)
     packed = tf.unstack(tf.cast(tf.concat([head, hist], 1), tf.float32))  # V + 1 stats tensors
+    pooled = [i for i, c in enumerate(contents) if c.pooled]
+    stored = {}
+    if pooled:
+        arrays = [[tf.cast(moms[i][p], tf.float32) for p in orders] for i in pooled]
+        specs = tuple((contents[i].shape, contents[i].block) for i in pooled)
+        stored = dict(zip(pooled, (_pool_xla if _use_xla() else _pool_all)(arrays, specs)))
     tensors = []
-    for tag, content, m, stats in zip(tags, contents, moms, packed):
-        arrays = []
-        for p in orders:
-            a = tf.cast(m[p], tf.float32)
-            if content.pooled:
-                a = _pool(a, content.shape, content.block)
-            arrays.append(a)
+    for i, (tag, content, m, stats) in enumerate(zip(tags, contents, moms, packed)):
+        if i not in stored:
+            stored[i] = tf.stack([tf.cast(m[p], tf.float32) for p in orders])
         md = metadata.create_summary_metadata(content)
-        tensors.append((tag, tf.stack(arrays), md))
+        tensors.append((tag, stored[i], md))
         stats_md = metadata.create_summary_metadata(metadata.StatsContent(variable=tag))
         tensors.append((metadata.stats_tag(tag), stats, stats_md))
     model_md = metadata.create_summary_metadata(metadata.StatsContent(variable=model_tag))
