@@ -150,6 +150,24 @@ export function toJSON(obj) {
   );
 }
 
+/** What every view shares: the card body it fills, its model, and its messages. */
+export class View {
+  constructor(container) {
+    this.container = container;
+    this.model = null;
+  }
+
+  showMessage(text, kind) {
+    this.model = null;
+    message(this.container, text, kind);
+  }
+
+  clear() {
+    this.model = null;
+    this.container.replaceChildren();
+  }
+}
+
 /** A fresh <svg> of the given size with a background, text colour and font set as attributes. */
 export function newFigure(width, height, theme) {
   const svg = d3

@@ -9,29 +9,14 @@ import {
   exportButtons,
   fitText,
   h,
-  message,
   newFigure,
   toJSON,
+  View,
 } from "./common.js";
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 72 };
 
-export class CurvesView {
-  constructor(container) {
-    this.container = container;
-    this.model = null;
-  }
-
-  showMessage(text, kind) {
-    this.model = null;
-    message(this.container, text, kind);
-  }
-
-  clear() {
-    this.model = null;
-    this.container.replaceChildren();
-  }
-
+export class CurvesView extends View {
   /**
    * model: {label (what the curves are of), tag, metric, logy, smoothing, statistic (what the
    * metric is, from /meta: core.seriesInfo), positiveOnly (values <= 0 mean noise-dominated:

@@ -18,7 +18,7 @@ import {
   to2dShape,
   toCSV,
 } from "../core.js";
-import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
+import { drawAxis, drawTitle, exportButtons, h, newFigure, toJSON, View } from "./common.js";
 
 const MARGIN = { top: 48, right: 118, bottom: 50, left: 66 };
 const MIN_PLOT_H = 36;
@@ -35,11 +35,10 @@ export function heatmapLayout(width, rows, cols) {
 
 const integerTicks = (lo, hi, count) => niceTicks(lo, hi, count).filter((v) => Number.isInteger(v));
 
-export class HeatmapView {
+export class HeatmapView extends View {
   /** `container`: the card body the view fills. */
   constructor(container) {
-    this.container = container;
-    this.model = null;
+    super(container);
     this.transform = d3.zoomIdentity;
     this.images = new Map();
   }
@@ -55,11 +54,6 @@ export class HeatmapView {
     this.model = model;
     this.images.clear();
     this.render();
-  }
-
-  showMessage(text, kind) {
-    this.model = null;
-    message(this.container, text, kind);
   }
 
   /** The colour normaliser and the colour scale's domain of the current model. */

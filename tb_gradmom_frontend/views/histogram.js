@@ -10,24 +10,14 @@ import {
   robustBinRange,
   toCSV,
 } from "../core.js";
-import { drawAxis, drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
+import { drawAxis, drawTitle, exportButtons, h, newFigure, toJSON, View } from "./common.js";
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 66 };
 // At most this many ridges (evenly spaced steps, first and last kept): about 7 px apart at the
 // plot's height, so each stays readable.
 export const MAX_RIDGES = 40;
 
-export class HistogramView {
-  constructor(container) {
-    this.container = container;
-    this.model = null;
-  }
-
-  showMessage(text, kind) {
-    this.model = null;
-    message(this.container, text, kind);
-  }
-
+export class HistogramView extends View {
   /** model: {data (fetchHistogram), mode: "step"|"steps", run, tag, stat, color, theme, exportTheme}. */
   update(model) {
     this.model = model;
@@ -96,6 +86,14 @@ export class HistogramView {
       .range([0, plotW]);
     const g = svg.append("g").attr("transform", `translate(${MARGIN.left},${MARGIN.top})`);
     const xlabel = `${stat}${log ? " (log scale)" : ""}`;
+    // The x axis (the statistic's bins), below the plot in both modes.
+    drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, {
+      orient: "bottom",
+      log,
+      theme,
+      label: xlabel,
+      count: Math.floor(plotW / 80),
+    });
 
     if (mode !== "steps") {
       const counts = clip(series[series.length - 1].counts);
@@ -104,13 +102,6 @@ export class HistogramView {
         .domain([0, Math.max(1, ...counts)])
         .nice()
         .range([plotH, 0]);
-      drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, {
-        orient: "bottom",
-        log,
-        theme,
-        label: xlabel,
-        count: Math.floor(plotW / 80),
-      });
       drawAxis(g.append("g"), y, {
         orient: "left",
         theme,
@@ -150,13 +141,6 @@ export class HistogramView {
       .domain([shown[0].step, shown[shown.length - 1].step])
       .range([ridgeH, plotH]);
     if (shown.length === 1) yStep.domain([shown[0].step - 1, shown[0].step]);
-    drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, {
-      orient: "bottom",
-      log,
-      theme,
-      label: xlabel,
-      count: Math.floor(plotW / 80),
-    });
     drawAxis(g.append("g"), yStep, {
       orient: "left",
       theme,

@@ -2,7 +2,7 @@
 // size at one step; sortable by any column; a click on a row opens its heatmap.
 
 import { formatValue, sortRows, toCSV } from "../core.js";
-import { drawTitle, exportButtons, h, message, newFigure, toJSON } from "./common.js";
+import { drawTitle, exportButtons, h, newFigure, toJSON, View } from "./common.js";
 
 // The tab's columns with their short headers (the statistic columns are keys of /meta's
 // summary_statistics, checked by the node tests; their tooltips are /meta's explanations).
@@ -45,19 +45,13 @@ const cellText = (col, v) =>
         : formatValue(v, 4)
       : String(v);
 
-export class TableView {
+export class TableView extends View {
   /** `onSelect(tag)` is called when a row is clicked; rows start sorted by `sortKey`, descending. */
   constructor(container, onSelect, sortKey) {
-    this.container = container;
+    super(container);
     this.onSelect = onSelect;
     this.sortKey = sortKey;
     this.descending = true;
-    this.model = null;
-  }
-
-  showMessage(text, kind) {
-    this.model = null;
-    message(this.container, text, kind);
   }
 
   /**
