@@ -150,6 +150,18 @@ export function toJSON(obj) {
   );
 }
 
+/** A note in the middle of an empty figure ("no finite values ..."). */
+export function drawEmpty(svg, width, height, text, theme) {
+  svg
+    .append("text")
+    .attr("class", "empty-note")
+    .attr("x", width / 2)
+    .attr("y", height / 2)
+    .attr("text-anchor", "middle")
+    .attr("fill", theme.muted)
+    .text(text);
+}
+
 /** What every view shares: the card body it fills, its model, and its messages. */
 export class View {
   constructor(container) {

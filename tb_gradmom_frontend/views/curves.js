@@ -5,6 +5,7 @@ import * as d3 from "../vendor/d3.js";
 import { formatValue, linePath, niceDomain, robustRange, splitCurve, toCSV } from "../core.js";
 import {
   drawAxis,
+  drawEmpty,
   drawTitle,
   exportButtons,
   fitText,
@@ -77,13 +78,13 @@ export class CurvesView extends View {
     const rr = robustRange(pool);
     const yext = rr && (logy ? [10 ** rr.lo, 10 ** rr.hi] : [rr.lo, rr.hi]);
     if (!allSteps.length || !yext) {
-      svg
-        .append("text")
-        .attr("x", width / 2)
-        .attr("y", height / 2)
-        .attr("text-anchor", "middle")
-        .attr("fill", theme.muted)
-        .text(`no ${logy ? "positive " : ""}finite values of ${metric}`);
+      drawEmpty(
+        svg,
+        width,
+        height,
+        `no ${logy ? "positive " : ""}finite values of ${metric}`,
+        theme,
+      );
       return svg;
     }
     let [s0, s1] = [Math.min(...allSteps), Math.max(...allSteps)];

@@ -10,7 +10,16 @@ import {
   robustBinRange,
   toCSV,
 } from "../core.js";
-import { drawAxis, drawTitle, exportButtons, h, newFigure, toJSON, View } from "./common.js";
+import {
+  drawAxis,
+  drawEmpty,
+  drawTitle,
+  exportButtons,
+  h,
+  newFigure,
+  toJSON,
+  View,
+} from "./common.js";
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 66 };
 // At most this many ridges (evenly spaced steps, first and last kept): about 7 px apart at the
@@ -67,13 +76,7 @@ export class HistogramView extends View {
       theme,
     );
     if (!series.length || data.edges.length < 2) {
-      svg
-        .append("text")
-        .attr("x", width / 2)
-        .attr("y", height / 2)
-        .attr("text-anchor", "middle")
-        .attr("fill", theme.muted)
-        .text("no finite values to bin");
+      drawEmpty(svg, width, height, "no finite values to bin", theme);
       return svg;
     }
     const plotW = width - MARGIN.left - MARGIN.right;
