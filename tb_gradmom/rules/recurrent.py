@@ -294,6 +294,8 @@ class _Loop:
     inputs: list
     carried: list
     invariant: list
+    # reads of loop-invariant handles in the body: (the read's output name, input index, dtype)
+    reads: list = field(default_factory=list)
     taps: dict = field(default_factory=dict)
     records: dict = field(default_factory=dict)
     built: dict = field(default_factory=dict)
@@ -361,6 +363,13 @@ class _Loop:
             return tf.stack([steps] + [n if d is None else d for d in dims])
 
         seeds = [tf.zeros(full_shape(tap.dims), tap.dtype) for tap in taps]
+        # The variables, read once before the copy (none changes inside the loop: no stateful
+        # op but reads there) and captured: the copy's backward then neither accumulates a
+        # read per step nor builds the variables' gradients.
+        values = {
+            name: tf.raw_ops.ReadVariableOp(resource=self.inputs[i], dtype=dtype)
+            for name, i, dtype in self.reads
+        }
         nc = len(self.carried)
         iterations = self.op.get_attr("parallel_iterations")
         with tf.GradientTape(watch_accessed_variables=False) as tape:
@@ -389,6 +398,8 @@ class _Loop:
                     mapping[body_in[i]] = carried[j]
                 for i in self.invariant:
                     mapping[body_in[i]] = tf.identity(self.inputs[i])  # captured, not carried
+                for name, value in values.items():
+                    mapping[name] = tf.identity(value)
                 for i, (tap, lst) in enumerate(zip(taps, t_lists)):
                     mapping[f"gradmom_tap_{i}:0"] = tf.raw_ops.TensorListGetItem(
                         input_handle=lst,
@@ -401,14 +412,17 @@ class _Loop:
                 got = tf.graph_util.import_graph_def(
                     gdef, input_map=mapping, return_elements=fetch, name="gradmom_copy"
                 )
-                values = dict(zip(fetch, got))
+                found = dict(zip(fetch, got))
                 for w in wanted:
                     if w in position:
-                        values[w] = mapping[w]
-                new = [values[body_out[i]] for i in self.carried]
+                        found[w] = mapping[w]
+                new = [found[body_out[i]] for i in self.carried]
+                # the records are read, never differentiated: no gradient pass through them
                 new_records = [
-                    tf.raw_ops.TensorListSetItem(
-                        input_handle=lst, index=step, item=tf.stop_gradient(values[r.name])
+                    tf.stop_gradient(
+                        tf.raw_ops.TensorListSetItem(
+                            input_handle=lst, index=step, item=tf.stop_gradient(found[r.name])
+                        )
                     )
                     for r, lst in zip(records, r_lists)
                 ]
@@ -535,6 +549,12 @@ def _analyse(site: Site) -> _Loop:
             tf.graph_util.import_graph_def(body_def, name="")
     except Exception as e:  # noqa: BLE001 - any failure means: no rule for this loop
         raise RuleError(f"the loop's body cannot be copied ({type(e).__name__})") from None
+    placeholders = {body.inputs[i].op: i for i in invariant}
+    reads = [
+        (o.outputs[0].name, placeholders[o.inputs[0].op], o.get_attr("dtype"))
+        for o in body.get_operations()
+        if o.type == "ReadVariableOp" and o.inputs[0].op in placeholders
+    ]
     return _Loop(
         op=op,
         body=body,
@@ -543,6 +563,7 @@ def _analyse(site: Site) -> _Loop:
         inputs=list(op.inputs),
         carried=carried,
         invariant=invariant,
+        reads=reads,
     )
 
 
