@@ -285,7 +285,7 @@ def status(result: dict, entry) -> str:
     word = "wrong" if failures(result, _NoFallback) else "exact"
     s = f"{word} (max rel err {worst:.2g})"
     if result.get("floor") is not None:
-        s += f" [float32 inside: TF's own gradient off by {result['floor']:.2g}]"
+        s += f" [float32 casts made float64: TF's own gradient off by {result['floor']:.2g}]"
     if any(v.get("dtype") == "float32" for v in result["vars"]):
         s += " [float32 variables judged at 2e-5]"
     if fb:
@@ -472,7 +472,7 @@ def markdown_table(results) -> str:
         if r.get("error"):
             verdict = f"{r['error']['type']}: {r['error']['first_line'][:120]}"
         elif r.get("floor") is not None:
-            verdict += f" (float32 inside; TF's own gradient: {r['floor']:.1e})"
+            verdict += f" (float32 casts made float64; TF's own gradient: {r['floor']:.1e})"
         rows.append(
             f"| `{r['id']}` | {entry.family} | {entry.note or ''} | {_paths_summary(r)} | "
             f"{worst:.1e} | {verdict} | {r.get('seconds', '')} |"
