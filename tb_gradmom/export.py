@@ -214,7 +214,7 @@ def _numbers(job: Job, runs, opts: dict) -> tuple[dict, str, list[str], list[lis
             step=job.step,
             stat=opts["stat"],
             bins=opts["bins"],
-            scale=opts["scale"],
+            scale=opts["scale"] or "linear",
         )
         e, c = d["edges"], d["counts"][0]
         rows = [[float(e[k]), float(e[k + 1]), int(c[k])] for k in range(len(c))]
@@ -255,10 +255,12 @@ def _numbers(job: Job, runs, opts: dict) -> tuple[dict, str, list[str], list[lis
 
 def _figure(job: Job, runs, opts: dict):
     if job.plot in ("heatmap", "histogram"):
-        common = {"run": job.run, "step": job.step, "stat": opts["stat"], "scale": opts["scale"]}
+        common = {"run": job.run, "step": job.step, "stat": opts["stat"], "cmap": opts["cmap"]}
         if job.plot == "heatmap":
-            return plot.heatmap(runs, job.tag, **common, cmap=opts["cmap"])
-        return plot.histogram(runs, job.tag, **common, bins=opts["bins"], cmap=opts["cmap"])
+            scale = opts["scale"] or views.default_scale(opts["stat"])
+            return plot.heatmap(runs, job.tag, **common, scale=scale)
+        scale = opts["scale"] or "linear"
+        return plot.histogram(runs, job.tag, **common, bins=opts["bins"], scale=scale)
     if job.plot == "curves":
         keys = ("quantities", "ema", "yscale", "smoothing")
         return plot.curves(runs, tag=job.tag, runs=job.runs, **{k: opts[k] for k in keys})
@@ -378,7 +380,7 @@ def export(
     plot_kind: str = "heatmap",
     stat: str = "variance",
     fmt: str = "png",
-    scale: str = "linear",
+    scale: str | None = None,
     cmap: str | None = None,
     bins: int = 30,
     quantities: Sequence[str] | None = None,
@@ -404,7 +406,8 @@ def export(
       plot_kind: one of `plot.PLOTS`.
       stat: one of `reductions.STATS` (heatmap, histogram).
       fmt: one of `FORMATS`.
-      scale: ``"linear"`` or ``"log"``: colour scale of heatmaps, bins of histograms.
+      scale: ``"linear"`` or ``"log"``: colour scale of heatmaps, bins of histograms; None:
+        as the tab (`views.default_scale` for heatmaps, linear histograms).
       cmap: one of `plot.COLORMAPS`; default per statistic (`plot.heatmap`).
       bins: the number of histogram bins, 1 to `reductions.MAX_BINS`.
       quantities: the derived quantities of curves (`stats.DERIVED` names).
@@ -434,7 +437,7 @@ def export(
         raise ExportError(
             f"unknown colour map {cmap!r}; expected one of: {', '.join(plot.COLORMAPS)}"
         )
-    if scale not in reductions.SCALES:
+    if scale is not None and scale not in reductions.SCALES:
         raise ExportError(f"unknown scale {scale!r}; expected 'linear' or 'log'")
     if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= reductions.MAX_BINS:
         raise ExportError(f"--bins must be an integer from 1 to {reductions.MAX_BINS}, got {bins}")
@@ -536,7 +539,13 @@ def add_arguments(parser) -> None:
         help="element-wise statistic for heatmap and histogram (default: unbiased variance)",
     )
     parser.add_argument("--format", default="png", choices=FORMATS, help="default: png")
-    parser.add_argument("--scale", default="linear", choices=reductions.SCALES)
+    parser.add_argument(
+        "--scale",
+        default=None,
+        choices=reductions.SCALES,
+        help="a heatmap's colour scale or a histogram's x axis; default as in the tab: log "
+        "colours for the non-negative statistics, linear for the signed ones and for histograms",
+    )
     parser.add_argument(
         "--cmap",
         default=None,

@@ -20,6 +20,7 @@ from tb_gradmom import reductions, stats
 
 __all__ = [
     "SIGNED_STATS",
+    "default_scale",
     "RUN_PALETTE",
     "RUN_PALETTE_DARK",
     "CURVE_DEFAULTS",
@@ -119,13 +120,21 @@ def summary_row(
     return row
 
 
+def default_scale(stat: str) -> str:
+    """The colour scale a heatmap of ``stat`` opens with, in the tab and in exports: log for the
+    non-negative statistics (variances span decades; log shows dead filters at once), linear
+    (a diverging map around zero) for the signed ones (`SIGNED_STATS`)."""
+    return "linear" if stat in SIGNED_STATS else "log"
+
+
 def element_statistics() -> list[dict[str, Any]]:
     """The element-wise statistics as shown, in display order (`reductions.STATS`).
 
     Returns:
       One dict per statistic: ``key``, ``label`` (`reductions.STAT_LABELS`), ``orders`` (the
       moment orders it needs, `reductions.required_orders`), ``needs_batch_size``
-      (`reductions.NEEDS_BATCH_SIZE`) and ``signed`` (`SIGNED_STATS`).
+      (`reductions.NEEDS_BATCH_SIZE`), ``signed`` (`SIGNED_STATS`) and ``default_scale``
+      (`default_scale`).
     """
     return [
         {
@@ -134,6 +143,7 @@ def element_statistics() -> list[dict[str, Any]]:
             "orders": list(reductions.required_orders(s)),
             "needs_batch_size": s in reductions.NEEDS_BATCH_SIZE,
             "signed": s in SIGNED_STATS,
+            "default_scale": default_scale(s),
         }
         for s in reductions.STATS
     ]

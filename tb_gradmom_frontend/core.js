@@ -557,9 +557,9 @@ export function isSigned(stat, meta) {
  * span decades; log shows dead filters at once), a linear diverging map for signed ones.
  */
 export function defaultView(stat, meta) {
-  return isSigned(stat, meta)
-    ? { scale: "linear", colormap: "rdbu_r" }
-    : { scale: "log", colormap: "viridis" };
+  const signed = isSigned(stat, meta);
+  const known = meta.element_statistics.find((e) => e.key === stat)?.default_scale;
+  return { scale: known ?? (signed ? "linear" : "log"), colormap: signed ? "rdbu_r" : "viridis" };
 }
 
 /** The run colours (TensorBoard's palette, light or dark), assigned in sorted run order. */
