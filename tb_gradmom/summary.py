@@ -439,6 +439,8 @@ def _histogram(s2, finite=None):
 # Elements per partial sum: each variable is padded with zeros to a multiple of this, the
 # padded vector summed per block of _BLOCK elements and the block sums added per variable.
 _BLOCK = 1024
+# Elements per concatenation (a bigger variable is one on its own): 4M float64 temporaries.
+_CHUNK = 1 << 22
 
 
 def _flat(arrays, pads):
@@ -512,22 +514,30 @@ def _stats_sums(moms, factor):
     quantities; ``counts`` the bins of its unbiased variance (see `_KEY_BIN`; NaN for a
     batch of one, so then every element is in _NAN_BIN and nothing is positive).
 
-    The variables of one dtype are concatenated, each padded with zeros to a multiple of
-    `_BLOCK`, and go through one set of element-wise ops (a few dozen ops for any number of
-    variables, instead of a hundred per variable); the block sums are added per variable
+    The variables of one dtype are concatenated (in chunks of about `_CHUNK` elements), each
+    padded with zeros to a multiple of `_BLOCK`, and go through one set of element-wise ops (a
+    few dozen ops for any number of variables, instead of a hundred per variable); the block sums are added per variable
     (float64 sums of float64 values: no accuracy lost to the grouping). The padding adds
     nothing to the sums (its elements are 0 in each summand: 0, max(0, 0), 0/0 -> 0, 0)
     and puts exactly ``pads[i]`` elements in bin 0 of variable i (s2 = +0.0 when n > 1; NaN
     when n = 1: then in _NAN_BIN, which no count uses): the caller subtracts them.
     """
-    groups: dict = {}  # dtype -> [variable index]
-    for i, m in enumerate(moms):
-        groups.setdefault(m[1].dtype, []).append(i)
     sizes = [int(np.prod(m[1].shape.as_list())) for m in moms]
     pads = np.array([(-d) % _BLOCK for d in sizes], np.int32)
+    # Chunks of variables of one dtype, at most _CHUNK elements each unless one variable is
+    # bigger: the float64 temporaries (five per element) are of one chunk at a time.
+    chunks: dict = {}  # (dtype, k) -> [variable index]
+    filled: dict = {}  # dtype -> (k, elements in chunk k)
+    for i, m in enumerate(moms):
+        dtype, size = m[1].dtype, sizes[i] + int(pads[i])
+        k, used = filled.get(dtype, (0, 0))
+        if used and used + size > _CHUNK:
+            k, used = k + 1, 0
+        filled[dtype] = (k, used + size)
+        chunks.setdefault((dtype, k), []).append(i)
     xla = _use_xla()
     parts_sums, parts_counts, order = [], [], []
-    for members in groups.values():
+    for members in chunks.values():
         blocks = np.array([(sizes[i] + int(pads[i])) // _BLOCK for i in members])
         var_of_block = np.repeat(np.arange(len(members), dtype=np.int32), blocks)
         args = (

@@ -154,8 +154,11 @@ def xla(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.parametrize("chunk", ["one", "several"])
 @pytest.mark.parametrize("n", [1, 2, 8])
-def test_records_equal_numpy_per_variable(n, xla):
+def test_records_equal_numpy_per_variable(n, xla, chunk, monkeypatch):
+    if chunk == "several":  # variables of one dtype in chunks of 2048 elements (or one bigger)
+        monkeypatch.setattr(summary, "_CHUNK", 2048)
     rng = np.random.default_rng(n)
     variables = _variables(n, rng)
     orders = (1, 2, 3)
