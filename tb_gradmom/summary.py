@@ -280,10 +280,31 @@ def _ordinal(k: int) -> str:
     return {2: "second", 3: "third"}.get(k, f"{k}th")
 
 
-def _current_writer():
-    from tb_gradmom._compat import tf_private  # PrivateAPIError if TensorFlow lacks it
+class _AnyWriter:
+    """Stands for every writer when this TensorFlow cannot say which one is the default."""
 
-    return tf_private.default_summary_writer()
+
+_ANY_WRITER = _AnyWriter()
+
+
+def _current_writer():
+    """The default summary writer (to group the calls per writer), found through TensorFlow's
+    private summary state. Without it, every writer is taken as one (the calls on all writers
+    are then grouped together), with a warning: logging goes on."""
+    from tb_gradmom._compat import PrivateAPIError, tf_private
+
+    try:
+        return tf_private.default_summary_writer()
+    except PrivateAPIError as e:
+        if not getattr(_current_writer, "warned", False):
+            _current_writer.warned = True
+            warnings.warn(
+                f"tb_gradmom: cannot tell summary writers apart on this TensorFlow ({e}); the "
+                "default tag groups count the calls on all writers together. Pass name= to "
+                "each summary.moments call to choose its group.",
+                stacklevel=4,
+            )
+        return _ANY_WRITER
 
 
 def _tag_names(names: list[str], group: str | None) -> list[str]:

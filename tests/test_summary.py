@@ -428,3 +428,23 @@ def test_variance_histogram_equals_numpy_searchsorted():
     got = summary._histogram(tf.constant(odd)).numpy()
     want = np.bincount(np.searchsorted(edges, values[:50], side="right"), minlength=nb)
     np.testing.assert_array_equal(got, want)
+
+
+def test_logging_goes_on_when_tensorflow_hides_the_default_writer(tmp_path, monkeypatch):
+    """On a TensorFlow without the private summary state, the default groups count the calls on
+    every writer together (a warning says so and suggests name=); nothing is lost."""
+    from tb_gradmom import data, summary
+    from tb_gradmom._compat import PrivateAPIError, tf_private
+
+    def missing():
+        raise PrivateAPIError("summary_ops_v2._summary_state", "tensorflow", "writer lookup")
+
+    monkeypatch.setattr(tf_private, "default_summary_writer", missing)
+    monkeypatch.setattr(summary._current_writer, "warned", False, raising=False)
+    with pytest.warns(UserWarning, match="cannot tell summary writers apart.*name="):
+        disc, gen, _, _ = _gan(tmp_path)
+    run = data.load(tmp_path)["."]
+    d_tags = gradmom.summary.tag_names(disc.trainable_variables)
+    g_tags = [f"moments_1/{t}" for t in gradmom.summary.tag_names(gen.trainable_variables)]
+    assert set(run) == set(d_tags) | set(g_tags) | {"_model", "moments_1/_model"}
+    assert all([r.step for r in run[t]] == [0, 1, 2] for t in run)
