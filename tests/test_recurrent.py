@@ -303,3 +303,38 @@ def test_skipped_steps_run_no_copy_of_the_loop(tmp_path, monkeypatch):
     np.testing.assert_allclose(g.numpy(), expected.numpy(), rtol=1e-5, atol=1e-7)
     with pytest.raises(tf.errors.InvalidArgumentError, match="the copy of the loop ran"):
         step(x, tf.constant(True))
+
+
+@pytest.mark.parametrize("layer", ["lstm", "gru"])
+def test_dropout_masks_are_the_loops_own(layer):
+    """In training mode with dropout and recurrent dropout, the masks are drawn once per step
+    (before the loop) and the copy reuses them: the rule's per-example gradients sum to the
+    step's own gradient. (A brute-force reference would draw other masks.)"""
+    keras.utils.set_random_seed(9)
+    cls = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[layer]
+    model = keras.Sequential(
+        [
+            keras.Input((5, 3)),
+            cls(4, dropout=0.3, recurrent_dropout=0.3, dtype="float64"),
+            keras.layers.Dense(2, dtype="float64"),
+        ]
+    )
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(x):
+        loss = tf.reduce_mean(tf.reduce_sum(model(x, training=True) ** 2, axis=1))
+        prepared = _core.prepare(loss, variables, orders=(1, 2), fallback="error")
+        sums = []
+        for plan in prepared.plans[:3]:  # the cell's variables
+            (site, c) = plan.sites[0]
+            assert site.op.type == "While"
+            grads = tuple(prepared.out_grads[prepared.index[t.ref()]] for t in site.output)
+            g = c.per_example(recurrent.LoopGrads(grads, 1.0), prepared.n, 0, prepared.n)
+            sums.append(tf.reduce_sum(g, axis=0))
+        return sums, prepared.grads[:3]
+
+    x = tf.constant(np.random.default_rng(2).normal(size=(6, 5, 3)))
+    sums, grads = step(x)
+    for s, g in zip(sums, grads):
+        np.testing.assert_allclose(s.numpy(), g.numpy(), rtol=1e-10, atol=1e-13)

@@ -26,16 +26,17 @@ The copy computes the same numbers as the loop (adding zeros), from the same inp
 same number of steps (the loop's own final iteration counter), so the gradient of its outputs
 with respect to ``P``, seeded with the loss's gradients of the original loop's outputs (from the
 step's one backward pass), is ``delta_t`` for every step at once. That costs one more forward and
-backward pass of the recurrence (the gradients of the loop's inputs and of the variables are not
-built: the tape skips its captured inputs), plus one einsum per use.
+backward pass of the recurrence (the variables are read once before the copy and captured, like
+the time-major input: the tape builds no gradient for either), plus one batched matmul per use.
 
 Proof, never a guess: the body is analysed (`tb_gradmom._axes.loop_body`) with the loop variables
 at their fixed point (the time-major input's elements hold the examples on axis 0 when the outer
 input holds them on axis 1; a zero initial state takes the examples' axis of its update), and a
 use is accepted only where the examples' axis of ``a_t`` and ``z_t`` is proven. Anything else, a
 nested loop or call, a stateful op other than a variable read (random numbers, assignments), a
-use other than a matmul or an added bias, a float16 loop, raises `RuleError` and the core takes
-the exact fallback.
+statistic over the batch inside the body (the examples coupled from step to step), a use other
+than a matmul or an added bias, a float16 loop (mixed precision), raises `RuleError` and the core
+takes the exact fallback.
 """
 
 from __future__ import annotations
@@ -309,9 +310,9 @@ class _Loop:
     # --- the copy --------------------------------------------------------------------------
 
     def stacks(self, grads: tuple, outputs: tuple, n) -> dict:
-        """``{tensor name in the body: [T, ...] stack over the steps}``: ``delta`` at every tap
-        and every recorded operand, from a copy of the loop built in the current graph (once
-        per graph and seeds)."""
+        """``{tensor name in the body: [n, T, ...] stack over the steps}`` (`_examples_first`):
+        ``delta`` at every tap and every recorded operand, from a copy of the loop built in the
+        current graph (once per graph and seeds)."""
         graph = tf.compat.v1.get_default_graph()
         key = (id(graph), tuple(None if g is None else id(g) for g in grads))
         key += (tuple(sorted(self.taps)), tuple(sorted(self.records)))
