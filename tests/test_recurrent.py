@@ -338,3 +338,37 @@ def test_dropout_masks_are_the_loops_own(layer):
     sums, grads = step(x)
     for s, g in zip(sums, grads):
         np.testing.assert_allclose(s.numpy(), g.numpy(), rtol=1e-10, atol=1e-13)
+
+
+def test_sequence_length_unknown_at_trace_time():
+    """``Input((None, d))`` traced with an unknown batch and sequence length: the copy runs
+    as many steps as the loop did (its final counter), whatever the length of the batch."""
+    keras.utils.set_random_seed(13)
+    model = keras.Sequential(
+        [
+            keras.Input((None, 3), dtype="float64"),
+            keras.layers.GRU(3, return_sequences=True, dtype="float64"),
+            keras.layers.LSTM(2, dtype="float64"),
+        ]
+    )
+    variables = model.trainable_variables
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, None, 3], tf.float64),
+            tf.TensorSpec([None, 2], tf.float64),
+        ]
+    )
+    def step(x, y):
+        loss = tf.reduce_sum(squared_error(model(x), y))
+        return gradmom.gradients_and_moments(loss, variables, orders=ORDERS, fallback="error")[1]
+
+    rng = np.random.default_rng(5)
+    for n, steps in ((4, 6), (3, 2)):
+        x, y = rng.normal(size=(n, steps, 3)), rng.normal(size=(n, 2))
+        moments = step(tf.constant(x), tf.constant(y))
+        ref = reference.per_example_gradients(model, variables, squared_error, x, y)
+        for v, m, r in zip(variables, moments, ref):
+            expected = reference.moments(r, ORDERS)
+            for p in ORDERS:
+                _assert_close(m[p], expected[p], 1e-10, f"T={steps} {v.path} M{p}")
