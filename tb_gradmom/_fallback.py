@@ -1,7 +1,7 @@
 """The exact fallback: per-example gradients of the per-example loss vector, vectorised.
 
-For a variable whose consumer has no rule (a ``tf.while_loop`` such as Keras LSTM/GRU, a custom
-op, ``tf.sin(W)``), row ``j`` of the jacobian of the per-example losses ``l`` with respect to the
+For a variable whose consumer has no rule (an op with several outputs such as a fused batch
+norm, a custom op, a loop body the loop rule refuses, an unproven examples' axis), row ``j`` of the jacobian of the per-example losses ``l`` with respect to the
 variable is ``g_j = d l_j / d theta``, by definition. It is computed with TensorFlow's ``pfor``
 (what ``tf.vectorized_map`` and ``GradientTape.jacobian`` use): the backward pass from the seed
 ``e_j`` is vectorised over the examples of a chunk. That costs about one backward pass of the

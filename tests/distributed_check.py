@@ -43,7 +43,35 @@ def conv_net():
     )
 
 
-def lstm_net():  # through the exact fallback
+class SinCell(keras.layers.Layer):
+    """A recurrent cell whose input kernel enters as ``sin(W)``: the loop rule refuses that
+    use, so the kernel takes the exact fallback (the recurrent kernel keeps the rule)."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.state_size = units
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), name="kernel")
+        self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
+
+    def call(self, x, states):
+        h = tf.tanh(tf.matmul(x, tf.sin(self.kernel)) + tf.matmul(states[0], self.recurrent))
+        return h, [h]
+
+
+def sin_rnn_net():  # the kernel through the exact fallback
+    return keras.Sequential(
+        [
+            keras.Input((4, 3)),
+            keras.layers.RNN(SinCell(3, dtype="float64"), dtype="float64"),
+            keras.layers.Dense(3, dtype="float64"),
+        ]
+    )
+
+
+def lstm_net():  # through the loop rule
     return keras.Sequential(
         [
             keras.Input((4, 3)),
@@ -192,7 +220,7 @@ def keras_fit(logdir):
 
 
 if __name__ == "__main__":
-    for build, shape in ((conv_net, (5, 5, 2)), (lstm_net, (4, 3))):
+    for build, shape in ((conv_net, (5, 5, 2)), (lstm_net, (4, 3)), (sin_rnn_net, (4, 3))):
         for kind in ("mean", "sum", "vector"):
             run(build, shape, 8, kind)
         run(build, shape, 7, "mean")  # the replicas see 4 and 3 examples

@@ -4,7 +4,7 @@ Every entry, float64, orders 1-4: `gradients_and_moments(mean loss, variables,
 orders=(1, 2, 3, 4), fallback="error")` in a `tf.function` (``fallback="exact"`` for the
 recurrent entries) against one tape gradient per example on its own slice of the batch
 (`tests/reference.py`). Relative error <= 1e-9 per variable and order (`max_rel_err`), and no
-variable on the fallback path outside the recurrent and sparse-lookup entries. Entries marked
+variable on the fallback path outside the sparse-lookup entries. Entries marked
 ``float32_inside`` (keras_hub Llama/Mistral/Gemma/DeBERTaV3 and LoRA, whose layers cast to or
 create float32 whatever the model's dtype) run inside `zoo.float64_inside`, which makes those
 float32 computations float64, and are judged at 1e-9 too. One documented exception: the
