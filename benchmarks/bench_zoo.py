@@ -15,8 +15,8 @@ Models (float32, seed 0, no download; see `MODELS`):
   `Dense(10)` on the pooled output) and "gpt2" (`GPT2Backbone`, mean over positions,
   `Dense(10)`);
 - "lstm" and "gru": `LSTM(128)` / `GRU(128)` over 50 steps of 32 features, `Dense(10)`,
-  batch 64. Their recurrent variables live in a ``tf.while_loop`` and go through the library's
-  exact fallback.
+  batch 64. Their recurrent variables live in a ``tf.while_loop`` and go through the loop rule
+  (``tb_gradmom/rules/recurrent.py``).
 
 The loss is ``mean(sparse_softmax_cross_entropy_with_logits)``; ``training=True`` everywhere
 (BatchNormalization uses the batch statistics; dropout is on).
