@@ -928,3 +928,21 @@ RECURRENT_CASE_IDS = [
     "lstm-masking-sequence",
     "lstm-embedding-mask-zero",
 ]
+
+
+class SinCell(keras.layers.Layer):
+    """A custom recurrent cell whose input kernel ``w`` enters as ``sin(w)``: the loop rule
+    refuses that use (exact fallback), the recurrent kernel ``u`` keeps the rule."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.state_size = units
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1], self.units), name="w")
+        self.u = self.add_weight(shape=(self.units, self.units), name="u")
+
+    def call(self, x, states):
+        h = tf.tanh(tf.matmul(x, tf.sin(self.w)) + tf.matmul(states[0], self.u))
+        return h, [h]

@@ -27,7 +27,7 @@ STRATEGY = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 import tb_gradmom as gradmom  # noqa: E402
 from tb_gradmom import data  # noqa: E402
 from tests import reference  # noqa: E402
-from tests.cases import sparse_ce  # noqa: E402
+from tests.cases import SinCell, sparse_ce  # noqa: E402
 
 ORDERS = (1, 2, 3, 4)
 
@@ -41,24 +41,6 @@ def conv_net():
             keras.layers.Dense(3, dtype="float64"),
         ]
     )
-
-
-class SinCell(keras.layers.Layer):
-    """A recurrent cell whose input kernel enters as ``sin(W)``: the loop rule refuses that
-    use, so the kernel takes the exact fallback (the recurrent kernel keeps the rule)."""
-
-    def __init__(self, units, **kwargs):
-        super().__init__(**kwargs)
-        self.units = units
-        self.state_size = units
-
-    def build(self, input_shape):
-        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), name="kernel")
-        self.recurrent = self.add_weight(shape=(self.units, self.units), name="recurrent")
-
-    def call(self, x, states):
-        h = tf.tanh(tf.matmul(x, tf.sin(self.kernel)) + tf.matmul(states[0], self.recurrent))
-        return h, [h]
 
 
 def sin_rnn_net():  # the kernel through the exact fallback

@@ -16,7 +16,7 @@ import tb_gradmom as gradmom
 from tb_gradmom import _core
 from tb_gradmom.rules import recurrent
 from tests import reference
-from tests.cases import CASES_BY_ID, RECURRENT_CASE_IDS, Case, _xy, squared_error
+from tests.cases import CASES_BY_ID, RECURRENT_CASE_IDS, Case, SinCell, _xy, squared_error
 from tests.test_core import ORDERS, TOLERANCE, _assert_close, _run
 
 
@@ -165,23 +165,6 @@ def test_raw_while_loop_capturing_a_value():
     x, y = case.inputs(np.random.default_rng(0), "float64")
     assert _rule_paths(case.build, x, y)["u"] == "While"
     _check(case)
-
-
-class SinCell(keras.layers.Layer):
-    """A custom cell that uses ``sin(W)``: no rule for that use in a loop."""
-
-    def __init__(self, units, **kwargs):
-        super().__init__(**kwargs)
-        self.units = units
-        self.state_size = units
-
-    def build(self, input_shape):
-        self.w = self.add_weight(shape=(input_shape[-1], self.units), name="w")
-        self.u = self.add_weight(shape=(self.units, self.units), name="u")
-
-    def call(self, x, states):
-        h = tf.tanh(tf.matmul(x, tf.sin(self.w)) + tf.matmul(states[0], self.u))
-        return h, [h]
 
 
 def _sin_rnn(dtype):
