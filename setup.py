@@ -42,6 +42,6 @@ setup(
     },
     entry_points={
         "console_scripts": ["tb-gradmom = tb_gradmom.cli:main"],
-        "tensorboard_plugins": ["gradmom = tb_gradmom.plugin_loader:GradMomentsPluginLoader"],
+        "tensorboard_plugins": ["gradmom = tb_gradmom.plugin.loader:GradMomentsPluginLoader"],
     },
 )

@@ -16,7 +16,7 @@ peak and after it, the latency of every request (median, 99th percentile) and th
 
 The logdir (3 runs x 500 steps x 20 variables, one a 1000 x 1000 kernel) is written once by
 `tests/plugin_logdir.py --bench` and cached in ``--cache`` (default /tmp/gradmom_bench). By
-default the big kernel is stored pooled to 65,536 cells, as `tb_gradmom.summary.moments` does
+default the big kernel is stored pooled to 65,536 cells, as `tb_gradmom.writers.summary.moments` does
 by default (``DEFAULT_MAX_ELEMENTS``); ``--full`` also measures a run storing it at full
 resolution (1M cells, fewer steps, to keep the logdir on disk and in TensorBoard's memory).
 
@@ -111,7 +111,7 @@ def python_app(logdir: str):
     from tensorboard.plugins.core import core_plugin
     from werkzeug.test import Client
 
-    from tb_gradmom.plugin_loader import GradMomentsPluginLoader
+    from tb_gradmom.plugin.loader import GradMomentsPluginLoader
 
     class Loader(GradMomentsPluginLoader):
         plugin = None

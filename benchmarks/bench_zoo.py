@@ -16,7 +16,7 @@ Models (float32, seed 0, no download; see `MODELS`):
   `Dense(10)`);
 - "lstm" and "gru": `LSTM(128)` / `GRU(128)` over 50 steps of 32 features, `Dense(10)`,
   batch 64. Their recurrent variables live in a ``tf.while_loop`` and go through the loop rule
-  (``tb_gradmom/rules/recurrent.py``).
+  (``tb_gradmom/core/rules/recurrent.py``).
 
 The loss is ``mean(sparse_softmax_cross_entropy_with_logits)``; ``training=True`` everywhere
 (BatchNormalization uses the batch statistics; dropout is on).
@@ -35,9 +35,9 @@ off), fed the same synthetic batch:
 Each step is traced and called twice (untimed), then timed in interleaved rounds whose variant
 order rotates; per round, each variant runs as many steps as fill about ``--budget`` seconds (at
 least one). A variant's time is the median of all its steps; a ratio is the median over rounds
-of the per-round ratio of medians. While the moments step is traced, `tb_gradmom._core.prepare`
+of the per-round ratio of medians. While the moments step is traced, `tb_gradmom.core.plan.make_plan`
 is wrapped to read, per variable, the rule that computes it or why it is on the exact fallback
-(``Prepared.plans[i].fallback``); the library's warnings are recorded.
+(``Plan.variables[i].fallback``); the library's warnings are recorded.
 
 Peak memory and compile time: for each model, plain and moments alternate in fresh processes
 (``--memory-child VARIANT``) with ``TF_CPU_ALLOCATOR_USE_BFC=true`` (every allocation counted by
@@ -238,31 +238,31 @@ def make_steps(model, variants=("plain", "moments", "vmap")) -> dict:
     return {k: steps[k] for k in variants}
 
 
-def spy_prepare():
-    """Collects the `Prepared` objects `gradients_and_moments` builds while tracing (the zoo
-    test's spy, `tests.zoo_worker.spy_prepare`)."""
+def spy_plans():
+    """Collects the `Plan`s `gradients_and_moments` makes while tracing (the zoo test's spy,
+    `tests.zoo_worker.spy_plans`)."""
     root = os.path.dirname(HERE)
     if root not in sys.path:
         sys.path.insert(0, root)
-    from tests.zoo_worker import spy_prepare as spy
+    from tests.zoo_worker import spy_plans as spy
 
     return spy()
 
 
-def paths_of(prepared) -> list[dict]:
+def paths_of(plan) -> list[dict]:
     """Per variable: its name, shape, and the rule (first consumer's op type) or the fallback."""
     out = []
-    for i, plan in enumerate(prepared.plans):
-        shape = [int(d) for d in plan.variable.shape]
-        if plan.fallback is not None:
-            out.append({"name": plan.name, "shape": shape, "fallback": str(plan.fallback)})
+    for i, vplan in enumerate(plan.variables):
+        shape = [int(d) for d in vplan.variable.shape]
+        if vplan.fallback is not None:
+            out.append({"name": vplan.name, "shape": shape, "fallback": str(vplan.fallback)})
         else:
             try:
-                rule = prepared.op_type(i)
+                rule = plan.op_type(i)
             except Exception:  # noqa: BLE001 - informational only
                 rule = "?"
             out.append(
-                {"name": plan.name, "shape": shape, "rule": rule, "coupled": bool(plan.coupled)}
+                {"name": vplan.name, "shape": shape, "rule": rule, "coupled": bool(vplan.coupled)}
             )
     return out
 
@@ -281,7 +281,7 @@ def timing_child(name: str, batch: int, size: int, rounds: int, budget: float, v
     model(x, training=False)  # Keras' one-off costs, outside the timed traces
     compile_s, prepared, caught, vmap_error = {}, [], [], None
     for v in variants:
-        with warnings.catch_warnings(record=True) as rec, spy_prepare() as seen:
+        with warnings.catch_warnings(record=True) as rec, spy_plans() as seen:
             warnings.simplefilter("always")
             try:
                 t0 = time.perf_counter()
@@ -712,7 +712,7 @@ def summary_child(rounds: int, steps: int) -> dict:
     bench_core = _bench_core()
     import bench_summary
 
-    from tb_gradmom import summary as gsum
+    from tb_gradmom.writers import summary as gsum
 
     model = bench_core.build_model("mlp")
     x, y = bench_core.make_data("mlp")

@@ -16,6 +16,7 @@ __version__ = "0.1.0"  # the one place: setup.py reads this line (a regex, no im
 
 __all__ = [
     "gradients_and_moments",
+    "plan_moments",
     "variance",
     "UnsupportedOpError",
     "BatchSizeError",
@@ -30,17 +31,18 @@ __all__ = [
 
 # Public name -> (module, attribute or None for the module itself).
 _LAZY = {
-    "gradients_and_moments": ("tb_gradmom._core", "gradients_and_moments"),
-    "variance": ("tb_gradmom._core", "variance"),
-    "UnsupportedOpError": ("tb_gradmom._errors", "UnsupportedOpError"),
-    "BatchSizeError": ("tb_gradmom._errors", "BatchSizeError"),
-    "PerExampleLossError": ("tb_gradmom._errors", "PerExampleLossError"),
-    "summary": ("tb_gradmom.summary", None),
-    "keras": ("tb_gradmom.keras", None),
-    "data": ("tb_gradmom.data", None),
-    "stats": ("tb_gradmom.stats", None),
+    "gradients_and_moments": ("tb_gradmom.core.moments", "gradients_and_moments"),
+    "variance": ("tb_gradmom.core.moments", "variance"),
+    "plan_moments": ("tb_gradmom.core.plan", "plan_moments"),
+    "UnsupportedOpError": ("tb_gradmom.core.errors", "UnsupportedOpError"),
+    "BatchSizeError": ("tb_gradmom.core.errors", "BatchSizeError"),
+    "PerExampleLossError": ("tb_gradmom.core.errors", "PerExampleLossError"),
+    "summary": ("tb_gradmom.writers.summary", None),
+    "keras": ("tb_gradmom.writers.keras", None),
+    "data": ("tb_gradmom.analysis.data", None),
+    "stats": ("tb_gradmom.analysis.stats", None),
     "metadata": ("tb_gradmom.metadata", None),
-    "plot": ("tb_gradmom.plot", None),
+    "plot": ("tb_gradmom.viz.plot", None),
 }
 
 

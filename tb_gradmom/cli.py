@@ -20,7 +20,7 @@ __all__ = ["build_parser", "main"]
 
 
 def _run_export(args) -> int:
-    from tb_gradmom import export
+    from tb_gradmom.viz import export
 
     return export.run_from_args(args)
 
@@ -83,7 +83,7 @@ def _run_demo(args) -> int:
 
 def _statistics_help() -> str:
     """The derived statistics explained (from `stats.STATISTICS`; see docs/math.md)."""
-    from tb_gradmom import stats
+    from tb_gradmom.analysis import stats
 
     parts = ["statistics of --plot curves (--quantities):"]
     parts += [stats.describe(k) for k in stats.STATISTICS]
@@ -100,7 +100,7 @@ def _add_export(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # Imported here for the choices; export imports no TensorFlow and no matplotlib.
-    from tb_gradmom import export
+    from tb_gradmom.viz import export
 
     export.add_arguments(p)
     p.set_defaults(func=_run_export)

@@ -5,9 +5,9 @@ Two runs are written under ``--logdir``:
 
 * ``mlp``: an MLP regressing a fixed random "teacher" network's 4 outputs plus Gaussian noise
   (target noise that no model can fit), trained with a custom ``tf.function`` step that
-  calls `tb_gradmom.summary.moments` (the one-line integration);
+  calls `tb_gradmom.writers.summary.moments` (the one-line integration);
 * ``cnn``: a small conv net on generated 12x12 RGB images (class-dependent oriented stripes plus
-  noise, 5 % label noise), trained with ``model.fit`` and the `tb_gradmom.keras.GradMoments`
+  noise, 5 % label noise), trained with ``model.fit`` and the `tb_gradmom.writers.keras.GradMoments`
   callback.
 
 Every batch is freshly drawn: no example is seen twice, so the models cannot memorise, the loss
@@ -146,7 +146,7 @@ def run_mlp(
     import numpy as np
     import tensorflow as tf
 
-    from tb_gradmom import summary
+    from tb_gradmom.writers import summary
 
     rng = np.random.default_rng(seed)
     keras.utils.set_random_seed(seed)
@@ -198,7 +198,7 @@ def run_cnn(
     import keras
     import numpy as np
 
-    from tb_gradmom.keras import GradMoments
+    from tb_gradmom.writers.keras import GradMoments
 
     rng = np.random.default_rng(seed)
     keras.utils.set_random_seed(seed)

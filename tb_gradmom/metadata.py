@@ -1,7 +1,7 @@
 """The event-file format of Grad Moments: where the writer and the reader meet.
 
-This module imports no TensorFlow. The summary writer (`tb_gradmom.summary`), the reader
-(`tb_gradmom.data`) and the TensorBoard plugin (`tb_gradmom.plugin`) all go through it.
+This module imports no TensorFlow. The summary writer (`tb_gradmom.writers.summary`), the reader
+(`tb_gradmom.analysis.data`) and the TensorBoard plugin (`tb_gradmom.plugin`) all go through it.
 The full format is documented in `docs/format.md`.
 
 Every Grad Moments tag is a tensor summary with plugin name ``gradmom`` and

@@ -40,7 +40,7 @@ const numbers = (a) => decodeArray(a ?? []);
 
 /**
  * GET meta: the labels, statistic orders, palettes and defaults the tab shows
- * (tb_gradmom.views.meta), checked (core.checkMeta) and frozen. Fetched once, at start-up;
+ * (tb_gradmom.analysis.views.meta), checked (core.checkMeta) and frozen. Fetched once, at start-up;
  * rejects with an ApiError when the route fails, an Error when the payload is not what this
  * tab reads.
  */

@@ -4,7 +4,7 @@
 // 2-D view of a variable, CSV and SVG text, sorting and filtering. The views draw with these;
 // the browser tests compute expected colours with the same lookup tables. Labels, statistic
 // orders, signs, run colours and defaults are not here: the backend serves them (GET /meta,
-// tb_gradmom.views.meta) and the functions that need them take that payload as `meta`.
+// tb_gradmom.analysis.views.meta) and the functions that need them take that payload as `meta`.
 
 import { COLORMAP_HEX } from "./colormaps.js";
 
@@ -452,7 +452,7 @@ function fnv1a(text) {
 }
 
 /**
- * A file name from parts, by the rule of tb_gradmom.encode.file_name (checked on shared cases,
+ * A file name from parts, by the rule of tb_gradmom.analysis.encode.file_name (checked on shared cases,
  * tests/js/file_names.json): each part's runs of characters outside [A-Za-z0-9._-] become "_",
  * leading and trailing ".", "_", "-" go (the root run "." drops out), the non-empty parts are
  * joined by "-"; a name over 255 bytes keeps its start and ends with a hash of the whole stem.
@@ -475,7 +475,7 @@ export function fileName(parts, ext, maxBytes = 255) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// What the backend says the tab shows: GET /meta (tb_gradmom.views.meta, docs/http_api.md).
+// What the backend says the tab shows: GET /meta (tb_gradmom.analysis.views.meta, docs/http_api.md).
 // The tab keeps no copy of a label, an order, a palette or a default; the node tests read the
 // same payload from tests/js/meta.json (checked against views.meta() by a Python test).
 

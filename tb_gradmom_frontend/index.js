@@ -2,7 +2,7 @@
 // (/data/plugin_entry.html?name=gradmom, base href /data/plugin/gradmom/) and calls render().
 //
 // State lives in App; api.js fetches, core.js transforms, views/ draw. Every label, statistic
-// order, sign, run colour and default comes from the backend's /meta (tb_gradmom.views.meta),
+// order, sign, run colour and default comes from the backend's /meta (tb_gradmom.analysis.views.meta),
 // fetched once before anything is drawn; without it the tab says why instead of starting.
 
 import * as api from "./api.js";

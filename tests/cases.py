@@ -767,7 +767,7 @@ CASES: list[Case] = [
     Case("param-operands", _param_operands, _xy((3, 4, 3), (3, 18))),
     Case("param-operands-batch-eq-rows", _param_operands, _xy((2, 4, 3), (2, 18)), "sum"),
     Case("prelu-weight-norm-batch-eq-width", _prelu_weightnorm, _xy((5, 4), (5, 2)), "sum"),
-    # Keras recurrent layers (a while loop; `tb_gradmom.rules.recurrent`), in
+    # Keras recurrent layers (a while loop; `tb_gradmom.core.rules.recurrent`), in
     # RECURRENT_CASE_IDS: each is also run with fallback="error" by tests/test_recurrent.py.
     Case(
         "lstm-classifier",

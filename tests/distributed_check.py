@@ -25,7 +25,7 @@ import keras  # noqa: E402
 STRATEGY = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 import tb_gradmom as gradmom  # noqa: E402
-from tb_gradmom import data  # noqa: E402
+from tb_gradmom.analysis import data  # noqa: E402
 from tests import reference  # noqa: E402
 from tests.cases import SinCell, sparse_ce  # noqa: E402
 

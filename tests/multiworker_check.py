@@ -32,7 +32,7 @@ STRATEGY = tf.distribute.MultiWorkerMirroredStrategy()
 import keras  # noqa: E402
 
 import tb_gradmom as gradmom  # noqa: E402
-from tb_gradmom import data  # noqa: E402
+from tb_gradmom.analysis import data  # noqa: E402
 from tests import reference  # noqa: E402
 from tests.cases import sparse_ce  # noqa: E402
 

@@ -14,7 +14,7 @@ Usage (TensorFlow is imported only by the writing functions)::
 The test fixture has these runs:
 
 * ``keras``: a tiny Keras model (Conv2D, Dense) trained with the real writer,
-  `tb_gradmom.summary.moments`, with its brute-force per-example gradients saved beside it.
+  `tb_gradmom.writers.summary.moments`, with its brute-force per-example gradients saved beside it.
 * ``train``: Dense, bias, Conv2D, Conv1D and scalar variables, a pooled variable, one with
   orders 1-4, one with NaN and Inf moments, one without a stats tag, ``_model/_stats``, loss
   and learning rate, and a scalar ``loss`` tag from TensorBoard's scalar plugin.
@@ -333,7 +333,7 @@ KERAS_LR = 0.05
 
 
 def write_keras_run(logdir: str, run: str = KERAS_RUN) -> None:
-    """A tiny Keras model trained with `tb_gradmom.summary.moments` (the real writer).
+    """A tiny Keras model trained with `tb_gradmom.writers.summary.moments` (the real writer).
 
     Before each step the per-example gradients ``d l_j / d theta`` are computed one example at
     a time with a `tf.GradientTape` (at the weights the step logs) and saved to

@@ -2,7 +2,7 @@
 
 The reader, the statistics, the views, the encoder, the plugin and the export must not import
 TensorFlow or Keras: TensorBoard loads the plugin in a process that may have no TensorFlow,
-and ``tb-gradmom export`` and `tb_gradmom.data` are for machines without it. The subprocess
+and ``tb-gradmom export`` and `tb_gradmom.analysis.data` are for machines without it. The subprocess
 tests (`tests/test_data.py`, `tests/test_plugin_subprocess.py`) check that at run time for the
 paths they take; this test checks every module of those layers and everything they import at
 module level, transitively, so a new import anywhere below them is caught. Imports inside
@@ -20,20 +20,23 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tb_gradmom"
 
 # The layers that run without TensorFlow: numpy, protobuf and TensorBoard only.
-NO_TF_MODULES = (
-    "tb_gradmom",
-    "tb_gradmom.metadata",
-    "tb_gradmom.data",
-    "tb_gradmom.reductions",
-    "tb_gradmom.stats",
-    "tb_gradmom.views",
-    "tb_gradmom.encode",
-    "tb_gradmom.plot",
-    "tb_gradmom.export",
-    "tb_gradmom.cli",
-    "tb_gradmom.plugin_loader",
-)
-NO_TF_PACKAGES = ("tb_gradmom.plugin",)
+NO_TF_MODULES = ("tb_gradmom", "tb_gradmom.metadata", "tb_gradmom.cli")
+# Every module of these packages, present and future.
+NO_TF_PACKAGES = ("tb_gradmom.analysis", "tb_gradmom.viz", "tb_gradmom.plugin")
+
+# The rooms and what each may import from the others (a layered contract, as import-linter's
+# "layers"): the core knows nothing of logging or showing; the writers use the core; analysis
+# is the numpy layer under the figures and the plugin; the figures and the plugin do not know
+# each other. `metadata` (the format contract) and `_compat` (private-API adapters) are shared.
+ROOMS: dict[str, frozenset[str]] = {
+    "tb_gradmom.core": frozenset({"tb_gradmom._compat"}),
+    "tb_gradmom.writers": frozenset(
+        {"tb_gradmom.core", "tb_gradmom._compat", "tb_gradmom.metadata"}
+    ),
+    "tb_gradmom.analysis": frozenset({"tb_gradmom.metadata"}),
+    "tb_gradmom.viz": frozenset({"tb_gradmom.analysis", "tb_gradmom.metadata"}),
+    "tb_gradmom.plugin": frozenset({"tb_gradmom.analysis", "tb_gradmom.metadata"}),
+}
 FORBIDDEN = ("tensorflow", "keras", "tf_keras")
 
 
@@ -127,10 +130,57 @@ def _no_tf_modules(modules) -> list[str]:
 def test_the_graph_is_read():
     modules, graph = _graph()
     # Sanity: the core does import TensorFlow, and the plugin imports the reader layer.
-    assert _chain_to_forbidden("tb_gradmom._core", graph)
+    assert _chain_to_forbidden("tb_gradmom.core.moments", graph)
     assert "tb_gradmom.metadata" in graph["tb_gradmom.plugin.plugin"]
     missing = [m for m in NO_TF_MODULES if m not in modules]
     assert not missing, f"NO_TF_MODULES names modules that do not exist: {missing}"
+
+
+def _room(module: str) -> str | None:
+    for room in ROOMS:
+        if module == room or module.startswith(room + "."):
+            return room
+    return None
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_rooms_import_only_what_their_contract_allows(room):
+    """Module-level and function-level imports alike: a lazy import still couples the rooms."""
+    modules = _modules()
+    bad = []
+    for name, path in sorted(modules.items()):
+        if _room(name) != room:
+            continue
+        for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target not in modules or target == "tb_gradmom":
+                    continue
+                other = _room(target)
+                allowed = ROOMS[room] | {room}
+                if other is None:
+                    other = target  # a top-level module: metadata, _compat, cli, demo
+                    if any(target == a or target.startswith(a + ".") for a in allowed):
+                        continue
+                elif other in allowed:
+                    continue
+                bad.append(f"{name}:{node.lineno} imports {target}")
+    assert not bad, f"{room} may import only {sorted(ROOMS[room])}; found:\n" + "\n".join(bad)
+
+
+def test_every_module_is_in_a_room_or_known():
+    top_level = {"tb_gradmom", "tb_gradmom.metadata", "tb_gradmom.cli", "tb_gradmom.demo"}
+    homeless = [
+        m
+        for m in _modules()
+        if _room(m) is None and m not in top_level and not m.startswith("tb_gradmom._compat")
+    ]
+    assert not homeless, f"modules outside the layout of docs/CONTRACTS.md: {homeless}"
 
 
 @pytest.mark.parametrize("module", _no_tf_modules(_modules()))

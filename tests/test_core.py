@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tb_gradmom as gradmom
+from tb_gradmom.core.plan import variable_name
 from tests import reference
 from tests.cases import CASES, CASES_BY_ID, squared_error
 
@@ -86,7 +87,7 @@ def test_moments_match_brute_force(case, dtype):
     rel = 1e-3 if dtype == "float64" else 1e-2
     floor = {p: rel * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in ORDERS}
     for v, g, m, per_ex, expected in zip(variables, grads, moments, ref, expected_all):
-        name = gradmom._core.variable_name(v)
+        name = variable_name(v)
         assert set(m) == set(ORDERS)
         # moments follow the variable's dtype (LoRA adapters are float32 in a float64 model)
         vdtype = "float64" if tf.as_dtype(v.dtype) == tf.float64 else "float32"

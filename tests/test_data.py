@@ -12,7 +12,8 @@ import pytest
 from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 from tensorboard.util import tensor_util
 
-from tb_gradmom import data, metadata, reductions, stats
+from tb_gradmom import metadata
+from tb_gradmom.analysis import data, reductions, stats
 
 STEPS = (0, 5, 10)
 # run -> tag -> (variable shape, stored shape, orders, pooled block)

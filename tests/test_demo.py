@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from tb_gradmom import data, metadata
+from tb_gradmom import metadata
+from tb_gradmom.analysis import data
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tb_gradmom.stats import STATISTICS
+from tb_gradmom.analysis.stats import STATISTICS
 
 ROOT = Path(__file__).resolve().parents[1]
 FRONTEND = ROOT / "tb_gradmom_frontend"
@@ -142,7 +142,8 @@ def _write_run(run_dir: Path, seed: int, steps=(0, 10, 20, 30, 40), n: int = 32)
     """One run of Grad Moments events: three variables with moments and stats, and the model."""
     import tensorflow as tf
 
-    from tb_gradmom import metadata, stats
+    from tb_gradmom import metadata
+    from tb_gradmom.analysis import stats
 
     rng = np.random.default_rng(seed)
     # tag: (shape, op, max_elements): "wide/kernel" is stored block-pooled, as the writer does
@@ -271,7 +272,7 @@ def _tensorboard_command(logdir: Path, port: int) -> list[str]:
     launcher = (
         "import sys\n"
         "from tensorboard import default, program\n"
-        "from tb_gradmom.plugin_loader import GradMomentsPluginLoader\n"
+        "from tb_gradmom.plugin.loader import GradMomentsPluginLoader\n"
         "tb = program.TensorBoard(plugins=default.get_plugins() + [GradMomentsPluginLoader()])\n"
         "tb.configure(argv=[None] + sys.argv[1:])\n"
         "sys.exit(tb.main())\n"

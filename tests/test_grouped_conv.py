@@ -2,8 +2,8 @@
 ``tf.nn.conv2d`` with a grouped filter) through the exact rules, against one gradient per
 example.
 
-Keras runs a grouped convolution in an XLA-compiled function call (`tb_gradmom.rules.call`); a
-raw grouped ``tf.nn.conv2d`` is a plain ``Conv2D`` op (`tb_gradmom.rules.conv`), whose gradient
+Keras runs a grouped convolution in an XLA-compiled function call (`tb_gradmom.core.rules.call`); a
+raw grouped ``tf.nn.conv2d`` is a plain ``Conv2D`` op (`tb_gradmom.core.rules.conv`), whose gradient
 TensorFlow computes on CPU only under XLA (the rule does not need it).
 """
 
@@ -15,8 +15,9 @@ import pytest
 import tensorflow as tf
 
 import tb_gradmom as gradmom
-from tb_gradmom import _graph
-from tb_gradmom.rules.call import function_body
+from tb_gradmom.core import graph as _graph
+from tb_gradmom.core.plan import variable_name
+from tb_gradmom.core.rules.call import function_body
 from tests import reference
 from tests.cases import squared_error
 
@@ -187,7 +188,7 @@ def _check(variables, grads, moments, ref, batch_grads, loss_kind, tol, case_id)
     floor = {p: 1e-3 * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in ORDERS}
     worst = 0.0
     for v, g, m, expected, tape_g in zip(variables, grads, moments, expected_all, batch_grads):
-        name = gradmom._core.variable_name(v)
+        name = variable_name(v)
         for p in ORDERS:
             worst = max(
                 worst, _assert_close(m[p], expected[p], tol, f"{case_id} {name} M{p}", floor[p])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tb_gradmom as gradmom
-from tb_gradmom import data
+from tb_gradmom.analysis import data
 from tests import reference
 from tests.cases import sparse_ce
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tb_gradmom as gradmom
-from tb_gradmom import data
+from tb_gradmom.analysis import data
 from tests import reference
 from tests.cases import sparse_ce
 

@@ -23,7 +23,9 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from tb_gradmom import cli, data, encode, export, metadata, plot, stats  # noqa: E402
+from tb_gradmom import cli, metadata
+from tb_gradmom.analysis import data, encode, stats
+from tb_gradmom.viz import export, plot  # noqa: E402
 
 try:  # the real-TF event files of test_data (tests as a package, or tests/ on sys.path)
     from tests.test_data import LAYOUT, STEPS, _write_logdir
@@ -459,7 +461,7 @@ def test_no_gradmom_data_and_subprocess_exit_code(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         f"tb-gradmom export: error: no Grad Moments data in logdir {str(tmp_path)!r}; log some "
-        "with tb_gradmom.summary or the Keras callback"
+        "with tb_gradmom.writers.summary or the Keras callback"
     ]
 
 
@@ -473,7 +475,7 @@ def test_missing_matplotlib_message(logdir, tmp_path):
     proc = subprocess.run([*base, "--format", "png"], capture_output=True, text=True)
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
-        "tb-gradmom export: error: tb_gradmom.plot needs matplotlib, which is not installed: "
+        "tb-gradmom export: error: tb_gradmom.viz.plot needs matplotlib, which is not installed: "
         'pip install "tb_gradmom[plots]"'
     )
     proc = subprocess.run([*base, "--format", "json"], capture_output=True, text=True)
@@ -484,7 +486,7 @@ def test_missing_matplotlib_message(logdir, tmp_path):
 def test_truncated_file_warns_in_one_line(logdir, tmp_path, capsys):
     import shutil
 
-    from tb_gradmom import data
+    from tb_gradmom.analysis import data
 
     src = data.list_runs(logdir)["."][0]
     dst = tmp_path / "logs"
@@ -800,7 +802,7 @@ def test_export_options_are_bounded(logdir, tmp_path, capsys, extra, message):
 
 
 def test_bins_are_capped_in_reductions_and_plot(logdir):
-    from tb_gradmom import reductions
+    from tb_gradmom.analysis import reductions
 
     assert reductions.MAX_BINS == 1000
     reductions.histogram(np.arange(5.0), bins=1000)

@@ -28,9 +28,10 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.core import core_plugin
 from werkzeug.test import Client
 
-from tb_gradmom import encode, metadata, reductions, stats, views
+from tb_gradmom import metadata
+from tb_gradmom.analysis import encode, reductions, stats, views
 from tb_gradmom.plugin import _cache, _payloads, _static
-from tb_gradmom.plugin_loader import DEFAULT_SAMPLES, GradMomentsPluginLoader
+from tb_gradmom.plugin.loader import DEFAULT_SAMPLES, GradMomentsPluginLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -177,7 +178,7 @@ def test_plugins_listing_has_the_tab(env):
 
 def test_setup_declares_the_entry_point():
     with open(os.path.join(os.path.dirname(HERE), "setup.py")) as f:
-        assert "gradmom = tb_gradmom.plugin_loader:GradMomentsPluginLoader" in f.read()
+        assert "gradmom = tb_gradmom.plugin.loader:GradMomentsPluginLoader" in f.read()
 
 
 def test_default_samples_per_plugin_keeps_more_than_tensorboards_10(logdir, env):
@@ -636,7 +637,7 @@ def test_histogram_over_all_steps_shares_edges(env):
 def test_histogram_over_all_steps_of_a_big_series_is_a_sample(logdir, env, monkeypatch):
     """Above HISTOGRAM_READ_BYTES the all-steps histogram bins TensorBoard's sample of the
     steps, says so, and is exact for the steps it lists; exports bin every step."""
-    from tb_gradmom import data
+    from tb_gradmom.analysis import data
     from tb_gradmom.plugin import _reader
 
     q = {"run": "train", "tag": "big/kernel", "step": "all", "bins": 9, "stat": "variance"}
@@ -1361,7 +1362,7 @@ def write_gan_logdir(path) -> None:
 def gan_env(tmp_path_factory):
     d = tmp_path_factory.mktemp("gan_logdir")
     write_gan_logdir(d)
-    from tb_gradmom import data
+    from tb_gradmom.analysis import data
 
     client, plugin, _ = make_app(str(d))
     return client, data.load(str(d))

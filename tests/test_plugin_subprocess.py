@@ -29,7 +29,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import plugin_logdir as fx  # noqa: E402
 
-ENTRY_POINT = "gradmom = tb_gradmom.plugin_loader:GradMomentsPluginLoader"
+ENTRY_POINT = "gradmom = tb_gradmom.plugin.loader:GradMomentsPluginLoader"
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ _NO_TF_SCRIPT = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, BlockTensorFlow())
-    import tb_gradmom.plugin_loader as loader_module
+    import tb_gradmom.plugin.loader as loader_module
     loaded_before_plugin = "tensorflow" in sys.modules
     from tensorboard import context
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
@@ -415,7 +415,7 @@ def test_rustboard_sampled_all_steps_histogram(rustboard_provider, logdir, monke
     lists (the same numbers as `reductions` on the stored moments of those steps)."""
     from tensorboard import context
 
-    from tb_gradmom import data, reductions
+    from tb_gradmom.analysis import data, reductions
     from tb_gradmom.plugin import _reader
 
     monkeypatch.setattr(_reader, "HISTOGRAM_READ_BYTES", 3 * 4 * 2 * 10 * 10)  # 3 steps

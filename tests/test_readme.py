@@ -23,7 +23,7 @@ def test_readme_python_examples_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "README OK (784, 512)" in proc.stdout
     # The training-step example logged real moments to runs/exp1, the callback to runs/exp2.
-    from tb_gradmom import data
+    from tb_gradmom.analysis import data
 
     for run in ("exp1", "exp2"):
         logged = data.load(tmp_path / "runs" / run)["."]

@@ -1,4 +1,4 @@
-"""The loop rule (`tb_gradmom.rules.recurrent`): Keras LSTM, GRU and SimpleRNN, and a raw
+"""The loop rule (`tb_gradmom.core.rules.recurrent`): Keras LSTM, GRU and SimpleRNN, and a raw
 ``tf.while_loop``, exact against brute-force per-example gradients with ``fallback="error"``
 (so the rule, not the exact fallback, computed them); what it does not cover goes to the exact
 fallback with its warning; a step that records no moments runs none of the loop's copy."""
@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 
 import tb_gradmom as gradmom
-from tb_gradmom import _core
-from tb_gradmom.rules import recurrent
+from tb_gradmom.core import moments as _moments
+from tb_gradmom.core import plan as _plan
+from tb_gradmom.core.rules import recurrent
 from tests import reference
 from tests.cases import CASES_BY_ID, RECURRENT_CASE_IDS, Case, SinCell, _xy, squared_error
 from tests.test_core import ORDERS, TOLERANCE, _assert_close, _run
@@ -26,7 +27,7 @@ def _check(case, dtype="float64", **kwargs):
     rel = 1e-3 if dtype == "float64" else 1e-2
     floor = {p: rel * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in ORDERS}
     for v, g, m, per_ex, expected in zip(variables, grads, moments, ref, expected_all):
-        name = _core.variable_name(v)
+        name = _plan.variable_name(v)
         for p in ORDERS:
             _assert_close(m[p], expected[p], TOLERANCE[dtype], f"{case.id} {name} M{p}", floor[p])
         scale = per_ex.shape[0] if case.loss == "sum" else 1
@@ -71,17 +72,17 @@ def _rule_paths(build, x, y, loss="mean"):
     def step(x, y):
         per = squared_error(forward(x), y)
         total = tf.reduce_mean(per) if loss == "mean" else tf.reduce_sum(per)
-        prepared = _core.prepare(total, variables, orders=(1, 2))
+        plan = _plan.make_plan(total, variables, _plan.Options.check(orders=(1, 2)))
         seen["paths"] = [
-            f"fallback: {p.fallback}" if p.fallback else prepared.op_type(i)
-            for i, p in enumerate(prepared.plans)
+            f"fallback: {p.fallback}" if p.fallback else plan.op_type(i)
+            for i, p in enumerate(plan.variables)
         ]
-        return prepared.grads
+        return _moments.run_backward(plan).grads
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         step(tf.constant(x), tf.constant(y))
-    return dict(zip([_core.variable_name(v) for v in variables], seen["paths"]))
+    return dict(zip([_plan.variable_name(v) for v in variables], seen["paths"]))
 
 
 def test_keras_rnn_variables_are_consumed_by_the_loop():
@@ -307,15 +308,16 @@ def test_dropout_masks_are_the_loops_own(layer):
     @tf.function
     def step(x):
         loss = tf.reduce_mean(tf.reduce_sum(model(x, training=True) ** 2, axis=1))
-        prepared = _core.prepare(loss, variables, orders=(1, 2), fallback="error")
+        plan = _plan.make_plan(loss, variables, _plan.Options.check((1, 2), fallback="error"))
+        backward = _moments.run_backward(plan)
         sums = []
-        for plan in prepared.plans[:3]:  # the cell's variables
-            (site, c) = plan.sites[0]
+        for vplan in plan.variables[:3]:  # the cell's variables
+            (site, c) = vplan.sites[0]
             assert site.op.type == "While"
-            grads = tuple(prepared.out_grads[prepared.index[t.ref()]] for t in site.output)
-            g = c.per_example(recurrent.LoopGrads(grads, 1.0), prepared.n, 0, prepared.n)
+            grads = tuple(backward.out_grads[backward.index[t.ref()]] for t in site.output)
+            g = c.per_example(recurrent.LoopGrads(grads, 1.0), plan.n, 0, plan.n)
             sums.append(tf.reduce_sum(g, axis=0))
-        return sums, prepared.grads[:3]
+        return sums, backward.grads[:3]
 
     x = tf.constant(np.random.default_rng(2).normal(size=(6, 5, 3)))
     sums, grads = step(x)

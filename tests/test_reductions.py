@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from tb_gradmom import metadata, reductions
+from tb_gradmom import metadata
+from tb_gradmom.analysis import reductions
 
 # Problem settings: per-example gradients g [n, *shape] drawn from a distribution.
 CASES = [

@@ -60,7 +60,8 @@ from tensorboard.compat.proto import (
 )
 from tensorboard.util import tensor_util
 
-from tb_gradmom import data, encode, metadata, reductions
+from tb_gradmom import metadata
+from tb_gradmom.analysis import data, encode, reductions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tb_gradmom import data, stats, summary
+from tb_gradmom.analysis import data, stats
+from tb_gradmom.writers import summary
 
 # Problems as data: the labels decide whether the signal or the noise dominates.
 CASES = [

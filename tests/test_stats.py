@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from tb_gradmom import metadata, stats
+from tb_gradmom import metadata
+from tb_gradmom.analysis import stats
 
 CASES = [
     {"id": "signal-dominated-n16", "n": 16, "d": 12, "mean": 1.0, "noise": 0.3},
@@ -289,7 +290,8 @@ def test_the_tabs_meta_fixture_is_views_meta():
     import json
     import pathlib
 
-    from tb_gradmom import plot, views
+    from tb_gradmom.analysis import views
+    from tb_gradmom.viz import plot
 
     path = pathlib.Path(__file__).parent / "js" / "meta_fixture.py"
     spec = importlib.util.spec_from_file_location("meta_fixture", path)

@@ -345,7 +345,7 @@ def test_two_calls_per_step_keep_their_data_apart(tmp_path):
     """A discriminator and a generator logged on one writer at every step: by default the
     second call's tags (its model statistics included) go under ``moments_1/`` with a warning,
     nothing is mixed or lost, and each model row equals its own call's variables."""
-    from tb_gradmom import data
+    from tb_gradmom.analysis import data
 
     with pytest.warns(UserWarning, match="moments_1/"):
         disc, gen, real, noise = _gan(tmp_path)
@@ -380,7 +380,7 @@ def test_two_calls_per_step_keep_their_data_apart(tmp_path):
 
 
 def test_named_calls_and_bad_names(tmp_path):
-    from tb_gradmom import data
+    from tb_gradmom.analysis import data
 
     _gan(tmp_path, names=("discriminator", "generator"))
     run = data.load(tmp_path)["."]
@@ -407,7 +407,7 @@ def test_variance_histogram_equals_numpy_searchsorted():
     """The variance histogram (buckets from a log, a binary search only near an edge) equals
     numpy's ``bincount(searchsorted(HIST_EDGES, s2, side="right"))`` exactly, values at and
     next to every edge included; values that are not finite are left out."""
-    from tb_gradmom import summary
+    from tb_gradmom.writers import summary
 
     edges = np.asarray(metadata.HIST_EDGES, np.float64)
     rng = np.random.default_rng(0)
@@ -433,8 +433,9 @@ def test_variance_histogram_equals_numpy_searchsorted():
 def test_logging_goes_on_when_tensorflow_hides_the_default_writer(tmp_path, monkeypatch):
     """On a TensorFlow without the private summary state, the default groups count the calls on
     every writer together (a warning says so and suggests name=); nothing is lost."""
-    from tb_gradmom import data, summary
     from tb_gradmom._compat import PrivateAPIError, tf_private
+    from tb_gradmom.analysis import data
+    from tb_gradmom.writers import summary
 
     def missing():
         raise PrivateAPIError("summary_ops_v2._summary_state", "tensorflow", "writer lookup")

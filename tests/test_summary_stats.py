@@ -16,7 +16,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tb_gradmom import metadata, stats, summary
+from tb_gradmom import metadata
+from tb_gradmom.analysis import stats
+from tb_gradmom.core.moments import Moments
+from tb_gradmom.writers import summary
 
 EDGES = np.asarray(metadata.HIST_EDGES, np.float64)
 NB = metadata.NUM_HIST_BUCKETS
@@ -175,7 +178,7 @@ def test_records_equal_numpy_per_variable(n, xla, chunk, monkeypatch):
     ]
     assert [c.pooled for c in contents] == [False] * 6 + [True]
     moms_np = [{1: m1, 2: m2, 3: m1 * 0.5} for _, _, _, m1, m2 in variables]
-    prepared = SimpleNamespace(loss=tf.constant(LOSS), inv_scale=None, n_total=tf.constant(n))
+    backward = SimpleNamespace(plan=SimpleNamespace(loss=tf.constant(LOSS)), inv_scale=None)
 
     written = {}
 
@@ -183,14 +186,13 @@ def test_records_equal_numpy_per_variable(n, xla, chunk, monkeypatch):
     def run():
         moms = [{p: tf.constant(m[p]) for p in orders} for m in moms_np]
         tensors, scalars = summary._records(
-            prepared,
+            backward,
             range(len(tags)),
             tags,
             contents,
             orders,
             tf.constant(LR, tf.float64),
-            None,
-            moms,
+            Moments(moms, tf.constant(n)),
         )
         written["tensors"] = [tag for tag, _, _ in tensors]
         written["scalars"] = [(tag, stag) for tag, stag, _ in scalars]

@@ -86,8 +86,8 @@ def test_zoo_entry_exact(entry, isolated_results):
     )
     paths = [v["path"] for v in result["vars"]]
     assert "unknown" not in paths, (
-        f"{entry.id}: could not see the path taken (tb_gradmom._core.prepare changed?): "
-        "adapt zoo_worker.spy_prepare"
+        f"{entry.id}: could not see the path taken (tb_gradmom.core.plan.make_plan changed?): "
+        "adapt zoo_worker.spy_plans"
     )
     if entry.fallback == "error":
         assert all(p.startswith("rule") for p in paths), paths

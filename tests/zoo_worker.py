@@ -77,19 +77,19 @@ def max_rel_err(got, want, model_max: float) -> float:
 
 
 @contextlib.contextmanager
-def spy_prepare():
-    """Collects the `Prepared` objects that `gradients_and_moments` builds while tracing.
+def spy_plans():
+    """Collects the `Plan`s that `gradients_and_moments` makes while tracing.
 
-    `tb_gradmom._core.prepare(...)` returns a `Prepared` whose ``plans[i].fallback`` is None for
-    a variable computed by a rule. If the core stops calling it by that name the list stays
-    empty and the path is reported as ``"unknown"``.
+    `tb_gradmom.core.plan.make_plan(...)` returns a `Plan` whose ``variables[i].path`` says
+    how variable ``i`` is computed. If the core stops calling it by that name the list stays
+    empty and the path is reported as ``"unknown"`` (which `tests/test_zoo.py` fails).
     """
     seen: list = []
     try:
-        core = importlib.import_module("tb_gradmom._core")
+        module = importlib.import_module("tb_gradmom.core.plan")
     except ImportError:
-        core = None
-    orig = getattr(core, "prepare", None)
+        module = None
+    orig = getattr(module, "make_plan", None)
     if orig is None:
         yield seen
         return
@@ -99,26 +99,23 @@ def spy_prepare():
         seen.append(out)
         return out
 
-    core.prepare = spy
+    module.make_plan = spy
     try:
         yield seen
     finally:
-        core.prepare = orig
+        module.make_plan = orig
 
 
-def _paths(prepared, count: int) -> list[str]:
+def _paths(plan, count: int) -> list[str]:
     """Per variable: ``rule:<op type>``, ``fallback: <reason>`` or ``unknown``."""
     out = []
     for i in range(count):
         try:
-            plan = prepared.plans[i]
-            if plan.fallback is not None:
-                out.append(f"fallback: {plan.fallback}")
+            vplan = plan.variables[i]
+            if vplan.fallback is not None:
+                out.append(f"fallback: {vplan.fallback}")
                 continue
-            try:
-                op = prepared.op_type(i)
-            except Exception:  # noqa: BLE001 - reporting only
-                op = ""
+            op = plan.op_type(i)
             out.append(f"rule:{op}" if op else "rule")
         except Exception:  # noqa: BLE001 - the core's internals changed: report, do not fail
             out.append("unknown")
@@ -127,7 +124,7 @@ def _paths(prepared, count: int) -> list[str]:
 
 def _name(v) -> str:
     try:
-        return importlib.import_module("tb_gradmom._core").variable_name(v)
+        return importlib.import_module("tb_gradmom.core.plan").variable_name(v)
     except Exception:  # noqa: BLE001
         return getattr(v, "path", None) or getattr(v, "name", "variable")
 
@@ -158,8 +155,8 @@ def _evaluate(entry, dtype: str) -> dict:
     xt, yt = tf.constant(x), tf.constant(y)
     t0 = time.perf_counter()
     # The core warns once per set of variable names and process; entries share names ("w").
-    getattr(importlib.import_module("tb_gradmom._core"), "_WARNED", set()).clear()
-    with spy_prepare() as seen, warnings.catch_warnings(record=True) as caught:
+    getattr(importlib.import_module("tb_gradmom.core.plan"), "WARNED", set()).clear()
+    with spy_plans() as seen, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         concrete = fn.get_concrete_function(xt, yt)
     fallback_warned = any("exact fallback" in str(w.message) for w in caught)

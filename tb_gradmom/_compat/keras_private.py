@@ -1,8 +1,8 @@
 """Every private Keras API that tb_gradmom uses, in one place.
 
-`tb_gradmom.keras.GradMoments` replaces a model's ``train_step`` with one that mirrors Keras'
+`tb_gradmom.writers.keras.GradMoments` replaces a model's ``train_step`` with one that mirrors Keras'
 own (``keras/src/backend/tensorflow/trainer.py``, ``TensorFlowTrainer.train_step``) but takes
-the gradients from `tb_gradmom.summary.moments`. Mirroring it needs what that ``train_step``
+the gradients from `tb_gradmom.writers.summary.moments`. Mirroring it needs what that ``train_step``
 uses. Where Keras exports the same object publicly it is used instead
 (``keras.utils.unpack_x_y_sample_weight``, ``keras.tree.flatten``; ``tests/test_compat.py``
 checks that they are the objects Keras' trainer uses). The private symbols (`SYMBOLS`), each
@@ -24,7 +24,7 @@ names the symbol, the installed Keras and the feature that is unavailable:
     as Keras does.
 
 All of them are needed by the callback only; without any of them
-``gradmom.keras.GradMoments`` is unavailable (``tb_gradmom.summary.moments`` in a custom
+``gradmom.keras.GradMoments`` is unavailable (``tb_gradmom.writers.summary.moments`` in a custom
 training loop is not affected).
 """
 

@@ -14,21 +14,27 @@ checks each one against the installed TensorFlow. The symbols (`SYMBOLS`):
 ``in_xla_context`` - ``tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext``
     Whether the graph being built is, or is inside, an XLA-compiled function. Needed to refuse
     ``jit_compile=True``, where XLA silently miscomputes the chunk loops. Without it the check
-    cannot be made (`tb_gradmom._core` then skips it).
+    cannot be made (`tb_gradmom.core.plan` then skips it).
 ``function_def_to_graph`` - ``tensorflow.python.framework.function_def_to_graph``
     Rebuilds a graph from the ``FunctionDef`` a call op runs. Needed to read the body of Keras'
     grouped convolutions (a nested XLA-compiled ``tf.function``). Without it the rule for those
-    calls (`tb_gradmom.rules.call`) does not apply.
+    calls (`tb_gradmom.core.rules.call`) does not apply.
 ``eager_function_def`` - ``tensorflow.python.eager.context.context().get_function_def``
     The ``FunctionDef`` of a function registered with the eager context, for a call whose graph
     library does not hold it. Without it: as ``function_def_to_graph``.
 ``graph_function`` - ``tensorflow.python.framework.ops.Graph._get_function``
     The function a call op names, from a graph's function library. Without it: as
     ``function_def_to_graph``.
+``component_specs`` - ``tensorflow.python.framework.type_spec.TypeSpec._component_specs``
+    The specs of the tensors a composite argument is made of (a distribution's
+    ``PerReplicaSpec``). Needed to prove that a ``tf.function`` argument of such a type carries
+    dense tensors whose first axis holds the examples. Without it such arguments have no
+    proven example axis (`tb_gradmom.core.axes`), and what depends on them takes the exact
+    fallback.
 ``gradient_function`` - ``tensorflow.python.framework.ops.get_gradient_function``
     The registered gradient function of an op. Needed to apply one op's own gradient to one
     example's masked output gradient. Without it the masked vector-Jacobian rule
-    (`tb_gradmom.rules.masked`) is unavailable.
+    (`tb_gradmom.core.rules.masked`) is unavailable.
 ``update_input`` - ``tensorflow.python.framework.ops.Operation._update_input``
     Rewires an input of an op already in the graph. Needed to gate the loops and function calls
     that ``pfor`` creates, so that the exact fallback runs only on the steps that are recorded.
@@ -38,7 +44,7 @@ checks each one against the installed TensorFlow. The symbols (`SYMBOLS`):
     recording condition (``tf.summary.record_if``). TensorFlow has no public getter for the
     default writer, and ``tf.summary.should_record_summaries()`` adds "replica 0 only" under
     ``tf.distribute``, where every replica must compute the moments. Without it: the default
-    tag groups of `tb_gradmom.summary.moments` (pass ``name=`` instead) and its use under a
+    tag groups of `tb_gradmom.writers.summary.moments` (pass ``name=`` instead) and its use under a
     ``tf.distribute`` strategy are unavailable.
 """
 
@@ -60,6 +66,7 @@ __all__ = [
     "function_def_to_graph",
     "eager_function_def",
     "graph_function",
+    "component_specs",
     "gradient_function",
     "update_input",
     "default_summary_writer",
@@ -88,6 +95,11 @@ SYMBOLS: dict[str, tuple[str, str, str]] = {
     ),
     "eager_function_def": ("tensorflow.python.eager.context", "context", _CALL_RULE),
     "graph_function": ("tensorflow.python.framework.ops", "Graph._get_function", _CALL_RULE),
+    "component_specs": (
+        "tensorflow.python.framework.type_spec",
+        "TypeSpec._component_specs",
+        "the example axis of composite tf.function arguments (a distribution's PerReplica)",
+    ),
     "gradient_function": (
         "tensorflow.python.framework.ops",
         "get_gradient_function",
@@ -180,6 +192,13 @@ def graph_function(graph: tf.Graph, name: str) -> Any:
     ``tf.function``, ``graph``."""
     _get("graph_function")  # the method exists on tf.Graph (FuncGraph inherits it)
     return graph._get_function(name)
+
+
+def component_specs(spec: Any) -> Any:
+    """The nested specs of the components of the composite ``spec``, or None for a spec that
+    has none."""
+    _get("component_specs")  # the property exists on tf.TypeSpec
+    return getattr(spec, "_component_specs", None)
 
 
 def gradient_function(op: tf.Operation) -> Callable | None:

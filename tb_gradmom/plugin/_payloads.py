@@ -1,7 +1,7 @@
 """The plugin's responses as plain functions of numpy data (no HTTP, no TensorBoard).
 
-Every statistic, pooling, histogram and derived quantity comes from `tb_gradmom.reductions`
-and `tb_gradmom.stats`; this module only arranges their results into the documented payloads
+Every statistic, pooling, histogram and derived quantity comes from `tb_gradmom.analysis.reductions`
+and `tb_gradmom.analysis.stats`; this module only arranges their results into the documented payloads
 (docs/http_api.md). Functions raise `ValueError` for requests the data cannot answer; the
 plugin turns those into HTTP 400.
 """
@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tb_gradmom import metadata, reductions, stats, views
+from tb_gradmom import metadata
+from tb_gradmom.analysis import reductions, stats, views
 
 __all__ = [
     "work_bytes",

@@ -23,7 +23,8 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from tb_gradmom import encode, metadata, reductions, stats, views
+from tb_gradmom import metadata
+from tb_gradmom.analysis import encode, reductions, stats, views
 from tb_gradmom.plugin import _params, _payloads, _reader, _static, _tb_compat
 from tb_gradmom.plugin._cache import ByteLRU, MemoryGate
 from tb_gradmom.plugin._reader import Reader

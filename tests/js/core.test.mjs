@@ -6,7 +6,7 @@ import { test } from "node:test";
 
 import * as core from "../../tb_gradmom_frontend/core.js";
 
-// The backend's GET /meta as the tab receives it: tb_gradmom.views.meta(), written by
+// The backend's GET /meta as the tab receives it: tb_gradmom.analysis.views.meta(), written by
 // tests/js/meta_fixture.py and checked against it by tests/test_stats.py.
 const META = core.checkMeta(JSON.parse(readFileSync(new URL("./meta.json", import.meta.url))));
 
@@ -202,7 +202,7 @@ test("SVG helpers escape text", () => {
   assert.equal(core.fileName(["<img src=x>"], "csv"), "img_src_x.csv");
 });
 
-test("file names follow tb_gradmom.encode.file_name on the shared cases", async () => {
+test("file names follow tb_gradmom.analysis.encode.file_name on the shared cases", async () => {
   const { readFile } = await import("node:fs/promises");
   const url = new URL("./file_names.json", import.meta.url);
   const cases = JSON.parse(await readFile(url, "utf-8"));

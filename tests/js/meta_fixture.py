@@ -1,4 +1,4 @@
-"""tests/js/meta.json: the node tests' copy of the plugin's ``GET /meta`` (`tb_gradmom.views.meta`).
+"""tests/js/meta.json: the node tests' copy of the plugin's ``GET /meta`` (`tb_gradmom.analysis.views.meta`).
 
 The tab takes its labels, statistic orders, palettes and defaults from ``/meta`` at start-up;
 its node tests (no server) read them from this file instead. After a change to what
@@ -21,7 +21,7 @@ PATH = Path(__file__).with_name("meta.json")
 
 def text() -> str:
     """The fixture's text: `views.meta` as indented JSON, key order kept, UTF-8 as is."""
-    from tb_gradmom import views
+    from tb_gradmom.analysis import views
 
     return json.dumps(views.meta(), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
 

@@ -7,7 +7,7 @@
 One file per plot, named ``<run>-<tag>-step<N>-<stat>.<ext>`` (characters other than letters,
 digits, ``.``, ``_`` and ``-`` become ``_``; the root run ``"."`` is left out of names; a name
 longer than the file system allows is cut and ends with a hash of the whole name). The
-figures come from `tb_gradmom.plot` and the numbers from its ``*_data`` functions, so a CSV
+figures come from `tb_gradmom.viz.plot` and the numbers from its ``*_data`` functions, so a CSV
 holds exactly what the figure of the same name draws.
 
 Writing is safe in a shared or hostile ``--out``: existing files are never replaced unless
@@ -21,7 +21,7 @@ and the others are written. ``--bins`` is capped like the tab's (`reductions.MAX
 CSV: RFC 4180 with a header row, CRLF line ends, floats in shortest round-trip form, and
 non-finite numbers spelled ``NaN``, ``Infinity``, ``-Infinity``. JSON: the same numbers, with
 non-finite ones as those strings (the convention of the plugin's HTTP API). Both, and the file
-names, come from `tb_gradmom.encode`, the encoder the plugin uses too.
+names, come from `tb_gradmom.analysis.encode`, the encoder the plugin uses too.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from tb_gradmom import data, encode, plot, reductions, stats, views
+from tb_gradmom.analysis import data, encode, reductions, stats, views
+from tb_gradmom.viz import plot
 
 __all__ = [
     "FORMATS",

@@ -1,11 +1,11 @@
-"""What the plugin, the figures (`tb_gradmom.plot`) and the export show, defined once (numpy only).
+"""What the plugin, the figures (`tb_gradmom.viz.plot`) and the export show, defined once (numpy only).
 
 * The presentation constants: the element-wise statistics as shown (labels, moment orders,
   whether they need the batch size, whether they take both signs), the run palettes, the
   curves' defaults, the default smoothing, what the tab opens with. `meta` returns all of it
   as JSON-ready data: the plugin serves it (``GET /meta``) and the tab takes every label,
   order and colour from there (its node tests from ``tests/js/meta.json``, a copy of `meta`
-  checked by ``tests/test_stats.py``); `tb_gradmom.plot` imports the same constants.
+  checked by ``tests/test_stats.py``); `tb_gradmom.viz.plot` imports the same constants.
 * The model summary table: one row per variable (and one for the whole model) at one step,
   with the same columns wherever it is shown: the tab's table (``/summary``),
   ``plot.summary_data`` and its figure, and ``tb-gradmom export --plot summary``.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tb_gradmom import reductions, stats
+from tb_gradmom.analysis import reductions, stats
 
 __all__ = [
     "SIGNED_STATS",

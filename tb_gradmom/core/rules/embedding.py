@@ -6,7 +6,7 @@ example are summed *before* the power. The rule segment-sums ``delta`` over the 
 ``(example, id)`` pairs, raises those sums to the power, and segment-sums them by id: memory
 ``O(tokens * dim)``, never ``O(n * vocab * dim)``.
 
-The examples' axis of the ids is proven by `tb_gradmom._axes`. Ids with no examples (a position
+The examples' axis of the ids is proven by `tb_gradmom.core.axes`. Ids with no examples (a position
 table looked up with ``arange(T)`` or ``position_ids [1, T]``) make the looked-up rows a
 *derived parameter*: the core chains their per-example gradients back to the table.
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom._axes import examples_first
-from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count, power
+from tb_gradmom.core.axes import examples_first
+from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count, power
 
 __all__ = ["gather_rule"]
 

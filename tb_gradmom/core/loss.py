@@ -5,7 +5,7 @@ depending on example ``j`` alone. `analyse` proves that from the graph: it follo
 down through constant factors (``0.5 *``, Keras' ``sum / size``, a loss scale, ``1/replicas``),
 sums of terms (several outputs with loss weights; regularisation terms, which hold no example
 and are left out of the per-example losses) to ``Sum``/``Mean`` reductions of tensors whose
-examples' axis `tb_gradmom._axes` proves. A ``Max``, a norm, a product, or a reduction of values
+examples' axis `tb_gradmom.core.axes` proves. A ``Max``, a norm, a product, or a reduction of values
 that mix the examples is refused with an error that says which vector to pass.
 
 The reduction is read off the same walk: a ``Mean`` over the examples or a division by a count
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from tb_gradmom import _axes
-from tb_gradmom._errors import PerExampleLossError
+from tb_gradmom.core import axes as _axes
+from tb_gradmom.core.errors import PerExampleLossError
 
 __all__ = ["LossForm", "analyse", "per_example_losses"]
 

@@ -5,7 +5,7 @@ When an op ``z = f(p, x)`` has a parameter operand ``p`` (the variable, or a par
 from it, with no examples in it) and an output whose examples' axis is proven, example ``j``'s
 loss sees ``z`` only through ``j``'s own entries. So its gradient of ``p`` is the op's
 vector-Jacobian product applied to ``delta`` with every entry zeroed but ``j``'s
-(`tb_gradmom._axes.per_example_masked`)::
+(`tb_gradmom.core.axes.per_example_masked`)::
 
     g_j(p) = J_f(p)^T mask_j(delta)
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom._axes import per_example_masked
 from tb_gradmom._compat import tf_private
-from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
-from tb_gradmom.rules.derived import _elements
+from tb_gradmom.core.axes import per_example_masked
+from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count
+from tb_gradmom.core.rules.derived import _elements
 
 __all__ = ["masked_vjp_rule"]
 
@@ -32,7 +32,7 @@ def masked_vjp_rule(site: Site) -> Contribution:
     """The generic rule for ``site`` (see the module docstring); `RuleError` if it does not
     apply (the parameter holds examples, the op has several outputs on the path, or the
     output's examples' axis is not proven)."""
-    from tb_gradmom._axes import FREE
+    from tb_gradmom.core.axes import FREE
 
     op = site.op
     what = f"{op.type} op '{op.name}'"

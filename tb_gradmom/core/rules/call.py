@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradmom._compat import PrivateAPIError, tf_private
-from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
-from tb_gradmom.rules.conv import ConvSpec, attr_str, conv_contribution
+from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count
+from tb_gradmom.core.rules.conv import ConvSpec, attr_str, conv_contribution
 
 __all__ = ["call_rule", "function_body"]
 

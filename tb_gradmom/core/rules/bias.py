@@ -5,15 +5,15 @@ sequence, and the entries folded with the examples on their axis), the per-examp
 over them: ``g_j = sum_S delta_j``. For ``z = x * w`` it is ``g_j = sum_S x_j * delta_j`` (the
 scale of LayerNormalization); for ``z = x - b`` it is ``-sum_S delta_j``. The sum over ``S`` is
 taken per example *before* the power. The examples' axis of ``z`` is proven by
-`tb_gradmom._axes`; the parameter must be broadcast over it.
+`tb_gradmom.core.axes`; the parameter must be broadcast over it.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom._axes import examples_first, per_example_masked
-from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count, power_sum
+from tb_gradmom.core.axes import examples_first, per_example_masked
+from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count, power_sum
 
 __all__ = ["bias_rule"]
 

@@ -4,7 +4,7 @@
 
 Keras callbacks never see gradients, so the callback swaps the model's ``train_step`` for one
 that computes the loss exactly as Keras does, gets the gradients and the moments from one
-backward pass (`tb_gradmom.summary.moments`), and applies the gradients with the model's
+backward pass (`tb_gradmom.writers.summary.moments`), and applies the gradients with the model's
 optimizer. Training is unchanged: same losses, same weights. The original ``train_step`` is
 put back when training ends.
 """
@@ -19,8 +19,9 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from tb_gradmom import _core, _validate
-from tb_gradmom import summary as _summary
+from tb_gradmom.core import validate as _validate
+from tb_gradmom.core.plan import check_orders
+from tb_gradmom.writers import summary as _summary
 
 __all__ = ["GradMoments"]
 
@@ -39,7 +40,7 @@ class GradMoments(keras.callbacks.Callback):
       orders: moment orders (1 and 2 are always logged).
       variables: the variables to log (default: all of ``model.trainable_weights``). Gradients
         of every trainable weight still come from the same backward pass.
-      max_elements: see `tb_gradmom.summary.moments`.
+      max_elements: see `tb_gradmom.writers.summary.moments`.
       per_variable_scalars: also write per-variable scalars for the Scalars dashboard.
       log_learning_rate: pass the optimizer's learning rate so the CABS batch size is logged.
       fallback: ``"exact"`` or ``"error"`` for layers without an exact rule (LSTM, GRU, custom
@@ -68,7 +69,7 @@ class GradMoments(keras.callbacks.Callback):
                 f"log_dir '{self.log_dir}' is a file, not a directory; pass a directory for "
                 "the run's event files (it is created if missing)"
             )
-        self.orders = _core._check_orders(orders)
+        self.orders = check_orders(orders)
         self.variables = None if variables is None else list(variables)
         self.max_elements = _validate.positive_int("max_elements", max_elements)
         self.per_variable_scalars = bool(per_variable_scalars)

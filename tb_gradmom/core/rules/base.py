@@ -32,7 +32,7 @@ class Site:
       output: the op's output whose gradient the rule needs.
       dtype: the dtype in which moments are computed (float32, or float64 for float64 models).
       var_shape: the variable's shape (``view`` is the resource handle for ``ResourceGather``).
-      axes: the analysis of where the examples are (`tb_gradmom._axes.Examples`): a rule fires
+      axes: the analysis of where the examples are (`tb_gradmom.core.axes.Examples`): a rule fires
         only where it proves the axis it treats as the examples, and raises `RuleError`
         otherwise.
     """
@@ -51,7 +51,7 @@ class Site:
 
     def example_axis(self, t: tf.Tensor, what: str):
         """The proven `Axis` of the examples in ``t``, or `RuleError` naming ``what`` it is."""
-        from tb_gradmom._axes import Axis, describe
+        from tb_gradmom.core.axes import Axis, describe
 
         st = self.axes.of(t)
         if isinstance(st, Axis):

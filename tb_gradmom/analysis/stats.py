@@ -23,7 +23,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from tb_gradmom import metadata, reductions
+from tb_gradmom import metadata
+from tb_gradmom.analysis import reductions
 
 __all__ = [
     "DERIVED",
@@ -270,7 +271,7 @@ def split_stats_tensor(
 
 # The default smoothing of the curves (the tab, `plot`, `tb-gradmom export`): a decay of 0.9
 # averages about ten logged steps, numerators and denominators separately (`smoothed`). The
-# tab reads it from GET /meta (`tb_gradmom.views.meta`).
+# tab reads it from GET /meta (`tb_gradmom.analysis.views.meta`).
 DEFAULT_SMOOTHING = 0.9
 
 

@@ -7,7 +7,7 @@ delta_{j,t}``. A plain ``Einsum`` ``"X,W->Z"`` whose output carries the examples
 ``b`` absent from ``W`` has per-example gradient ``einsum("X,Z->bW", x, delta)``: the positions
 are summed inside the einsum, per example, before the power. Both are materialised for a chunk
 of examples. The examples' axis (possibly folded with windows, as in Swin's window attention,
-or with positions) is proven by `tb_gradmom._axes`; the folded entries are summed per example.
+or with positions) is proven by `tb_gradmom.core.axes`; the folded entries are summed per example.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import string
 
 import tensorflow as tf
 
-from tb_gradmom._axes import Axis, examples_first
-from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
+from tb_gradmom.core.axes import Axis, examples_first
+from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count
 
 __all__ = ["batch_matmul_rule", "einsum_rule"]
 

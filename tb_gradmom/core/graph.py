@@ -1,5 +1,5 @@
 """Reading a traced graph: where a variable is read and what consumes it (where the examples
-are is `tb_gradmom._axes`)."""
+are is `tb_gradmom.core.axes`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Matplotlib figures of logged gradient moments: the plots of the TensorBoard tab, for papers.
 
-    from tb_gradmom import plot
+    from tb_gradmom.viz import plot
     fig = plot.heatmap("runs/demo", "dense/kernel", stat="variance", scale="log")
     plot.save(fig, "variance.pdf")   # or fig.savefig(...)
 
-Every figure is built from `tb_gradmom.data.load` and the statistics of
-`tb_gradmom.reductions` and `tb_gradmom.stats` (the same code the tab's backend uses). The
+Every figure is built from `tb_gradmom.analysis.data.load` and the statistics of
+`tb_gradmom.analysis.reductions` and `tb_gradmom.analysis.stats` (the same code the tab's backend uses). The
 ``*_data`` functions return the plotted numbers without matplotlib (the exporter writes them
 as CSV and JSON); the figure functions draw exactly those numbers.
 
@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from tb_gradmom import data, metadata, reductions, stats, views
+from tb_gradmom import metadata
+from tb_gradmom.analysis import data, reductions, stats, views
 
 __all__ = [
     "COLORMAPS",
@@ -93,7 +94,7 @@ def _mpl():
         from matplotlib.figure import Figure
     except ImportError:
         raise ImportError(
-            'tb_gradmom.plot needs matplotlib, which is not installed: pip install "tb_gradmom[plots]"'
+            'tb_gradmom.viz.plot needs matplotlib, which is not installed: pip install "tb_gradmom[plots]"'
         ) from None
     return matplotlib, colors, Figure
 

@@ -6,15 +6,15 @@ in `REGISTRY`, and a row in ``tests/cases.py``.
 
 from __future__ import annotations
 
-from tb_gradmom.rules.base import Contribution, RuleError, Site
-from tb_gradmom.rules.bias import bias_rule
-from tb_gradmom.rules.call import call_rule
-from tb_gradmom.rules.concat import concat_rule
-from tb_gradmom.rules.conv import conv_rule
-from tb_gradmom.rules.einsum import batch_matmul_rule, einsum_rule
-from tb_gradmom.rules.embedding import gather_rule
-from tb_gradmom.rules.matmul import matmul_rule
-from tb_gradmom.rules.recurrent import recurrent_rule
+from tb_gradmom.core.rules.base import Contribution, RuleError, Site
+from tb_gradmom.core.rules.bias import bias_rule
+from tb_gradmom.core.rules.call import call_rule
+from tb_gradmom.core.rules.concat import concat_rule
+from tb_gradmom.core.rules.conv import conv_rule
+from tb_gradmom.core.rules.einsum import batch_matmul_rule, einsum_rule
+from tb_gradmom.core.rules.embedding import gather_rule
+from tb_gradmom.core.rules.matmul import matmul_rule
+from tb_gradmom.core.rules.recurrent import recurrent_rule
 
 __all__ = ["REGISTRY", "Contribution", "RuleError", "Site", "supported_ops"]
 

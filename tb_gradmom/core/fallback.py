@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom import _axes, _graph
 from tb_gradmom._compat import tf_private
-from tb_gradmom._errors import UnsupportedOpError
-from tb_gradmom.rules.base import power_sum
+from tb_gradmom.core import axes as _axes
+from tb_gradmom.core import graph as _graph
+from tb_gradmom.core.errors import UnsupportedOpError
+from tb_gradmom.core.rules.base import power_sum
 
 __all__ = ["refuse_broken", "power_sums", "DEFAULT_CHUNK"]
 

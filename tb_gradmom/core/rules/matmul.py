@@ -6,7 +6,7 @@ no per-example tensor (the factorised form; Dangel et al. 2020, BackPACK, "batch
 
 Rows grouped by example (Keras 3 Dense on ``[n, T, d_in]`` reshapes to ``[n * T, d_in]``; a
 time-major or windowed layout folds the examples with other entries): the example axis of the
-rows is proven by `tb_gradmom._axes`, ``g_j = sum_t a_{j,t} delta_{j,t}^T`` is materialised per
+rows is proven by `tb_gradmom.core.axes`, ``g_j = sum_t a_{j,t} delta_{j,t}^T`` is materialised per
 chunk of examples with an einsum, then raised to the power: positions are summed before it.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom._axes import Axis, examples_first
-from tb_gradmom.rules.base import Contribution, RuleError, Site, example_count
+from tb_gradmom.core.axes import Axis, examples_first
+from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count
 
 __all__ = ["matmul_rule"]
 

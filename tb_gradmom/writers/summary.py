@@ -22,7 +22,10 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
-from tb_gradmom import _core, _validate, metadata
+from tb_gradmom import metadata
+from tb_gradmom.core import moments as _moments
+from tb_gradmom.core import plan as _plan
+from tb_gradmom.core import validate as _validate
 
 __all__ = ["moments", "tag_names", "DEFAULT_MAX_ELEMENTS", "SCALARS"]
 
@@ -115,7 +118,7 @@ def moments(
       does not depend on a variable). In a TF1 graph: a scalar string tensor, the merged
       ``Summary``.
     """
-    orders = tuple(sorted(set(_core._check_orders(orders)) | {1, 2}))
+    orders = tuple(sorted(set(_plan.check_orders(orders)) | {1, 2}))
     max_elements = _validate.positive_int("max_elements", max_elements)
     step = _validate.int_tensor_or_int("step", step)
     learning_rate = _validate.float_scalar("learning_rate", learning_rate)
@@ -123,38 +126,36 @@ def moments(
     should = tf.summary.should_record_summaries() if inside else None
     # Under tf.distribute TF records on replica 0 only, but every replica must compute (and
     # all-reduce) the moments: their gate is the recording condition without that part.
-    distributed = inside and _core._replica_context() is not None
+    distributed = inside and _plan.replica_context() is not None
     compute = _recording_any_replica() if distributed else should
     static = None if compute is None else tf.get_static_value(compute)
     off = static is not None and not bool(static)
-    prepared = _core.prepare(
-        loss,
-        var_list,
-        reduction,
-        batch_size=batch_size,
-        name="gradmom_summary",
-        chunk_size=chunk_size,
-        fallback=fallback,
+    options = _plan.Options.check(
         # off: no writer or recording off at trace time, no moments at all
-        orders=(1,) if off else orders,
-        gate=compute if inside and static is None else None,
-        loss_scale=loss_scale,
+        (1,) if off else orders,
+        reduction,
+        batch_size,
+        chunk_size,
+        fallback,
+        loss_scale,
     )
+    plan = _plan.make_plan(loss, var_list, options, name="gradmom_summary")
+    backward = _moments.run_backward(plan, gate=compute if inside and static is None else None)
     indices = _log_indices(var_list, log_only)
     group = _group(name, var_list, inside)
-    tags = _unique_tags(_tag_names([prepared.names[i] for i in indices], group))
+    tags = _unique_tags(_tag_names([plan.names[i] for i in indices], group))
     contents = [
-        _moments_content(prepared.plans[i], tag, orders, prepared.op_type(i), max_elements)
+        _moments_content(plan.variables[i], tag, orders, plan.op_type(i), max_elements)
         for i, tag in zip(indices, tags)
     ]
     lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
 
     if not inside:
         return _v1_summary(
-            prepared, indices, tags, contents, orders, lr, chunk_size, per_variable_scalars, group
+            backward, indices, tags, contents, orders, lr, per_variable_scalars, group
         )
     if off:
-        return prepared.grads  # nothing is built
+        return backward.grads  # nothing is built
     if step is None:
         step = tf.summary.experimental.get_step()
         if step is None:
@@ -164,19 +165,17 @@ def moments(
             )
 
     moms, pred = None, should
-    if prepared.replica is not None:
+    if plan.replica is not None:
         # tf.distribute: a cond branch cannot hold the all-reduce (a synchronisation point):
         # the replica's sums are gated by their own cond, the all-reduce of those sums runs on
         # every step (zeros when not recording), and replica 0 writes.
         # TF records on replica 0 only (`should` is False elsewhere); every replica must take
         # part in the sums, so their gate is the recording condition without that restriction.
-        moms = prepared.moments(
-            orders, chunk_size, indices, gate=compute if static is None else None
-        )
+        moms = backward.moments(orders, indices, gate=compute if static is None else None)
 
     def write():
         tensors, scalar_values = _records(
-            prepared, indices, tags, contents, orders, lr, chunk_size, moms, group
+            backward, indices, tags, contents, orders, lr, moms, group
         )
         ok = []
         # This branch runs only where `pred` holds: record_if(True) lets each tf.summary.write
@@ -192,7 +191,7 @@ def moments(
             return tf.constant(True)
 
     tf.cond(pred, write, lambda: tf.constant(False), name="gradmom_record")
-    return prepared.grads
+    return backward.grads
 
 
 def _recording_any_replica():
@@ -214,7 +213,7 @@ def _log_indices(var_list, log_only) -> list[int]:
     for v in log_only:
         if id(v) not in ids:
             raise ValueError(
-                f"log_only holds '{_core.variable_name(v)}', which is not in var_list; "
+                f"log_only holds '{_plan.variable_name(v)}', which is not in var_list; "
                 "log_only must be a subset of var_list"
             )
         out.append(ids[id(v)])
@@ -245,7 +244,7 @@ def _group(name, var_list, inside: bool) -> str | None:
     writer = _current_writer() if inside else None
     if writer is None:
         return None
-    key = frozenset(id(_core._tf_variable(v, i)) for i, v in enumerate(var_list))
+    key = frozenset(id(_plan.tf_variable(v, i)) for i, v in enumerate(var_list))
     try:
         seen = _WRITER_GROUPS.setdefault(writer, [])
     except TypeError:  # a writer that cannot be weakly referenced: no default groups
@@ -271,9 +270,9 @@ def tag_names(var_list: Sequence, name: str | None = None) -> list[str]:
     ``sequential_3/dense/kernel`` and ``sequential_3/dense/bias``."""
     var_list = list(var_list)
     for i, v in enumerate(var_list):
-        _core._tf_variable(v, i)  # a clear error for anything that is not a variable
+        _plan.tf_variable(v, i)  # a clear error for anything that is not a variable
     group = _group(name, var_list, inside=False)
-    return _unique_tags(_tag_names([_core.variable_name(v) for v in var_list], group))
+    return _unique_tags(_tag_names([_plan.variable_name(v) for v in var_list], group))
 
 
 def _ordinal(k: int) -> str:
@@ -481,7 +480,7 @@ def _elementwise(m1s, m2s, factor, block_offsets, pads, xla: bool):
     ``per_block[:, k]`` are the block sums of ``M_1**2``, ``biased = max(M_2 - M_1**2, 0)``,
     ``M_1**2 / biased`` (0 where ``biased`` is 0) and ``M_2``; ``bins`` the bin (see
     `_KEY_BIN`) of ``s2 = biased * factor``, plus the block's offset (its variable's first
-    bin). Every element-wise value is the float64 one `tb_gradmom.stats` computes: the moments
+    bin). Every element-wise value is the float64 one `tb_gradmom.analysis.stats` computes: the moments
     are cast to float64 first (``M_2 - M_1**2`` cancels, so float32 arithmetic would change
     the variances and their buckets)."""
     m1 = tf.cast(_flat(m1s, pads), tf.float64)
@@ -624,7 +623,7 @@ def _stats_fields(moms, n, loss, lr):
 
 
 def _derived(f):
-    """The in-graph twin of `tb_gradmom.stats.derived` (same formulas), element-wise."""
+    """The in-graph twin of `tb_gradmom.analysis.stats.derived` (same formulas), element-wise."""
     n, d = f["batch_size"], f["num_elements"]
     unbiased = f["sum_m2"] - f["sum_var"] / n
     return {
@@ -642,19 +641,19 @@ def _derived(f):
     }
 
 
-def _records(prepared, indices, tags, contents, orders, lr, chunk_size, moms=None, group=None):
+def _records(backward, indices, tags, contents, orders, lr, moms=None, group=None):
     """The tensors and scalars one logged step writes.
 
     The statistics of every variable and of the model are computed together (`_stats_fields`)
     as ``[V + 1]`` vectors, and split into the per-tag tensors and scalars by one ``Unpack``
     each: the number of ops does not grow with the statistics per variable."""
     model_tag = metadata.model_tag(group)
-    if moms is None:
-        moms = prepared.moments(orders, chunk_size, indices)
-    loss = tf.cast(prepared.loss, tf.float64)
-    if prepared.inv_scale is not None:
-        loss = loss * tf.cast(prepared.inv_scale, tf.float64)
-    fields, hist = _stats_fields(moms, prepared.n_total, loss, lr)
+    computed = backward.moments(orders, indices) if moms is None else moms
+    moms = computed.values
+    loss = tf.cast(backward.plan.loss, tf.float64)
+    if backward.inv_scale is not None:
+        loss = loss * tf.cast(backward.inv_scale, tf.float64)
+    fields, hist = _stats_fields(moms, computed.n, loss, lr)
     head = tf.stack([fields[k] for k in metadata.STATS_FIELDS], axis=1)
     packed = tf.unstack(tf.cast(tf.concat([head, hist], 1), tf.float32))  # V + 1 stats tensors
     pooled = [i for i, c in enumerate(contents) if c.pooled]
@@ -695,13 +694,9 @@ def _selected_scalars(scalar_values, per_variable_scalars):
     ]
 
 
-def _v1_summary(
-    prepared, indices, tags, contents, orders, lr, chunk_size, per_variable_scalars, group
-):
+def _v1_summary(backward, indices, tags, contents, orders, lr, per_variable_scalars, group):
     """A merged TF1 ``Summary`` with the same tags and tensors as the TF2 path."""
-    tensors, scalar_values = _records(
-        prepared, indices, tags, contents, orders, lr, chunk_size, None, group
-    )
+    tensors, scalar_values = _records(backward, indices, tags, contents, orders, lr, None, group)
     parts = [
         tf.raw_ops.TensorSummaryV2(
             tag=tag, tensor=tensor, serialized_summary_metadata=md.SerializeToString()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom.rules.base import Contribution, RuleError
+from tb_gradmom.core.rules.base import Contribution, RuleError
 
 __all__ = [
     "DERIVED_OPS",

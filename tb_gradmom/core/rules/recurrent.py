@@ -9,7 +9,7 @@ for an LSTM::
 A use ``z_t = a_t D`` of a loop-invariant parameter ``D`` gives example ``j`` the gradient
 ``g_j(D) = sum_t a_{t,j}^T delta_{t,j}`` (``delta_t = dL/dz_t``), a bias added to ``z_t`` the
 gradient ``g_j = sum_t delta_{t,j}``: the positions (here the steps) are summed before any power,
-as for Dense on sequences (`tb_gradmom.rules.matmul`). ``D`` may be a slice, a split or an unstacked
+as for Dense on sequences (`tb_gradmom.core.rules.matmul`). ``D`` may be a slice, a split or an unstacked
 part of the variable (GRU); its per-example gradient is scattered back into the variable's shape.
 
 The ``a_t`` and ``delta_t`` live inside the loop. They are read from a *copy* of the loop, built
@@ -29,7 +29,7 @@ step's one backward pass), is ``delta_t`` for every step at once. That costs one
 backward pass of the recurrence (the variables are read once before the copy and captured, like
 the time-major input: the tape builds no gradient for either), plus one batched matmul per use.
 
-Proof, never a guess: the body is analysed (`tb_gradmom._axes.loop_body`) with the loop variables
+Proof, never a guess: the body is analysed (`tb_gradmom.core.axes.loop_body`) with the loop variables
 at their fixed point (the time-major input's elements hold the examples on axis 0 when the outer
 input holds them on axis 1; a zero initial state takes the examples' axis of its update), and a
 use is accepted only where the examples' axis of ``a_t`` and ``z_t`` is proven. Anything else, a
@@ -48,8 +48,8 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tb_gradmom import _axes
-from tb_gradmom.rules.base import (
+from tb_gradmom.core import axes as _axes
+from tb_gradmom.core.rules.base import (
     Contribution,
     RuleError,
     Site,

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from tb_gradmom._compat import PrivateAPIError, tf_private
+
 __all__ = [
     "Axis",
     "FREE",
@@ -501,7 +503,10 @@ def _leaf_kinds(spec) -> list[str]:
         return ["sparse"] * len(tf.nest.flatten(spec, expand_composites=True))
     if isinstance(spec, tf.TensorSpec):
         return ["dense"]
-    components = getattr(spec, "_component_specs", None)  # e.g. a distribution's PerReplicaSpec
+    try:  # e.g. a distribution's PerReplicaSpec
+        components = tf_private.component_specs(spec)
+    except PrivateAPIError:
+        components = None
     if components is None:
         return ["sparse"] * len(tf.nest.flatten(spec, expand_composites=True))
     out: list[str] = []
@@ -1157,11 +1162,10 @@ def _h_identity_n(ex, op, states):
 
 
 def function_graph(op: tf.Operation, attr: str = "f"):
-    """The `FuncGraph` a call op (or a loop's ``body``) runs, or None (private TF API, kept in
-    this one place)."""
+    """The `FuncGraph` a call op (or a loop's ``body``) runs, or None."""
     try:
         name = op.get_attr(attr).name
-        fn = op.graph._get_function(name)
+        fn = tf_private.graph_function(op.graph, name)
         return getattr(fn, "graph", None) if fn is not None else None
     except Exception:  # noqa: BLE001 - any layout change: no body to look into
         return None

@@ -2,7 +2,7 @@
 (``groups=G``: the input has ``G`` times the filter's in-channels), ``DepthwiseConv2dNative``
 (``DepthwiseConv2D``, the depthwise half of ``SeparableConv2D``), and the transposed
 ``Conv2DBackpropInput``/``Conv3DBackpropInputV2`` (``Conv1DTranspose`` to ``Conv3DTranspose``).
-Keras wraps grouped convolutions in an XLA-compiled function call: see `tb_gradmom.rules.call`,
+Keras wraps grouped convolutions in an XLA-compiled function call: see `tb_gradmom.core.rules.call`,
 which reads the call's body and hands the same `ConvSpec` to `conv_contribution`.
 
 The filter gradient of example ``j`` sums over output positions ``q``:
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from tb_gradmom.rules.base import (
+from tb_gradmom.core.rules.base import (
     Contribution,
     RuleError,
     Site,

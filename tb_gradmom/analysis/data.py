@@ -1,6 +1,6 @@
 """Reads Grad Moments data from TensorBoard event files, without TensorFlow.
 
-    from tb_gradmom import data
+    from tb_gradmom.analysis import data
     runs = data.load("runs/demo")          # {run: {tag: [Record, ...]}}
     rec = runs["."]["dense/kernel"][-1]    # the latest step of one variable
     rec.moments[2]                         # M_2, float32 [*stored_shape]
@@ -40,7 +40,8 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2
 from tensorboard.util import tensor_util
 
-from tb_gradmom import metadata, stats
+from tb_gradmom import metadata
+from tb_gradmom.analysis import stats
 
 __all__ = [
     "Record",
@@ -464,6 +465,6 @@ def load(logdir: str | os.PathLike, run: str | None = None) -> dict[str, dict[st
         where = f"run {run!r} of logdir" if run is not None else "logdir"
         raise ValueError(
             f"no Grad Moments data in {where} {os.fspath(logdir)!r}{detail}; log some with "
-            "tb_gradmom.summary or the Keras callback"
+            "tb_gradmom.writers.summary or the Keras callback"
         )
     return out

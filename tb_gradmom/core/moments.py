@@ -1,0 +1,603 @@
+"""Executing a moments plan: the one backward pass, the rules' power sums, the exact fallback.
+
+`gradients_and_moments` is `tb_gradmom.core.plan.make_plan` (trace-time analysis) then
+`run_backward` (the gradients of the loss with respect to the variables and to every site's
+output, taken once, outside any conditional) then `Backward.moments` (the moment ops, which may
+sit in a ``tf.cond`` branch so that a step that logs nothing runs none of them).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from tb_gradmom.core import fallback as _fallback
+from tb_gradmom.core import loss as _loss
+from tb_gradmom.core import plan as _plan
+from tb_gradmom.core.plan import WARNED, Options, Plan, check_orders
+from tb_gradmom.core.rules.base import power_sum, sum_over_chunks
+from tb_gradmom.core.rules.recurrent import LoopGrads
+from tb_gradmom.core.sites import VariablePlan
+
+__all__ = [
+    "gradients_and_moments",
+    "variance",
+    "run_backward",
+    "Backward",
+    "Moments",
+    "DEFAULT_CHUNK_ELEMENTS",
+]
+
+# Per rule, examples are processed in chunks so that the per-example tensors of one chunk hold
+# at most this many elements (32 MiB in float32), unless `chunk_size` is given.
+DEFAULT_CHUNK_ELEMENTS = 1 << 23
+
+
+def _warn_fallback(plans, ids) -> None:
+    key = ("fallback",) + tuple(plans[i].name for i in ids)
+    if key in WARNED:
+        return
+    WARNED.add(key)
+    lines = "; ".join(f"'{plans[i].name}' ({plans[i].fallback})" for i in ids)
+    warnings.warn(
+        f"tb_gradmom: no exact rule for {lines}. Their moments come from the exact fallback: "
+        "per-example gradients of the per-example losses, vectorised over the examples "
+        "(slow path, about one backward pass of the batch per example, on the steps that "
+        "compute moments). Pass fallback='error' to raise instead.",
+        stacklevel=4,
+    )
+
+
+def _warn_disconnected(variables, names, grads, fused_ids) -> None:
+    """Once per set: variables whose gradient is structurally zero (the loss does not depend on
+    them) or that are not floating point; their moments are zeros."""
+    lines = []
+    for i, (v, nm, g) in enumerate(zip(variables, names, grads)):
+        if not v.dtype.is_floating:
+            lines.append(f"'{nm}' ({v.dtype.name}, not floating point)")
+        elif g is None and i not in fused_ids:
+            lines.append(f"'{nm}' (the loss does not depend on it)")
+    key = ("disconnected", *lines)
+    if not lines or key in WARNED:
+        return
+    WARNED.add(key)
+    warnings.warn(
+        "tb_gradmom: " + "; ".join(lines) + " get zero moments and a None gradient. Leave them "
+        "out of var_list (e.g. model.trainable_variables holds only what the loss uses).",
+        stacklevel=4,
+    )
+
+
+def batch_asserts(checks, n) -> list:
+    """One run-time assert that every batch evidence of ``checks`` (``(count, description)``)
+    equals ``n`` (one op for the whole model, not one per site). Its message lists each
+    evidence with its value."""
+    if not checks:
+        return []
+    values = tf.stack([tf.cast(t, tf.int32) for t, _ in checks])
+    descs = "; ".join(f"[{i}] {d}" for i, (_, d) in enumerate(checks))
+    return [
+        tf.debugging.Assert(
+            tf.reduce_all(tf.equal(values, n)),
+            [
+                "tb_gradmom: batch size mismatch: these counts should all equal the batch size",
+                n,
+                "(the first evidence), got",
+                values,
+                "for:",
+                descs,
+            ],
+            summarize=len(checks),
+            name="batch_size_check",
+        )
+    ]
+
+
+def _chunk(plan: VariablePlan, chunk_size: int | None, fast: bool = False) -> int:
+    if chunk_size is not None:
+        if int(chunk_size) < 1:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+        return int(chunk_size)
+    if fast:  # the single site's power_sums path
+        per_example = plan.sites[0][1].power_sums_elements or 1
+        return max(1, DEFAULT_CHUNK_ELEMENTS // per_example)
+    per_example = sum(c.per_example_elements for _, c in plan.sites)
+    per_example = max(per_example, int(plan.variable.shape.num_elements() or 1))
+    return max(1, DEFAULT_CHUNK_ELEMENTS // max(per_example, 1))
+
+
+def _power_sums_chunked(plan, deltas, n, orders, chunk) -> dict:
+    """sum_j g_j**p with per-example gradients summed over sites, chunk by chunk."""
+    var_shape = plan.variable.shape
+
+    def chunk_sums(start, size):
+        g = None
+        for (_site, c), delta in zip(plan.sites, deltas):
+            part = tf.reshape(c.per_example(delta, n, start, size), [-1, *var_shape])
+            g = part if g is None else g + part
+        g_pow = {1: g}
+        return {p: power_sum(g_pow, p) for p in orders}
+
+    return sum_over_chunks(n, chunk, orders, var_shape, plan.dtype, chunk_sums)
+
+
+@tf.autograph.experimental.do_not_convert
+def gradients_and_moments(
+    loss,
+    var_list: Sequence,
+    orders: Sequence[int] = (1, 2),
+    reduction: str | None = None,
+    *,
+    batch_size: int | tf.Tensor | None = None,
+    chunk_size: int | None = None,
+    name: str | None = None,
+    fallback: str = "exact",
+    loss_scale=None,
+):
+    """Gradients and the moments of the per-example gradients, from one backward pass.
+
+    The p-th moment of variable ``theta`` is ``M_p = (1/n) * sum_j g_j ** p``, element-wise, where
+    ``g_j = d l_j / d theta`` is the *unscaled* gradient of example ``j``'s own loss ``l_j``
+    (whatever the reduction) and ``n`` the number of examples. ``M_1`` is the mini-batch gradient
+    of the mean loss; the (unbiased) variance is ``variance(moments_i, n)``.
+
+    Call it inside a ``tf.function`` (or a ``tf.compat.v1`` graph), after the forward pass:
+
+        @tf.function
+        def train_step(x, y):
+            logits = model(x, training=True)
+            loss = loss_fn(y, logits)  # mean over the batch
+            grads, moments = gradmom.gradients_and_moments(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return moments
+
+    Args:
+      loss: a scalar, a mean or a sum of the per-example losses of the batch (checked in the
+        graph: `PerExampleLossError` otherwise); or a ``[n]`` vector of per-example losses
+        (then ``grads`` are those of its mean, and ``reduction`` is ignored).
+      var_list: ``tf.Variable``s or Keras variables (``model.trainable_variables``).
+      orders: the moment orders to compute, integers from 1 to 4.
+      reduction: None (default: read from the graph: a division by a count that holds the batch
+        size is a mean, none is a sum), or ``"mean"``/``"sum"`` where a constant divisor is
+        ambiguous; one that contradicts the graph's structure raises ``ValueError``.
+      batch_size: the number of examples ``n``. Inferred from the graph by default (the
+        per-example loss vector or the batch axis of the layers' inputs); when given it is
+        checked against the graph like every other piece of evidence.
+      chunk_size: examples per chunk where per-example gradients are materialised (convolutions,
+        Dense on sequences, variables used by several ops). Default: chosen per layer so one
+        chunk holds at most 8M elements.
+      name: a name scope for the added ops.
+      fallback: for a variable consumed by an op without an exact rule (a custom op,
+        ``tf.sin(W)``, a ``tf.while_loop`` that `tb_gradmom.core.rules.recurrent` does not cover;
+        Keras LSTM/GRU/SimpleRNN have a rule): ``"exact"`` (default) computes its
+        per-example gradients from the per-example losses by vectorised autodiff (exact, about
+        one backward pass per example; a warning names the variables once); ``"error"`` raises
+        `UnsupportedOpError` instead. The fallback needs the per-example losses: a ``[n]``
+        ``loss``, or a scalar that is a mean/sum over them (found in the graph).
+      loss_scale: the factor ``loss`` was multiplied by, if any (mixed precision with
+        ``keras.optimizers.LossScaleOptimizer``: pass ``optimizer.scale_loss(loss)`` and
+        ``loss_scale=optimizer.dynamic_scale``). ``grads`` are then those of the scaled loss,
+        for the optimizer to unscale; the moments are those of the unscaled gradients. Under
+        mixed precision (float16/bfloat16 compute, float32 variables) moments are computed
+        and returned in float32: output gradients are cast up, and unscaled, before any power.
+
+    Returns:
+      ``(grads, moments)``: ``grads[i]`` is what ``tf.gradients(loss, var_list)[i]`` gives (for a
+      vector loss, of its mean; ``None`` for a variable the loss does not depend on). A
+      convolution kernel's gradient is the order-1 sum of the same per-example work, so it equals
+      TensorFlow's up to float rounding, and TensorFlow's own filter gradient is not computed.
+      ``moments[i]`` is a dict from each order ``p`` to a tensor shaped like ``var_list[i]``,
+      float32 (float64 for float64 variables).
+
+    Raises:
+      RuntimeError: when called eagerly.
+      UnsupportedOpError: with ``fallback="error"``, a requested variable is consumed by an op
+        without an exact rule.
+      PerExampleLossError: ``loss`` is not a mean or a sum of per-example losses (a maximum, a
+        norm, a product, values that mix the examples).
+      BatchSizeError: the batch size cannot be inferred or the graph disagrees about it.
+    """
+    options = Options.check(orders, reduction, batch_size, chunk_size, fallback, loss_scale)
+    plan = _plan.make_plan(loss, var_list, options, name=name or "gradients_and_moments")
+    backward = run_backward(plan, fused=True)
+    return list(backward.grads), backward.moments().values
+
+
+@dataclass(frozen=True)
+class Moments:
+    """The moments of one call: ``values[k][p]`` for the k-th variable asked for, and ``n``, the
+    number of examples they average over (the global batch under ``tf.distribute``)."""
+
+    values: list[dict]
+    n: tf.Tensor
+
+
+@dataclass
+class Backward:
+    """The backward pass of one plan: the gradients and every site's output gradient.
+
+    `run_backward` builds it outside any conditional; `moments` adds the moment ops and can be
+    called inside a ``tf.cond`` branch so that a step that logs nothing never runs them.
+    """
+
+    plan: Plan
+    # aligned with the plan's variables (None where the loss does not depend on one)
+    grads: list
+    # the gradients of the loss with respect to the sites' outputs, at `index[output.ref()]`
+    out_grads: list
+    index: dict
+    # variable index -> {p: M_p} already computed by `run_backward` (``fused=True``)
+    fused: dict = field(default_factory=dict)
+    # variable index -> {p: sum_j g_j**p} (p > 1) for the variables on the exact fallback
+    fallback_sums: dict = field(default_factory=dict)
+    # 1 / loss_scale (float32) when the loss is scaled (mixed precision), else None
+    inv_scale: tf.Tensor | None = None
+
+    @property
+    def vector(self) -> bool:
+        """The loss was given as a [n] vector of per-example losses."""
+        return self.plan.loss_vector is not None
+
+    @property
+    def _scope(self) -> str:
+        return self.plan.scope.rstrip("/") + "_moments"
+
+    def moments(self, orders: Sequence[int] | None = None, indices=None, gate=None) -> Moments:
+        """The moments of the variables at ``indices`` (default all), in order, for ``orders``
+        (default: the plan's).
+
+        Under ``tf.distribute`` (several replicas in sync) the moments are over the global
+        batch, on every replica. `gate`: a scalar bool tensor (only used then): where it is
+        False nothing runs, the all-reduce included, and zeros come out.
+        """
+        orders = self.plan.options.orders if orders is None else check_orders(orders)
+        chunk_size = self.plan.options.chunk_size
+        indices = range(len(self.plan.variables)) if indices is None else indices
+        if self.plan.replica is not None:
+            return self._distributed_moments(orders, chunk_size, list(indices), gate)
+        out = []
+        with tf.name_scope(self._scope):
+            asserts = batch_asserts(self.plan.checks, self.plan.n)
+        with tf.name_scope(self._scope), tf.control_dependencies(asserts):
+            for i in indices:
+                plan, grad = self.plan.variables[i], self.grads[i]
+                if all(p in self.fused.get(i, {}) for p in orders):
+                    out.append({p: self.fused[i][p] for p in orders})
+                    continue
+                if i in self.fallback_sums:
+                    out.append(self._fallback_moments(i, orders))
+                    continue
+                out.append(
+                    _moments_of(
+                        plan,
+                        grad,
+                        self.out_grads,
+                        self.index,
+                        self.plan.n,
+                        self.plan.mode,
+                        orders,
+                        chunk_size,
+                        inv_scale=self.inv_scale,
+                    )
+                )
+        return Moments(out, self.plan.n)
+
+    def _distributed_moments(self, orders, chunk_size, indices, gate) -> Moments:
+        """Per replica, sums over its own examples; then ONE all-reduce (SUM) of every sum and
+        of the replica's example count; then the moments over the global batch.
+
+        The per-example gradient is ``N * dL_r/dtheta_j`` for a scalar mean loss whose replica
+        share is ``L_r = sum_{j in r} l_j / N`` (``tf.nn.compute_average_loss``, Keras): so each
+        replica sums ``(dL_r/dtheta_j) ** p`` and the result is scaled by ``N ** (p - 1)``
+        after the reduction, with ``N`` from the same reduction.
+
+        With `gate`, the replica's sums are computed in a ``tf.cond`` (zeros where it is
+        False); the all-reduce, a synchronisation point that no ``cond`` branch may hold under
+        MirroredStrategy, runs on every step.
+        """
+        layout = [(i, p) for i in indices for p in orders]
+
+        def local():
+            with tf.name_scope(self._scope):
+                asserts = batch_asserts(self.plan.checks, self.plan.n)
+            with tf.name_scope(self._scope), tf.control_dependencies(asserts):
+                flat = [self._local_sums(i, orders, chunk_size)[p] for i, p in layout]
+                return flat + [tf.cast(self.plan.n, tf.float64)]
+
+        if gate is None:
+            flat = local()
+        else:
+
+            def zeros():
+                flat = [
+                    tf.zeros(self.plan.variables[i].variable.shape, self.plan.variables[i].dtype)
+                    for i, _ in layout
+                ]
+                return flat + [tf.zeros([], tf.float64)]
+
+            flat = tf.cond(gate, local, zeros, name="gradmom_local_sums")
+        reduced = _all_reduce_sum(self.plan.replica, list(flat))
+        total = reduced[-1]
+        scalar_mean = self.plan.mode == "mean" and not self.vector
+        result = {i: {} for i in indices}
+        for (i, p), t in zip(layout, reduced[:-1]):
+            nt = tf.maximum(tf.cast(total, t.dtype), 1.0)
+            result[i][p] = t * nt ** (p - 1) if scalar_mean else t / nt
+        return Moments([result[i] for i in indices], tf.cast(total, tf.int32))
+
+    def _local_sums(self, i, orders, chunk_size) -> dict:
+        """``{p: sum over this replica's examples}``: of ``(dL_r/dtheta_j) ** p`` for a scalar
+        loss, of ``g_j ** p`` for a vector (order 1: the replica's summed gradient)."""
+        plan = self.plan.variables[i]
+        dtype = plan.dtype
+        shape = plan.variable.shape
+        grad = self.grads[i]
+        if grad is None:
+            return {p: tf.zeros(shape, dtype) for p in orders}
+        k = tf.cast(self.plan.n, dtype) if self.vector else 1.0  # L_r: the mean of the vector
+        g = tf.cast(tf.convert_to_tensor(grad), dtype)
+        if self.inv_scale is not None:
+            g = g * tf.cast(self.inv_scale, dtype)
+        sums = {1: g * k}
+        higher = tuple(p for p in orders if p > 1)
+        if not higher:
+            return sums
+        if i in self.fallback_sums:
+            sums.update({p: self.fallback_sums[i][p] for p in higher})
+        elif plan.sites:
+            sums.update(
+                _raw_sums(
+                    plan,
+                    self.out_grads,
+                    self.index,
+                    self.plan.n,
+                    higher,
+                    chunk_size,
+                    self.inv_scale,
+                    k,
+                )
+            )
+        else:
+            sums.update({p: tf.zeros(shape, dtype) for p in higher})
+        return sums
+
+    def _fallback_moments(self, i: int, orders) -> dict:
+        plan, sums = self.plan.variables[i], self.fallback_sums[i]
+        missing = [p for p in orders if p > 1 and p not in sums]
+        if missing:
+            raise ValueError(
+                f"orders {missing} were not prepared for '{plan.name}' (exact fallback): pass "
+                "them in prepare(orders=...)"
+            )
+        nf = tf.cast(self.plan.n, plan.dtype)
+        out = {}
+        for p in orders:
+            if p == 1:
+                if self.grads[i] is None:
+                    out[1] = tf.zeros(plan.variable.shape, plan.dtype)
+                    continue
+                g = tf.cast(tf.convert_to_tensor(self.grads[i]), plan.dtype)
+                if self.inv_scale is not None:
+                    g = g * tf.cast(self.inv_scale, plan.dtype)
+                out[1] = g / nf if self.plan.mode == "sum" else tf.identity(g)
+            else:
+                out[p] = sums[p] / nf
+        return out
+
+
+def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = None) -> Backward:
+    """Takes the gradients of the plan's loss, once, for the variables and the sites' outputs.
+
+    `fused`: the moments will be computed on every step (`gradients_and_moments`). Then a
+    variable whose only site can give ``sum_j g_j`` with its per-example work
+    (``gradient_from_sums``: convolutions) takes its gradient from there, TF's own filter
+    gradient is never built, and its moments are computed here. Leave it False when the moments
+    are gated (``tf.cond``).
+
+    The exact fallback's per-example gradients are taken here too, in the step's graph (a
+    gradient cannot be taken inside a ``tf.cond`` branch); `gate`, a scalar bool tensor, makes
+    them run only on the steps where it is True (see `tb_gradmom.core.fallback`).
+    """
+    options, plans, n, mode = plan.options, plan.variables, plan.n, plan.mode
+    variables = [p.variable for p in plans]
+    with tf.name_scope(plan.scope):
+        outputs, index = [], {}
+        for vplan in plans:
+            for site, _ in vplan.sites:
+                for out in _site_outputs(site):
+                    key = out.ref()
+                    if key not in index:
+                        index[key] = len(outputs)
+                        outputs.append(out)
+        fused_ids = set()
+        if fused and any(p > 1 for p in options.orders) and plan.replica is None:
+            fused_ids = {
+                i
+                for i, vplan in enumerate(plans)
+                if len(vplan.sites) == 1 and vplan.sites[0][1].gradient_from_sums
+            }
+        asked = [v for i, v in enumerate(variables) if i not in fused_ids]
+        all_grads = tf.gradients(plan.loss, asked + outputs)
+        rest = iter(all_grads[: len(asked)])
+        grads = [None if i in fused_ids else next(rest) for i in range(len(variables))]
+        out_grads = all_grads[len(asked) :]
+        _warn_disconnected(variables, plan.names, grads, fused_ids)
+        inv_scale = None
+        if options.loss_scale is not None:
+            inv_scale = 1.0 / tf.cast(options.loss_scale, tf.float32)
+        fused_moments = {}
+        if fused_ids:
+            orders = tuple(sorted({1, *options.orders}))
+            with tf.name_scope("fused"):
+                for i in sorted(fused_ids):
+                    vplan = plans[i]
+                    fused_moments[i] = _moments_of(
+                        vplan,
+                        None,
+                        out_grads,
+                        index,
+                        n,
+                        mode,
+                        orders,
+                        options.chunk_size,
+                        sums_only=True,
+                        inv_scale=inv_scale,
+                    )
+                    grad = fused_moments[i][1]
+                    if mode == "sum":
+                        grad = grad * tf.cast(n, vplan.dtype)
+                    if options.loss_scale is not None:  # as tf.gradients gives it: scaled
+                        grad = grad * tf.cast(options.loss_scale, vplan.dtype)
+                    grads[i] = tf.cast(grad, vplan.variable.dtype)
+        fallback_sums = {}
+        fallback_ids = plan.fallback_ids
+        if fallback_ids:
+            with tf.name_scope("fallback"):
+                _warn_fallback(plans, fallback_ids)
+                fallback_sums = _fallback_power_sums(plan, fallback_ids, gate, inv_scale)
+    return Backward(
+        plan=plan,
+        grads=list(grads),
+        out_grads=out_grads,
+        index=index,
+        fused=fused_moments,
+        fallback_sums=fallback_sums,
+        inv_scale=inv_scale,
+    )
+
+
+def _fallback_power_sums(plan: Plan, ids: list[int], gate, inv_scale) -> dict:
+    """``{i: {p: sum_j g_j ** p}}`` (orders above 1) of the variables ``ids`` on the fallback."""
+    higher = tuple(p for p in plan.options.orders if p > 1)
+    if not higher:
+        return {i: {} for i in ids}
+    if plan.form is None:
+        vector = plan.loss_vector
+    elif plan.replica is not None:  # sums of (dL_r/dtheta_j)**p, see _distributed_moments
+        vector = _loss.per_example_losses(plan.form, plan.n, "sum")
+    else:
+        vector = _loss.per_example_losses(plan.form, plan.n, plan.mode)
+    chunk = plan.options.chunk_size
+    sums = _fallback.power_sums(
+        vector,
+        [plan.variables[i].variable for i in ids],
+        [plan.variables[i].dtype for i in ids],
+        higher,
+        plan.n,
+        _fallback.DEFAULT_CHUNK if chunk is None else int(chunk),
+        gate,
+        inv_scale,
+    )
+    return dict(zip(ids, sums))
+
+
+def _moments_of(
+    plan,
+    grad,
+    out_grads,
+    index,
+    n,
+    mode,
+    orders,
+    chunk_size,
+    sums_only=False,
+    inv_scale=None,
+) -> dict:
+    """{p: M_p}. `sums_only`: every order (1 included) from the rule's power sums, not `grad`."""
+    shape = plan.variable.shape
+    higher = tuple(orders) if sums_only else tuple(p for p in orders if p > 1)
+    result = {}
+    if (grad is None and not sums_only) or not plan.sites:
+        return {p: tf.zeros(shape, plan.dtype) for p in orders}
+    nf = tf.cast(n, plan.dtype)
+    if inv_scale is not None:
+        inv_scale = tf.cast(inv_scale, plan.dtype)
+    if 1 in orders and not sums_only:
+        g = tf.cast(tf.convert_to_tensor(grad), plan.dtype)
+        if inv_scale is not None:
+            g = g * inv_scale
+        result[1] = g / nf if mode == "sum" else tf.identity(g)
+    if not higher:
+        return result
+    # For a mean loss delta = n * G. Up to order 2, scale the (small) sums by n**p instead of
+    # the (large) output gradients: one full-size multiply and its buffer less per layer. For
+    # orders 3-4 in float32, (G)**p could underflow where (n G)**p does not: scale delta then.
+    scale_sums = mode == "mean" and max(higher) <= 2
+    factor = nf if mode == "mean" and not scale_sums else 1.0
+    sums = _raw_sums(plan, out_grads, index, n, higher, chunk_size, inv_scale, factor)
+    for p in higher:
+        result[p] = sums[p] * nf ** (p - 1) if scale_sums else sums[p] / nf
+    return result
+
+
+def _all_reduce_sum(replica, tensors: list) -> list:
+    """One batched all-reduce (SUM) per dtype among ``tensors`` (one in the usual case)."""
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(i)
+    out = [None] * len(tensors)
+    for ids in groups.values():
+        reduced = replica.all_reduce(tf.distribute.ReduceOp.SUM, [tensors[i] for i in ids])
+        for i, t in zip(ids, reduced):
+            out[i] = t
+    return out
+
+
+def _site_outputs(site) -> tuple:
+    """The outputs whose gradients a site's rule needs (several for a loop)."""
+    return site.output if isinstance(site.output, tuple) else (site.output,)
+
+
+def _raw_sums(plan, out_grads, index, n, orders, chunk_size, inv_scale, factor) -> dict:
+    """``{p: sum_j g_j ** p}`` with ``g_j`` from the output gradients times ``factor`` (and
+    ``inv_scale``, the loss scale's inverse, folded into the same multiply)."""
+    if inv_scale is not None:
+        factor = tf.cast(inv_scale, plan.dtype) * factor
+    deltas = []
+    for site, _ in plan.sites:
+        if isinstance(site.output, tuple):  # a loop: its rule seeds a copy with these
+            grads = tuple(out_grads[index[t.ref()]] for t in site.output)
+            deltas.append(LoopGrads(grads, factor))
+            continue
+        g_out = out_grads[index[site.output.ref()]]
+        if g_out is None:
+            g_out = tf.zeros_like(site.output)
+        g_out = tf.cast(tf.convert_to_tensor(g_out), plan.dtype)
+        if not (isinstance(factor, float) and factor == 1.0):
+            g_out = g_out * factor
+        deltas.append(g_out)
+    if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
+        chunk = _chunk(plan, chunk_size, fast=True)
+        sums = plan.sites[0][1].power_sums(deltas[0], n, tuple(orders), chunk)
+        return {p: tf.reshape(sums[p], plan.variable.shape) for p in orders}
+    return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size))
+
+
+def variance(moments_i: dict, n, unbiased: bool = True):
+    """Element-wise variance of the per-example gradients from their first two raw moments.
+
+    Args:
+      moments_i: one entry of the ``moments`` list, a dict with orders 1 and 2.
+      n: the number of examples the moments average over.
+      unbiased: ``True`` for ``s2 = n/(n-1) * (M_2 - M_1**2)`` (the sample variance of the
+        per-example gradients); ``False`` for the biased ``M_2 - M_1**2``. The variance of the
+        mini-batch gradient itself is ``s2 / n``.
+
+    Returns:
+      A tensor (or numpy array) shaped like the variable.
+    """
+    if 1 not in moments_i or 2 not in moments_i:
+        raise ValueError("variance needs moments of orders 1 and 2; pass orders=(1, 2)")
+    m1, m2 = moments_i[1], moments_i[2]
+    biased = m2 - m1 * m1
+    if not unbiased:
+        return biased
+    if isinstance(n, int | float):
+        if n < 2:
+            raise ValueError(f"the unbiased variance needs at least 2 examples, got n={n}")
+        return biased * (n / (n - 1.0))
+    nf = tf.cast(n, biased.dtype)
+    return biased * nf / (nf - 1.0)

@@ -1,0 +1,429 @@
+"""Planning a moments computation: what is known at trace time, before any gradient is taken.
+
+`make_plan` validates the arguments (`Options`), checks the loss (a mean or a sum of per-example
+losses, or the ``[n]`` vector itself: `tb_gradmom.core.loss`), proves where the examples are in
+the traced graph (`tb_gradmom.core.axes`), plans every variable (`tb_gradmom.core.sites`: its
+uses, the rule for each, or the exact fallback) and gathers the evidence of the batch size. The
+result, a `Plan`, prints as a table and is executed by `tb_gradmom.core.moments`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from tb_gradmom.core import axes as _axes
+from tb_gradmom.core import fallback as _fallback
+from tb_gradmom.core import graph as _graph
+from tb_gradmom.core import loss as _loss
+from tb_gradmom.core import validate as _validate
+from tb_gradmom.core.errors import BatchSizeError, PerExampleLossError
+from tb_gradmom.core.sites import VariablePlan, plan_variable
+
+__all__ = [
+    "plan_moments",
+    "Options",
+    "Plan",
+    "make_plan",
+    "check_orders",
+    "variable_name",
+    "tf_variable",
+    "replica_context",
+    "WARNED",
+]
+
+MAX_ORDER = 4
+
+# The keys of the warnings given once per process (a set of variables, a loss): cleared by
+# tests that count warnings.
+WARNED: set = set()
+
+
+def variable_name(variable) -> str:
+    """A readable, stable name: the Keras ``variable.path``, else the name without ``:0``."""
+    path = getattr(variable, "path", None)
+    if isinstance(path, str) and path:
+        return path
+    name = getattr(variable, "name", None) or "variable"
+    return name[:-2] if name.endswith(":0") else name
+
+
+def tf_variable(variable, position: int):
+    """The `tf.Variable` behind a Keras 3 variable or a `tf.Variable`."""
+    inner = getattr(variable, "value", None)
+    if isinstance(variable, tf.Variable):
+        v = variable
+    elif isinstance(inner, tf.Variable):  # Keras 3 variable with the TensorFlow backend
+        v = inner
+    else:
+        raise TypeError(
+            f"var_list[{position}] is a {type(variable).__name__}, not a variable; pass "
+            "tf.Variable or Keras variables (e.g. model.trainable_variables)"
+        )
+    if not hasattr(v, "handle"):
+        raise TypeError(
+            f"var_list[{position}] ('{variable_name(variable)}') is not a resource variable; "
+            "TF1 reference variables are not supported (use tf.compat.v1.enable_resource_variables())"
+        )
+    return v
+
+
+def in_xla_context() -> bool:
+    """Whether the graph being built is (or is inside) an XLA-compiled function."""
+    from tb_gradmom._compat import PrivateAPIError, tf_private
+
+    try:  # private TensorFlow API; without it the check is skipped
+        return tf_private.in_xla_context(tf.compat.v1.get_default_graph())
+    except PrivateAPIError:  # pragma: no cover
+        return False
+
+
+def check_orders(orders) -> tuple[int, ...]:
+    if _validate._is_int(orders):
+        orders = (orders,)
+    try:
+        items = list(orders)
+    except TypeError:
+        raise ValueError(f"orders must be integers from 1 to 4, got {orders!r}") from None
+    if any(not _validate._is_int(p) for p in items):
+        raise ValueError(
+            f"orders must be integers from 1 to {MAX_ORDER}, got {orders!r} (not rounded: "
+            "pass e.g. orders=(1, 2))"
+        )
+    out = tuple(sorted({int(p) for p in items}))
+    if not out or any(p < 1 or p > MAX_ORDER for p in out):
+        raise ValueError(f"orders must be integers from 1 to {MAX_ORDER}, got {orders!r}")
+    return out
+
+
+def replica_context():
+    """The replica context when several replicas run in sync (inside ``strategy.run``)."""
+    if not tf.distribute.has_strategy() or tf.distribute.in_crossreplica_context():
+        return None
+    ctx = tf.distribute.getreplica_context()
+    if ctx is None or ctx.num_replicas_in_sync <= 1:
+        return None
+    return ctx
+
+
+def warn_coupled(plans) -> None:
+    names = tuple(p.name for p in plans if p.coupled)
+    if not names or names in WARNED:
+        return
+    WARNED.add(names)
+    warnings.warn(
+        "tb_gradmom: "
+        + ", ".join(f"'{n}'" for n in names)
+        + " scale or shift a batch normalised with its own statistics (BatchNormalization "
+        "in training mode). Their moments are exact, but the examples are coupled through "
+        "the batch mean and variance: the per-example gradients of the layers before the "
+        "normalisation include that coupling (they are n * dL/dz_j, not dl_j/dz_j). See the "
+        "README's table of supported layers.",
+        stacklevel=4,
+    )
+
+
+def warn_unproven(what: str) -> None:
+    key = ("unproven", what)
+    if key in WARNED:
+        return
+    WARNED.add(key)
+    warnings.warn(
+        f"tb_gradmom: cannot prove where the examples are in {what}; they are taken to be "
+        "on its first axis. The moments are exact if each entry of that axis depends on one "
+        "example only. Layers past that op use the exact fallback.",
+        stacklevel=4,
+    )
+
+
+def batch_evidence(batch_size, loss_values, plans, ex) -> tuple[tf.Tensor | None, list]:
+    """The batch size, and ``(tensor, message)`` pairs of evidence to check against it at run
+    time (the asserts are built with the moments, so a step that logs nothing runs none).
+
+    ``loss_values``: ``(tensor, Axis)`` of the per-example losses, or None. The batch size is a
+    constant whenever the step's inputs have a static batch axis (``ex.n_static``)."""
+    evidence = []  # (scalar int tensor, description)
+    if loss_values is not None:
+        values, ax = loss_values
+        evidence.append(
+            (
+                tf.shape(values)[ax.axis] // ax.partners,
+                f"the examples' {ax} of the per-example losses '{values.name}'",
+            )
+        )
+    for plan in plans:
+        for _, c in plan.sites:
+            evidence.append((c.examples, c.evidence + f" (variable '{plan.name}')"))
+    if ex.n_static is not None:
+        evidence.insert(
+            0, (tf.constant(ex.n_static, tf.int32), "the static batch axis of the step's inputs")
+        )
+    if batch_size is not None:
+        evidence.insert(0, (tf.convert_to_tensor(batch_size, tf.int32), "batch_size="))
+    if not evidence:
+        return None, []
+    n, n_desc = evidence[0]
+    n = tf.cast(n, tf.int32)
+    n_static = tf.get_static_value(n)
+    checks = []
+    for t, desc in evidence[1:]:
+        t_static = t if isinstance(t, int) else tf.get_static_value(t)
+        if n_static is not None and t_static is not None:
+            if int(t_static) != int(n_static):
+                raise BatchSizeError(
+                    f"the graph disagrees about the batch size: {n_desc} says {int(n_static)}, "
+                    f"{desc} says {int(t_static)}. Pass the per-example loss vector or "
+                    "batch_size=, and make sure every requested variable's op sees the batch."
+                )
+            continue
+        checks.append((t, f"{desc} and {n_desc}"))
+    return n, checks
+
+
+def check_loss_vector(loss: tf.Tensor, ex) -> _axes.Axis:
+    """The examples' axis of a ``[n]`` loss given by the user: proven, or trusted with a warning
+    when the analysis cannot see through an op; never values that mix the examples."""
+    st = ex.of(loss)
+    if st == _axes.Axis(0):
+        return st
+    if st in (_axes.FREE, _axes.REDUCED):
+        raise PerExampleLossError(
+            f"the loss vector '{loss.name}' does not hold one loss per example: it "
+            f"{'depends on no example' if st == _axes.FREE else 'mixes the examples (a statistic over the batch)'}. "
+            "Pass the [n] vector of per-example losses, before any reduction over the batch."
+        )
+    if st == _axes.UNKNOWN:
+        warn_unproven(f"the loss vector '{loss.name}' (stopped at {ex.why(loss)})")
+        return _axes.Axis(0)
+    raise PerExampleLossError(
+        f"the loss vector '{loss.name}' holds the examples on its {st}, not as one entry per "
+        "example. Pass the [n] vector of per-example losses."
+    )
+
+
+def reduction_of(form, reduction: str | None, loss) -> str:
+    """The reduction found in the graph, checked against the one the caller named."""
+    if reduction is None or reduction == form.mode:
+        return form.mode
+    if not form.structural:  # only a constant's value said: the caller knows better
+        return reduction
+    found = "a mean" if form.mode == "mean" else "a sum"
+    raise ValueError(
+        f"reduction={reduction!r} was passed, but the loss '{loss.name}' is {found} of "
+        f"per-example losses (read from the graph). Pass reduction={form.mode!r}, or leave "
+        "reduction out to use what the graph says."
+    )
+
+
+@dataclass(frozen=True)
+class Options:
+    """The validated arguments of a moments computation (see `gradients_and_moments`).
+
+    ``orders``: every order the moments may be asked for (the exact fallback takes its
+    per-example gradients for these at trace time)."""
+
+    orders: tuple[int, ...] = (1, 2)
+    reduction: str | None = None
+    batch_size: int | tf.Tensor | None = None
+    chunk_size: int | None = None
+    fallback: str = "exact"
+    loss_scale: float | tf.Tensor | None = None
+
+    @classmethod
+    def check(
+        cls,
+        orders: Sequence[int] | int = (1, 2),
+        reduction: str | None = None,
+        batch_size: int | tf.Tensor | None = None,
+        chunk_size: int | None = None,
+        fallback: str = "exact",
+        loss_scale: float | tf.Tensor | None = None,
+    ) -> Options:
+        """The options, each argument checked (``ValueError``/``TypeError`` naming it)."""
+        if reduction not in (None, "mean", "sum"):
+            raise ValueError(
+                f"reduction must be None (read from the graph), 'mean' or 'sum', got {reduction!r}"
+            )
+        if fallback not in ("exact", "error"):
+            raise ValueError(f"fallback must be 'exact' or 'error', got {fallback!r}")
+        return cls(
+            orders=check_orders(orders),
+            reduction=reduction,
+            batch_size=_validate.int_tensor_or_int("batch_size", batch_size, positive=True),
+            chunk_size=_validate.optional_positive_int("chunk_size", chunk_size),
+            fallback=fallback,
+            loss_scale=_validate.float_scalar("loss_scale", loss_scale),
+        )
+
+
+@dataclass
+class Plan:
+    """What `make_plan` found: the loss's form, every variable's plan, the batch evidence.
+
+    ``print(plan)`` shows, per variable, the path its moments take (a rule and its ops, or the
+    exact fallback and why), each site with its proven example axis, and the batch evidence.
+    """
+
+    options: Options
+    # the scalar loss (the mean of the vector when a [n] vector was given)
+    loss: tf.Tensor
+    # the [n] vector of per-example losses when the caller gave it, else None
+    loss_vector: tf.Tensor | None
+    # the scalar loss's analysis (`tb_gradmom.core.loss.analyse`), None for a vector
+    form: Any
+    # "mean" or "sum": how the loss reduces its per-example losses
+    mode: str
+    variables: list[VariablePlan]
+    # the batch size (a scalar int32 tensor, constant when the inputs' batch axis is static)
+    n: tf.Tensor | None
+    # (count, description) pairs that must equal `n` at run time
+    checks: list
+    # tf.distribute: the replica context when several replicas run in sync, else None
+    replica: Any
+    # the name scope of the call (with its trailing "/")
+    scope: str
+
+    @property
+    def names(self) -> list[str]:
+        return [v.name for v in self.variables]
+
+    @property
+    def fallback_ids(self) -> list[int]:
+        """The indices of the variables on the exact fallback."""
+        return [i for i, v in enumerate(self.variables) if v.fallback is not None]
+
+    def op_type(self, i: int) -> str:
+        """The type of the first op using variable ``i``; ``"fallback"`` on the fallback, empty
+        if unused."""
+        plan = self.variables[i]
+        if plan.fallback is not None:
+            return "fallback"
+        return plan.sites[0][0].op.type if plan.sites else ""
+
+    def __str__(self) -> str:
+        n = tf.get_static_value(self.n) if self.n is not None else None
+        loss = (
+            "the [n] vector of per-example losses"
+            if self.loss_vector is not None
+            else (f"a {self.mode} of per-example losses")
+        )
+        head = [
+            f"moments plan: {len(self.variables)} variables, orders {self.options.orders}, "
+            f"loss '{self.loss.name}' is {loss}",
+            f"batch size: {'unknown until run time' if n is None else int(n)}"
+            + (f" ({len(self.checks)} run-time checks)" if self.checks else ""),
+        ]
+        body = []
+        for plan in self.variables:
+            body.append(f"{plan.name} {list(plan.variable.shape)}: {plan.path}")
+            body.extend("    " + line for line in plan.describe())
+        return "\n".join(head + body)
+
+
+@tf.autograph.experimental.do_not_convert
+def plan_moments(
+    loss,
+    var_list: Sequence,
+    orders: Sequence[int] = (1, 2),
+    reduction: str | None = None,
+    *,
+    batch_size: int | tf.Tensor | None = None,
+    fallback: str = "exact",
+) -> Plan:
+    """The plan `gradients_and_moments` follows for these arguments, computing nothing.
+
+    Call it where you would call `gradients_and_moments` (inside a ``tf.function``, after the
+    forward pass) and print it: per variable, the path its moments take (the rule's ops, or
+    the exact fallback and why), each use with the example axis that was proven for it, and
+    where the batch size is read. The ops it adds are unused and pruned from the step.
+
+    Raises what `gradients_and_moments` raises at trace time (with ``fallback="error"``, the
+    `UnsupportedOpError` of the first variable without a rule).
+    """
+    options = Options.check(orders, reduction, batch_size, None, fallback, None)
+    return make_plan(loss, var_list, options, name="plan_moments")
+
+
+def make_plan(loss, var_list: Sequence, options: Options, *, name: str = "gradmom") -> Plan:
+    """Checks the loss and plans the moments of every variable of ``var_list`` (trace time).
+
+    Raises what `gradients_and_moments` raises, except errors of the run itself.
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "gradmom needs a graph: call it inside a tf.function (for example in your "
+            "train_step decorated with @tf.function) or in a tf.compat.v1 graph. Eager tensors "
+            "carry no graph to read the layers' inputs from."
+        )
+    if in_xla_context():
+        raise RuntimeError(
+            "gradmom cannot run inside an XLA-compiled function (tf.function(jit_compile=True) "
+            "or a Keras model compiled with jit_compile=True): XLA miscomputes the dynamically "
+            "sized slices of its chunk loops and the moments come out wrong, with no error. "
+            "Compile the training step without jit_compile (the Keras callback does this "
+            "itself)."
+        )
+    var_list = list(var_list)
+    if not var_list:
+        raise ValueError("var_list is empty: pass the variables to compute moments for")
+    variables = [tf_variable(v, i) for i, v in enumerate(var_list)]
+    names = [variable_name(v) for v in var_list]
+    replica = replica_context()
+
+    with tf.name_scope(name) as scope:
+        loss = tf.convert_to_tensor(loss)
+        if loss.shape.rank not in (0, 1):
+            raise ValueError(
+                f"loss must be a scalar or a [n] vector of per-example losses, got shape "
+                f"{loss.shape}; reduce the other axes per example first"
+            )
+        ex = _axes.Examples(loss.graph)
+        if loss.shape.rank == 1:
+            loss_vector, scalar, mode = loss, tf.reduce_mean(loss), "mean"
+            loss_values = (loss, check_loss_vector(loss, ex))
+            form = None
+        else:
+            loss_vector, scalar = None, loss
+            form = _loss.analyse(loss, ex, replica.num_replicas_in_sync if replica else 1)
+            mode = reduction_of(form, options.reduction, loss)
+            if not form.proven:
+                warn_unproven(f"the per-example losses {form.note}")
+            loss_values = (form.values, form.terms[0].axis)
+        graph = scalar.graph
+        on_path = _graph.ancestors(scalar)
+        plans = [
+            plan_variable(v, nm, graph, on_path, ex, options.fallback)
+            for v, nm in zip(variables, names)
+        ]
+        warn_coupled(plans)
+        fallback_ids = [i for i, plan in enumerate(plans) if plan.fallback is not None]
+        if fallback_ids:
+            _fallback.refuse_broken(
+                [plans[i].variable for i in fallback_ids],
+                [plans[i].name for i in fallback_ids],
+                graph,
+                on_path,
+            )
+        n, checks = batch_evidence(options.batch_size, loss_values, plans, ex)
+        needs_n = mode == "sum" or any(plan.sites or plan.fallback for plan in plans)
+        if n is None and needs_n:
+            raise BatchSizeError(
+                "cannot infer the batch size: no requested variable is used by an op with a "
+                "batch axis; pass batch_size= or the per-example loss vector"
+            )
+    return Plan(
+        options=options,
+        loss=scalar,
+        loss_vector=loss_vector,
+        form=form,
+        mode=mode,
+        variables=plans,
+        n=n,
+        checks=checks,
+        replica=replica,
+        scope=scope,
+    )
