@@ -28,7 +28,10 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["tb_gradmom", "tb_gradmom.*", "tb_gradmom_frontend"]),
-    package_data={"tb_gradmom_frontend": ["*.js", "*.css", "*.html", "**/*"]},
+    package_data={
+        "tb_gradmom_frontend": ["*.js", "*.css", "*.html", "**/*"],
+        "tb_gradmom.analysis": ["statistics.json"],
+    },
     include_package_data=True,
     install_requires=[
         "tensorflow>=2.16",
@@ -38,7 +41,14 @@ setup(
     ],
     extras_require={
         "plots": ["matplotlib"],
-        "test": ["pytest", "ruff", "playwright", "matplotlib", "keras-hub==0.32.0"],
+        "test": [
+            "pytest",
+            "ruff",
+            "mypy>=2.4,<3",
+            "playwright",
+            "matplotlib",
+            "keras-hub==0.32.0",
+        ],
     },
     entry_points={
         "console_scripts": ["tb-gradmom = tb_gradmom.cli:main"],

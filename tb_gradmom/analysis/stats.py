@@ -19,6 +19,8 @@ The sums are the ``STATS_FIELDS`` of `tb_gradmom.metadata`, the head of every ``
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 from collections.abc import Mapping
 
 import numpy as np
@@ -67,107 +69,17 @@ class Statistic:
 
 
 # Every derived statistic, in display order: the one source of truth for labels and
-# explanations (the plugin serves it, the tab and the CLI show it). docs/math.md has the math.
-STATISTICS: dict[str, Statistic] = {
-    "noise_scale": Statistic(
-        name="Gradient noise scale B_simple",
-        meaning="the batch size at which the gradient noise equals the signal: "
-        "batches much smaller than it waste steps on noise, much larger ones waste examples",
-        formula="B_simple = tr(Sigma) / |G|^2, |G|^2 = |m|^2 - tr(Sigma)/n",
-        unit="examples (a batch size)",
-        reading="high: noisy gradients, a larger batch (or lower learning rate) helps; it grows "
-        "as the loss falls. Low: the signal dominates, small batches suffice. Negative or "
-        "undefined: the step's |G|^2 estimate is <= 0 (noise-dominated), not a real value",
-        reference="McCandlish et al. 2018, An Empirical Model of Large-Batch Training, App. A",
-        smoothing="EMA of tr(Sigma) / EMA of |G|^2 (each bias-corrected)",
-    ),
-    "total_variance": Statistic(
-        name="Total gradient variance tr(Sigma)",
-        meaning="how much the per-example gradients scatter around their mean, summed over "
-        "the parameters",
-        formula="tr(Sigma) = sum_i s2_i, s2 = n/(n-1) (M_2 - M_1^2)",
-        unit="squared gradient units (loss^2 / parameter^2)",
-        reading="high: examples disagree about the update; low: they agree (or the layer "
-        "receives no gradient)",
-        reference="",
-        smoothing="EMA (bias-corrected)",
-    ),
-    "grad_norm_sq": Statistic(
-        name="Squared batch-gradient norm |m|^2",
-        meaning="the squared length of the mini-batch gradient, signal plus noise",
-        formula="|m|^2 = sum_i M_1,i^2",
-        unit="squared gradient units",
-        reading="biased upwards by tr(Sigma)/n; compare with the unbiased |G|^2",
-        reference="",
-        smoothing="EMA (bias-corrected)",
-    ),
-    "grad_norm_sq_unbiased": Statistic(
-        name="Squared true-gradient norm |G|^2 (unbiased)",
-        meaning="an unbiased estimate of the squared length of the expected gradient",
-        formula="|G|^2 = |m|^2 - tr(Sigma)/n",
-        unit="squared gradient units",
-        reading="negative on a step when the noise dominates the batch gradient; "
-        "its EMA is the noise scale's denominator",
-        reference="McCandlish et al. 2018, App. A.1",
-        smoothing="EMA (bias-corrected)",
-    ),
-    "gsnr_mean": Statistic(
-        name="Mean gradient signal-to-noise ratio (GSNR)",
-        meaning="per parameter, the squared mean gradient over its per-example variance, "
-        "averaged over the parameters with a variance",
-        formula="GSNR = (1/D') sum_{i: s2_i > 0} M_1,i^2 / s2_i",
-        unit="ratio (dimensionless)",
-        reading="high (> 1): examples agree, parameters generalise well; low (<< 1): "
-        "updates are mostly noise",
-        reference="Liu et al. 2020, Understanding Why Neural Networks Generalize Well "
-        "Through GSNR of Parameters",
-        smoothing="EMA of sum M_1^2/s2 / EMA of the count D'",
-    ),
-    "norm_test": Statistic(
-        name="Norm test statistic",
-        meaning="the standard deviation of the batch gradient relative to its length",
-        formula="sqrt(tr(Sigma) / (n |m|^2))",
-        unit="ratio (dimensionless)",
-        reading="above the test's theta (e.g. 0.5-1): increase the batch size; "
-        "below: the batch is large enough",
-        reference="Byrd, Chin, Nocedal, Wu 2012, Sample size selection in optimization "
-        "methods for machine learning",
-        smoothing="sqrt(EMA of tr(Sigma)/n / EMA of |m|^2)",
-    ),
-    "eb_criterion": Statistic(
-        name="EB early-stopping criterion",
-        meaning="whether the batch gradient is statistically distinguishable from zero",
-        formula="1 - (n/D) sum_{i: s2_i > 0} M_1,i^2 / s2_i",
-        unit="dimensionless",
-        reading="> 0: the gradient is indistinguishable from noise, stop training "
-        "(the criterion's signal); < 0: there is still signal",
-        reference="Mahsereci, Balles, Lassner, Hennig 2017, Early Stopping without a "
-        "Validation Set",
-        smoothing="EMA (bias-corrected)",
-    ),
-    "cabs_batch_size": Statistic(
-        name="CABS batch size",
-        meaning="the batch size that coupled adaptive batch sizes would use at this learning rate",
-        formula="lr * sum_i (M_2,i - M_1,i^2) / loss",
-        unit="examples (a batch size)",
-        reading="above the current batch: the gradient is too noisy for this learning "
-        "rate; below: the batch could be smaller. Needs the loss and the learning rate",
-        reference="Balles, Romero, Hennig 2017, Coupling Adaptive Batch Sizes with Learning Rates",
-        smoothing="lr * EMA of sum(M_2 - M_1^2) / EMA of loss",
-    ),
-}
+# explanations (the plugin serves it, the tab and the CLI show it). The prose lives in
+# statistics.json next to this module (package data); docs/math.md has the math.
+_CATALOGUE = pathlib.Path(__file__).with_name("statistics.json")
 
-_ORDER = (
-    "total_variance",
-    "grad_norm_sq",
-    "grad_norm_sq_unbiased",
-    "noise_scale",
-    "gsnr_mean",
-    "norm_test",
-    "eb_criterion",
-    "cabs_batch_size",
-)
-STATISTICS = {k: STATISTICS[k] for k in _ORDER}
+
+def _load_statistics() -> dict[str, Statistic]:
+    entries = json.loads(_CATALOGUE.read_text(encoding="utf-8"))
+    return {key: Statistic(**entry) for key, entry in entries.items()}
+
+
+STATISTICS: dict[str, Statistic] = _load_statistics()
 
 # The derived quantities, in display order, with a one-line description each.
 DERIVED: dict[str, str] = {

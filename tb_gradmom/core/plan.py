@@ -315,7 +315,7 @@ class Plan:
             f"moments plan: {len(self.variables)} variables, orders {self.options.orders}, "
             f"loss '{self.loss.name}' is {loss}",
             f"batch size: {'unknown until run time' if n is None else int(n)}"
-            + (f" ({len(self.checks)} run-time checks)" if self.checks else ""),
+            + (f" ({len(self.checks)} checked at run time)" if self.checks else ""),
         ]
         body = []
         for plan in self.variables:

@@ -183,6 +183,19 @@ class _Raw:
     array: np.ndarray | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class _StepRequest:
+    """A request for a step that is not the latest: the series, the step, and the tag's stats
+    series and stats tag if it has one (their steps locate the step in a targeted sample)."""
+
+    ctx: object
+    experiment_id: str
+    entry: TagEntry
+    want: int
+    stats: StatsSeries | None
+    stats_entry: TagEntry | None
+
+
 class _Pending:
     """Requests waiting on one read of a series: their steps, and what the read found."""
 
@@ -498,9 +511,8 @@ class Reader:
         if step is None or want == entry.max_step:
             load = lambda: self._read_last(ctx, experiment_id, entry)  # noqa: E731
         else:
-            load = lambda: self._read_step(  # noqa: E731
-                ctx, experiment_id, entry, want, stats, stats_entry
-            )
+            request = _StepRequest(ctx, experiment_id, entry, want, stats, stats_entry)
+            load = lambda: self._read_step(request)  # noqa: E731
         return self._cache.get_or_load(key, load)
 
     def _read_last(self, ctx, experiment_id: str, entry: TagEntry) -> MomentsAt:
@@ -550,21 +562,19 @@ class Reader:
             if not pend.wanted and self._pending.get(key) is pend:
                 del self._pending[key]
 
-    def _read_step(
-        self,
-        ctx,
-        experiment_id: str,
-        entry: TagEntry,
-        want: int,
-        stats: StatsSeries | None,
-        stats_entry: TagEntry | None,
-    ) -> MomentsAt:
+    def _read_step(self, request: _StepRequest) -> MomentsAt:
         """Step ``want`` (not the latest) through the data provider.
 
         Requests for steps of the same series wait for one read at a time; each read hands
         every registered step it holds to its request and caches the steps near ``want``, so
         concurrent requests for many steps cost one read, not one each.
         """
+        ctx, experiment_id, entry, want = (
+            request.ctx,
+            request.experiment_id,
+            request.entry,
+            request.want,
+        )
         group = ("series", experiment_id, entry.run, entry.tag, entry.signature)
         pend = self._join(group, want)
         try:
@@ -578,11 +588,10 @@ class Reader:
                     return found
                 if absent is not None:
                     raise errors.NotFoundError(absent)
-                found = self._read_targeted(
-                    ctx, experiment_id, entry, want, stats, stats_entry, pend
-                )
+                found = self._read_targeted(request, pend)
                 if found is not None:
                     return found
+                stats = request.stats
                 num_steps = int(stats.steps.size) if stats is not None else None
                 with self.open_series(ctx, experiment_id, entry, num_steps) as (points, sampled):
                     found = self._hand_out(experiment_id, entry, points, want, pend, sampled)
@@ -624,16 +633,7 @@ class Reader:
         self._keep_near(experiment_id, entry, points, want)
         return found
 
-    def _read_targeted(
-        self,
-        ctx,
-        experiment_id: str,
-        entry: TagEntry,
-        want: int,
-        stats: StatsSeries | None,
-        stats_entry: TagEntry | None,
-        pend: _Pending,
-    ) -> MomentsAt | None:
+    def _read_targeted(self, request: _StepRequest, pend: _Pending) -> MomentsAt | None:
         """Step ``want`` read with a sample of the series that holds it, or None.
 
         None (read the whole series instead) with the Python loader (its steps are taken
@@ -647,6 +647,13 @@ class Reader:
         has a higher rank in the sampling order, so its sample includes all that was read
         before.
         """
+        ctx, experiment_id, entry, want = (
+            request.ctx,
+            request.experiment_id,
+            request.entry,
+            request.want,
+        )
+        stats, stats_entry = request.stats, request.stats_entry
         if not self._grpc or stats is None or stats_entry is None:
             return None
         if stats.index_of(want) is None:

@@ -431,14 +431,15 @@ def heatmap(
     source: str | os.PathLike | Runs,
     tag: str,
     run: str | None = None,
-    step: int | str | None = None,
-    stat: str = "variance",
+    *,
     scale: str = "linear",
     cmap: str | None = None,
     max_cells: tuple[int, int] = (512, 512),
     vmin: float | None = None,
     vmax: float | None = None,
     figsize: tuple[float, float] | None = None,
+    step: int | str | None = None,
+    stat: str = "variance",
 ):
     """A heatmap of an element-wise statistic of one variable at one step.
 
@@ -449,11 +450,7 @@ def heatmap(
     are grey.
 
     Args:
-      source: a logdir or the result of `data.load`.
-      tag: the variable tag.
-      run: the run; may be omitted when only one run has the tag.
-      step: an exact step, or None / ``"latest"``.
-      stat: one of `reductions.STATS`.
+      source, tag, run: which variable, as in `heatmap_data`.
       scale: colour scale, ``"linear"`` or ``"log"``.
       cmap: one of `COLORMAPS`; default ``"RdBu_r"`` on a range symmetric around zero for the
         signed statistics (`SIGNED_STATS`: mean, third moment, skewness), else ``"viridis"``.
@@ -461,6 +458,7 @@ def heatmap(
       vmin: lower end of the colour scale; default the smallest finite (positive) value.
       vmax: upper end; default the largest finite value.
       figsize: inches; default one paper column.
+      step, stat: which numbers, as in `heatmap_data`.
 
     Returns:
       A `matplotlib.figure.Figure`.
@@ -545,12 +543,13 @@ def histogram(
     source: str | os.PathLike | Runs,
     tag: str,
     run: str | None = None,
+    *,
+    cmap: str | None = "viridis",
+    figsize: tuple[float, float] | None = None,
     step: int | str | Sequence[int] | None = None,
     stat: str = "variance",
     bins: int = 30,
     scale: str = "linear",
-    cmap: str | None = "viridis",
-    figsize: tuple[float, float] | None = None,
 ):
     """A histogram of an element-wise statistic over the elements of one variable.
 
@@ -558,15 +557,11 @@ def histogram(
     from early (dark) to late (bright) with ``cmap``.
 
     Args:
-      source: a logdir or the result of `data.load`.
-      tag: the variable tag.
-      run: the run; may be omitted when only one run has the tag.
-      step: an exact step, None / ``"latest"``, ``"all"``, or a list of steps.
-      stat: one of `reductions.STATS`.
-      bins: the number of bins.
-      scale: ``"linear"`` or ``"log"`` (log-spaced bins and a log x axis).
+      source, tag, run: which variable, as in `histogram_data`.
       cmap: one of `COLORMAPS` (for several steps).
       figsize: inches; default one paper column.
+      step, stat, bins, scale: which numbers, as in `histogram_data` (``scale="log"``:
+        log-spaced bins and a log x axis).
 
     Returns:
       A `matplotlib.figure.Figure`.
@@ -602,12 +597,13 @@ def histogram(
 def curves(
     source: str | os.PathLike | Runs,
     tag: str = metadata.MODEL_TAG,
-    runs: Sequence[str] | None = None,
-    quantities: Sequence[str] | None = None,
-    ema: float | None = None,
+    *,
     yscale: str = "linear",
     figsize: tuple[float, float] | None = None,
     smoothing: float | None = DEFAULT_SMOOTHING,
+    runs: Sequence[str] | None = None,
+    quantities: Sequence[str] | None = None,
+    ema: float | None = None,
 ):
     """Derived quantities (`stats.DERIVED`) of one tag over steps: one panel per quantity.
 
@@ -620,15 +616,12 @@ def curves(
     (NaN).
 
     Args:
-      source: a logdir or the result of `data.load`.
-      tag: a tag with stats; default ``"_model"`` (the whole model).
-      runs: the runs to draw (one line each, the tab's run colours); default all with the tag.
-      quantities: names from `stats.DERIVED`; default `CURVE_DEFAULTS`.
-      ema: a decay in ``[0, 1)`` to smooth the noise scale (adds ``noise_scale_ema`` if not
-        named in ``quantities``).
+      source, tag: which statistics, as in `curves_data`.
       yscale: ``"linear"``, ``"log"`` or ``"symlog"`` (the noise scale can be negative).
       figsize: inches; default one paper column, 1.1 inches per panel.
       smoothing: EMA decay in ``[0, 1)`` (`DEFAULT_SMOOTHING`); ``None`` or 0 for raw values.
+      runs, quantities, ema: as in `curves_data`; ``runs`` get one line each in the tab's
+        run colours, ``quantities`` default to `CURVE_DEFAULTS`.
 
     Returns:
       A `matplotlib.figure.Figure`.
@@ -731,6 +724,7 @@ def _fmt(v) -> str:
 def summary(
     source: str | os.PathLike | Runs,
     run: str | None = None,
+    *,
     step: int | str | None = None,
     quantities: Sequence[str] = ("total_variance", "grad_norm_sq", "noise_scale", "gsnr_mean"),
     figsize: tuple[float, float] | None = None,
@@ -738,9 +732,7 @@ def summary(
     """A table of derived quantities per tag of one run at one step.
 
     Args:
-      source: a logdir or the result of `data.load`.
-      run: the run; may be omitted when there is only one.
-      step: an exact step, or None / ``"latest"``.
+      source, run, step: which numbers, as in `summary_data`.
       quantities: columns from `stats.DERIVED`.
       figsize: inches; default two paper columns wide, 0.22 inches per row.
 
