@@ -162,12 +162,6 @@ class ByteLRU:
             if len(self._groups) > 4 * len(self._data) + 64:  # forget groups long evicted
                 self._groups = {g: k for g, k in self._groups.items() if k in self._data}
 
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-            self._groups.clear()
-            self._size = 0
-
     def get_or_load(
         self,
         key: Hashable,
