@@ -395,3 +395,38 @@ def test_mixed_precision_grouped_conv(policy):
 
     _, moments = step(x, y)
     mp._check(moments, full, x, y, mp.TOLERANCE[policy], f"grouped {policy}")
+
+
+def test_call_with_expand_dims_but_no_squeeze_is_refused_not_crashed():
+    """A called function ExpandDims -> Conv2D whose output keeps the inserted axis (no Squeeze):
+    not a Conv1D. The call rule refuses it with a RuleError (it used to raise AttributeError on
+    the missing Squeeze), so `fallback="error"` names the reason and the exact fallback computes
+    the moments."""
+    rng = np.random.default_rng(8)
+    w = tf.Variable(rng.normal(size=(1, 3, 2, 4)).astype("float64"), name="filter")
+    x = rng.normal(size=(3, 5, 2))
+
+    @tf.function
+    def forward(x):  # called from a tf.function: a StatefulPartitionedCall
+        return tf.nn.conv2d(tf.expand_dims(x, 1), w, 1, "VALID")
+
+    def per_example_loss(out, _y):
+        return tf.reduce_sum(tf.square(out), axis=[1, 2, 3])
+
+    def step(fallback):
+        @tf.function
+        def run(x):
+            loss = tf.reduce_mean(per_example_loss(forward(x), None))
+            return gradmom.gradients_and_moments(loss, [w], orders=(1, 2), fallback=fallback)
+
+        return run
+
+    with pytest.raises(gradmom.UnsupportedOpError, match="ExpandDims and Squeeze do not match"):
+        step("error")(tf.constant(x))
+    with pytest.warns(UserWarning, match="exact fallback"):
+        _, moments = step("exact")(tf.constant(x))
+    ref = reference.moments(
+        reference.per_example_gradients(forward, [w], per_example_loss, x, None)[0], (1, 2)
+    )
+    for p in (1, 2):
+        np.testing.assert_allclose(moments[0][p].numpy(), ref[p], rtol=1e-9, atol=1e-12)

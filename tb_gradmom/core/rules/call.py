@@ -222,8 +222,10 @@ def call_rule(site: Site) -> Contribution:
     if expand is not None:
         axis = int(_static(expand.inputs[1], "ExpandDims axis of the input"))
         axis = axis if axis >= 0 else axis + rank
+        if squeeze is None:
+            raise RuleError(f"the {inner} is not a Conv1D (ExpandDims and Squeeze do not match)")
         dims = [a if a >= 0 else a + rank for a in (squeeze.get_attr("squeeze_dims") or [])]
-        if squeeze is None or dims != [axis] or not 1 <= axis <= rank - 2:
+        if dims != [axis] or not 1 <= axis <= rank - 2:
             raise RuleError(f"the {inner} is not a Conv1D (ExpandDims and Squeeze do not match)")
         if x_outer.shape.rank != rank - 1 or out_outer.shape.rank != rank - 1:
             raise RuleError(f"the ranks of {what}'s input and output do not match the {inner}")
@@ -236,13 +238,13 @@ def call_rule(site: Site) -> Contribution:
         raise RuleError("strides or dilations over the batch or channel axis are not supported")
     strides, dilations = strides[1:-1], dilations[1:-1]
     padding = attr_str(conv, "padding")
-    explicit = ()
+    explicit: tuple[tuple[int, int], ...] = ()
     if padding == "EXPLICIT":
         flat = list(conv.get_attr("explicit_paddings"))
         explicit = tuple((flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2))[1 : 1 + nd]
     if (stb is None) != (bts is None):
         raise RuleError(f"a SpaceToBatchND without its BatchToSpaceND around the {inner}")
-    if stb is not None:
+    if stb is not None and bts is not None:  # both or neither (checked above)
         # SpaceToBatchND(b, P) -> VALID conv -> BatchToSpaceND(b, C): output t meets the
         # padded input at t + C_before + b k, i.e. the input at t - (P_before - C_before) + b k.
         block = [int(b) for b in _static(stb.inputs[1], "SpaceToBatchND block shape")]
