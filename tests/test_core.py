@@ -234,6 +234,28 @@ def test_fallback_warns_once_naming_variables_and_ops():
 
 
 @pytest.mark.filterwarnings("ignore:tb_gradmom. no exact rule")
+def test_fallback_on_a_statically_empty_batch():
+    """A batch of static size 0 has no chunk to vectorise: the fallback's sums are zeros (it
+    used to return None and fail with a TypeError), as a rule's are."""
+    w = tf.Variable(tf.ones([3]), name="wavy")
+    v = tf.Variable(tf.ones([3]), name="plain_bias")
+
+    @tf.function
+    def step(x):
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            x, w, tf.zeros([3]), mean=tf.zeros([3]), variance=tf.ones([3]), is_training=False
+        )
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(y) + v, axis=[1, 2, 3]))
+        return gradmom.gradients_and_moments(loss, [w, v])
+
+    grads, moments = step(tf.ones([0, 2, 2, 3]))
+    for g, m in zip(grads, moments):
+        np.testing.assert_array_equal(g.numpy(), np.zeros(3))
+        np.testing.assert_array_equal(m[1].numpy(), np.zeros(3))
+        assert m[2].shape == (3,)
+
+
+@pytest.mark.filterwarnings("ignore:tb_gradmom. no exact rule")
 @pytest.mark.parametrize(
     "make_loss, op",
     [

@@ -18,6 +18,8 @@ the vectorisation get every input gated the same way (a loop runs as long as any
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from tb_gradmom._compat import tf_private
@@ -58,7 +60,12 @@ def _broken(op: tf.Operation, depth: int = 0) -> str | None:
     return None
 
 
-def refuse_broken(variables, names, graph, on_path) -> None:
+def refuse_broken(
+    variables: Sequence[tf.Variable],
+    names: Sequence[str],
+    graph: tf.Graph,
+    on_path: set[tf.Operation],
+) -> None:
     """Raise `UnsupportedOpError` when the fallback's backward pass for these variables would
     cross an op that TensorFlow's vectorisation gets wrong (wrong numbers, no error): a
     grouped convolution (Keras wraps them in an XLA-compiled function)."""
@@ -66,7 +73,8 @@ def refuse_broken(variables, names, graph, on_path) -> None:
         handle = _graph.internal_handle(graph, v)
         if handle is None:
             continue
-        seen, stack = set(), [c for c in handle.consumers() if c in on_path]
+        seen: set[tf.Operation] = set()
+        stack = [c for c in handle.consumers() if c in on_path]
         while stack:
             op = stack.pop()
             if op in seen:
@@ -87,8 +95,15 @@ def refuse_broken(variables, names, graph, on_path) -> None:
 
 
 def power_sums(
-    loss_vector, variables, dtypes, orders, n, chunk, gate=None, inv_scale=None
-) -> list[dict]:
+    loss_vector: tf.Tensor,
+    variables: Sequence[tf.Variable],
+    dtypes: Sequence[tf.DType],
+    orders: Sequence[int],
+    n: int | tf.Tensor,
+    chunk: int,
+    gate: tf.Tensor | None = None,
+    inv_scale: tf.Tensor | None = None,
+) -> list[dict[int, tf.Tensor]]:
     """``[{p: sum_j g_j ** p}]`` for each variable, from the jacobian of ``loss_vector``.
 
     ``chunk``: examples vectorised at once (one copy of the vectorised backward pass in the
@@ -107,13 +122,14 @@ def power_sums(
     if gate is not None:
         seed_size = tf.raw_ops.Switch(data=seed_size, pred=gate)[1]
     n_static = tf.get_static_value(n)
+    starts: list[tuple[int, int | None]]
     if n_static is not None:
         n_static = int(n_static)
         starts = [(s, min(chunk, n_static - s)) for s in range(0, n_static, chunk)]
     else:
         starts = [(0, None)]
-    totals = None
-    for start, size in starts:
+    totals: list[dict[int, tf.Tensor]] = []
+    for chunk_index, (start, size) in enumerate(starts):
         before = set(graph.get_operations())
         rows = _rows(
             loss_vector, variables, dtypes, seed_size, start, n if size is None else size, inv_scale
@@ -121,19 +137,29 @@ def power_sums(
         if gate is not None:
             _gate_function_ops(graph, before, gate)
         sums = [{p: power_sum(g_pow, p) for p in orders} for g_pow in ({1: g} for g in rows)]
-        if totals is None:
+        if chunk_index == 0:
             totals = sums
         else:
             totals = [{p: t[p] + s[p] for p in orders} for t, s in zip(totals, sums)]
+    if not starts:  # a statically empty batch: no chunk, and sums of zero examples
+        totals = [{p: tf.zeros(v.shape, d) for p in orders} for v, d in zip(variables, dtypes)]
     if gate is not None:
         totals = [{p: _merge_zeros(s, gate) for p, s in t.items()} for t in totals]
     return totals
 
 
-def _rows(loss_vector, variables, dtypes, seed_size, start, size, inv_scale):
+def _rows(
+    loss_vector: tf.Tensor,
+    variables: Sequence[tf.Variable],
+    dtypes: Sequence[tf.DType],
+    seed_size: tf.Tensor,
+    start: int,
+    size: int | tf.Tensor,
+    inv_scale: tf.Tensor | None,
+) -> list[tf.Tensor]:
     low = loss_vector.dtype in (tf.float16, tf.bfloat16)
 
-    def loop_fn(i):
+    def loop_fn(i: tf.Tensor) -> list[tf.Tensor]:
         seed = tf.one_hot(i + start, seed_size, dtype=loss_vector.dtype)
         if low:
             seed = seed / tf.cast(seed_size, seed.dtype)
@@ -151,7 +177,7 @@ def _rows(loss_vector, variables, dtypes, seed_size, start, size, inv_scale):
     return tf_private.pfor(loop_fn, size, fallback_to_while_loop=True)
 
 
-def _gate_function_ops(graph, before, gate) -> None:
+def _gate_function_ops(graph: tf.Graph, before: set[tf.Operation], gate: tf.Tensor) -> None:
     for op in graph.get_operations():
         if op in before or op.type not in _FUNCTION_OPS:
             continue
@@ -161,7 +187,7 @@ def _gate_function_ops(graph, before, gate) -> None:
             tf_private.update_input(op, i, tf.raw_ops.Switch(data=t, pred=gate)[1])
 
 
-def _merge_zeros(t: tf.Tensor, gate) -> tf.Tensor:
+def _merge_zeros(t: tf.Tensor, gate: tf.Tensor) -> tf.Tensor:
     # Built from the (static) shape, not from `t`, which is dead when the gate is closed.
     zeros = tf.raw_ops.Switch(data=tf.zeros(t.shape, t.dtype), pred=gate)[0]
     return tf.raw_ops.Merge(inputs=[zeros, t])[0]
