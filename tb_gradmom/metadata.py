@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeGuard
 
 from tensorboard.compat.proto import summary_pb2, types_pb2
 
@@ -85,7 +86,7 @@ HIST_DECADES = (-300, 300)  # decades a histogram spec may span (10**k stays a f
 MAX_TEXT_CHARS = 4096  # each string field (op, layer, variable, dtype, field names)
 
 
-def _is_int(x) -> bool:
+def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -187,7 +188,7 @@ def pool_block(shape: Sequence[int], max_elements: int) -> tuple[int, int]:
     return (br, bc)
 
 
-def _encode(obj) -> bytes:
+def _encode(obj: MomentsContent | StatsContent) -> bytes:
     d = {k: list(v) if isinstance(v, tuple) else v for k, v in obj.__dict__.items()}
     if isinstance(obj, StatsContent):
         edges = d.pop("hist_edges")
@@ -197,7 +198,9 @@ def _encode(obj) -> bytes:
     return json.dumps(d, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def create_summary_metadata(content: MomentsContent | StatsContent, description: str = ""):
+def create_summary_metadata(
+    content: MomentsContent | StatsContent, description: str = ""
+) -> summary_pb2.SummaryMetadata:
     """A `SummaryMetadata` proto for one Grad Moments tag."""
     return summary_pb2.SummaryMetadata(
         summary_description=description,
@@ -212,14 +215,16 @@ class FormatError(ValueError):
     """Raised when a tag's content message (or a tensor) cannot be read by this version."""
 
 
-def _int(d: dict, name: str, lo: int, hi: int) -> int:
+def _int(d: dict[str, Any], name: str, lo: int, hi: int) -> int:
     x = d[name]
     if not _is_int(x) or not lo <= x <= hi:
         raise FormatError(f"`{name}` must be an integer in [{lo}, {hi}], got {_show(x)}")
     return x
 
 
-def _ints(d: dict, name: str, lo: int, hi: int, min_len: int, max_len: int) -> tuple[int, ...]:
+def _ints(
+    d: dict[str, Any], name: str, lo: int, hi: int, min_len: int, max_len: int
+) -> tuple[int, ...]:
     x = d[name]
     if not isinstance(x, list) or not min_len <= len(x) <= max_len:
         raise FormatError(
@@ -230,19 +235,19 @@ def _ints(d: dict, name: str, lo: int, hi: int, min_len: int, max_len: int) -> t
     return tuple(x)
 
 
-def _text(d: dict, name: str, default: str = "") -> str:
+def _text(d: dict[str, Any], name: str, default: str = "") -> str:
     x = d.get(name, default)
     if not isinstance(x, str) or len(x) > MAX_TEXT_CHARS:
         raise FormatError(f"`{name}` must be a string of at most {MAX_TEXT_CHARS} characters")
     return x
 
 
-def _show(x) -> str:
+def _show(x: object) -> str:
     text = repr(x)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _parse_moments(d: dict, version: int) -> MomentsContent:
+def _parse_moments(d: dict[str, Any], version: int) -> MomentsContent:
     orders = _ints(d, "orders", 1, MAX_ORDER, 1, MAX_ORDER)
     if len(set(orders)) != len(orders):
         raise FormatError(f"`orders` must not repeat an order, got {list(orders)}")
@@ -258,7 +263,10 @@ def _parse_moments(d: dict, version: int) -> MomentsContent:
     pooled = d.get("pooled", False)
     if not isinstance(pooled, bool):
         raise FormatError(f"`pooled` must be true or false, got {_show(pooled)}")
-    block = _ints(d, "block", 1, MAX_VARIABLE_ELEMENTS, 2, 2) if "block" in d else (1, 1)
+    block_rows, block_cols = (
+        _ints(d, "block", 1, MAX_VARIABLE_ELEMENTS, 2, 2) if "block" in d else (1, 1)
+    )
+    block = (block_rows, block_cols)
     if pooled:
         rows, cols = to_2d_shape(shape)
         want = (-(-rows // block[0]), -(-cols // block[1]))
@@ -287,7 +295,7 @@ def _parse_moments(d: dict, version: int) -> MomentsContent:
     )
 
 
-def _parse_stats(d: dict, version: int) -> StatsContent:
+def _parse_stats(d: dict[str, Any], version: int) -> StatsContent:
     fields = d["fields"]
     if not isinstance(fields, list) or not 1 <= len(fields) <= MAX_FIELDS:
         raise FormatError(
@@ -365,9 +373,11 @@ def parse_plugin_content(content: bytes) -> MomentsContent | StatsContent:
             f"({FORMAT_VERSION}); upgrade tb_gradmom"
         )
     kind = d.get("kind")
-    parse = {KIND_MOMENTS: _parse_moments, KIND_STATS: _parse_stats}.get(
-        kind if isinstance(kind, str) else None
-    )
+    parsers: dict[str, Callable[[dict[str, Any], int], MomentsContent | StatsContent]] = {
+        KIND_MOMENTS: _parse_moments,
+        KIND_STATS: _parse_stats,
+    }
+    parse = parsers.get(kind) if isinstance(kind, str) else None
     if parse is None:
         raise FormatError(f"Grad Moments tag content has an unknown kind: {_show(kind)}")
     try:
@@ -392,7 +402,7 @@ def stats_length(content: StatsContent) -> int:
     return len(content.fields) + len(content.hist_edges) + 1
 
 
-def check_tensor(content: MomentsContent | StatsContent, array) -> None:
+def check_tensor(content: MomentsContent | StatsContent, array: Any) -> None:
     """Checks one step's tensor against its tag's content message.
 
     A moments tensor must be a float array of `moments_shape`; a stats tensor a 1-D
@@ -405,11 +415,11 @@ def check_tensor(content: MomentsContent | StatsContent, array) -> None:
     dtype = getattr(array, "dtype", None)
     kind = getattr(dtype, "kind", "?")
     if isinstance(content, MomentsContent):
-        want = moments_shape(content)
-        if shape != want or kind != "f":
+        want_shape = moments_shape(content)
+        if shape != want_shape or kind != "f":
             raise FormatError(
                 f"the stored tensor has shape {list(shape)} and dtype {dtype}, but its metadata "
-                f"says float [{', '.join(map(str, want))}]; the event file is corrupt or was "
+                f"says float [{', '.join(map(str, want_shape))}]; the event file is corrupt or was "
                 "written by another tool"
             )
         return
@@ -436,7 +446,7 @@ _NUMBER_DTYPES = {
 }
 
 
-def check_tensor_proto(content: MomentsContent | StatsContent, proto) -> None:
+def check_tensor_proto(content: MomentsContent | StatsContent, proto: Any) -> None:
     """Checks a `TensorProto` against its tag's content message before it is decoded.
 
     Its shape must be the tag's (`moments_shape`, or ``[stats_length]``), its dtype a float

@@ -35,6 +35,7 @@ import struct
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from tensorboard.compat.proto import event_pb2
@@ -289,11 +290,11 @@ class _Tag:
     events: dict[int, tuple[float, np.ndarray]] = field(default_factory=dict)
 
 
-def _warn(run: str, tag: str, step, message: str) -> None:
+def _warn(run: str, tag: str, step: int, message: str) -> None:
     warnings.warn(f"run {run!r} tag {tag!r} step {step}: {message}", DataWarning, stacklevel=4)
 
 
-def _decode(content, value) -> np.ndarray:
+def _decode(content: metadata.MomentsContent | metadata.StatsContent, value: Any) -> np.ndarray:
     """The checked array of one summary value (`metadata.FormatError` if it does not fit)."""
     metadata.check_tensor_proto(content, value.tensor)
     try:
@@ -348,27 +349,28 @@ def _batch_size(sums: dict[str, float] | None) -> int | None:
 
 
 def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
-    moments_tags = {
-        name: t for name, t in tags.items() if isinstance(t.content, metadata.MomentsContent)
-    }
-    stats_by_base: dict[str, _Tag] = {}
+    # name -> (tag, its content), by kind
+    moments_tags: dict[str, tuple[_Tag, metadata.MomentsContent]] = {}
+    stats_by_base: dict[str, tuple[_Tag, metadata.StatsContent]] = {}
     for name, t in tags.items():
-        if isinstance(t.content, metadata.StatsContent):
+        if isinstance(t.content, metadata.MomentsContent):
+            moments_tags[name] = (t, t.content)
+        elif isinstance(t.content, metadata.StatsContent):
             base = (
                 name[: -len(metadata.STATS_SUFFIX)]
                 if name.endswith(metadata.STATS_SUFFIX)
                 else name
             )
-            stats_by_base[base] = t
+            stats_by_base[base] = (t, t.content)
     out: dict[str, list[Record]] = {}
-    for name, t in sorted(moments_tags.items()):
-        content = t.content
-        st = stats_by_base.get(name)
+    for name, (t, content) in sorted(moments_tags.items(), key=lambda item: item[0]):
+        stats_entry = stats_by_base.get(name)
         records = []
         for step in sorted(t.events):
             wall_time, array = t.events[step]
             sums = counts = None
-            if st is not None:
+            if stats_entry is not None:
+                st, st_content = stats_entry
                 if step not in st.events:
                     # A torn step: the run was cut (or is still being written) between the two
                     # records of this step. Like the plugin, show complete steps only.
@@ -380,7 +382,7 @@ def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
                         "off or still being written); the step is skipped",
                     )
                     continue
-                sums, counts = stats.split_stats_tensor(st.events[step][1], st.content.fields)
+                sums, counts = stats.split_stats_tensor(st.events[step][1], st_content.fields)
             records.append(
                 Record(
                     step=step,
@@ -395,13 +397,13 @@ def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
                 )
             )
         out[name] = records
-    for base, st in sorted(stats_by_base.items()):
+    for base, (st, st_content) in sorted(stats_by_base.items(), key=lambda item: item[0]):
         if base in moments_tags:
             continue
         records = []
         for step in sorted(st.events):
             wall_time, array = st.events[step]
-            sums, counts = stats.split_stats_tensor(array, st.content.fields)
+            sums, counts = stats.split_stats_tensor(array, st_content.fields)
             records.append(
                 Record(
                     step=step,
@@ -412,7 +414,7 @@ def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
                     shape=(),
                     stats=sums,
                     hist=counts,
-                    content=st.content,
+                    content=st_content,
                 )
             )
         out[base] = records

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import TypeGuard
 
 import numpy as np
 
@@ -92,7 +93,7 @@ _REQUIRED: dict[str, tuple[int, ...]] = {
 NEEDS_BATCH_SIZE = frozenset({"variance", "std", "snr"})
 
 
-def valid_batch_size(n) -> bool:
+def valid_batch_size(n: float | None) -> TypeGuard[float]:
     """Whether ``n`` is a usable batch size (finite, >= 1)."""
     return n is not None and math.isfinite(n) and n >= 1
 

@@ -30,7 +30,7 @@ def ancestors(tensor: tf.Tensor) -> set[tf.Operation]:
     return seen
 
 
-def internal_handle(graph: tf.Graph, variable) -> tf.Tensor | None:
+def internal_handle(graph: tf.Graph, variable: tf.Variable) -> tf.Tensor | None:
     """The tensor in ``graph`` that stands for ``variable``'s resource handle, or None.
 
     Inside a ``tf.function`` the handle is an eager tensor captured as a placeholder; in nested
@@ -48,7 +48,7 @@ def internal_handle(graph: tf.Graph, variable) -> tf.Tensor | None:
     return _captured(graph, handle)
 
 
-def _captured(graph, external):
+def _captured(graph: tf.Graph, external: tf.Tensor) -> tf.Tensor | None:
     captures = getattr(graph, "captures", None)
     if captures is None:
         return None
@@ -95,7 +95,9 @@ def find_sites(handle: tf.Tensor, on_path: set[tf.Operation]) -> list[RawSite]:
     return sites
 
 
-def consumers_past_views(t: tf.Tensor, on_path, read=None) -> list[RawSite]:
+def consumers_past_views(
+    t: tf.Tensor, on_path: set[tf.Operation], read: tf.Operation | None = None
+) -> list[RawSite]:
     """The first non-view ops on ``on_path`` that consume ``t`` (through `VIEW_OPS`)."""
     sites: list[RawSite] = []
     stack = [t]

@@ -15,6 +15,7 @@ that holds the batch size makes a mean; no such division makes a sum.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 import tensorflow as tf
@@ -45,19 +46,20 @@ class Term:
     """``factor * sum(values)``: ``values`` holds examples on ``axis`` (assumed 0 if unproven)."""
 
     values: tf.Tensor
-    factors: list  # scalar tensors (or floats) multiplied together
+    factors: list[Factor]  # scalar tensors (or floats) multiplied together
     axis: _axes.Axis
     # the exponent of the batch size in the factors: -1 after a division by a count that
     # holds it (a mean), 0 without
     n_power: int
-    divisors: list = field(default_factory=list)  # static int divisors (constant-folded sizes)
+    divisors: list[int] = field(default_factory=list)  # static int divisors (constant-folded)
+    proven: bool = True  # False: the examples' axis is not proven, and assumed 0
 
 
 @dataclass
 class LossForm:
     """``scalar == sum_k factor_k * sum(values_k)`` up to terms that hold no examples."""
 
-    terms: list
+    terms: list[Term]
     mode: str  # "mean" or "sum"
     structural: bool  # the mode follows from the graph's structure (not from a constant's value)
     proven: bool  # every term's examples' axis is proven
@@ -68,7 +70,7 @@ class LossForm:
         return self.terms[0].values
 
 
-def _fail(scalar, op, what: str) -> PerExampleLossError:
+def _fail(scalar: tf.Tensor, op: tf.Operation, what: str) -> PerExampleLossError:
     return PerExampleLossError(
         f"the scalar loss '{scalar.name}' is not a mean or a sum of per-example losses: it "
         f"goes through {what} (op '{op.name}', {op.type}), so its gradient has no per-example "
@@ -78,15 +80,16 @@ def _fail(scalar, op, what: str) -> PerExampleLossError:
     )
 
 
-def _scalar_factor(t: tf.Tensor, ex) -> bool:
+def _scalar_factor(t: tf.Tensor, ex: _axes.Examples) -> bool:
     return t.shape.rank == 0 and ex.of(t) in (_axes.FREE, _axes.REDUCED)
 
 
-def analyse(scalar: tf.Tensor, ex, replicas: int = 1) -> LossForm:
+def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossForm:
     """The form of a scalar loss; raises `PerExampleLossError` when it is not a mean or a sum
     of per-example losses."""
     terms: list[Term] = []
-    stack = [(scalar, [], 0, [])]
+    # (tensor, factors, exponent of n, divisors) still to follow
+    stack: list[tuple[tf.Tensor, list[Factor], int, list[int]]] = [(scalar, [], 0, [])]
     steps = 0
     while stack:
         t, factors, n_power, divisors = stack.pop()
@@ -158,7 +161,11 @@ class _Reciprocal:
     t: tf.Tensor
 
 
-def _count_in(b: tf.Tensor, ex) -> tuple[int, list]:
+# A factor of a term: a scalar tensor, a sign, or a reciprocal.
+Factor: TypeAlias = "tf.Tensor | float | _Reciprocal"
+
+
+def _count_in(b: tf.Tensor, ex: _axes.Examples) -> tuple[int, list[int]]:
     """Whether divisor ``b`` holds the batch size symbolically (1) or not (0), and its value
     when it is a static positive integer (for the value-based check of `_form`)."""
     val = ex.sym_value(_strip_cast(b))
@@ -174,7 +181,7 @@ def _count_in(b: tf.Tensor, ex) -> tuple[int, list]:
     return 0, []
 
 
-def _replicas(f: tf.Tensor, replicas: int) -> list:
+def _replicas(f: tf.Tensor, replicas: int) -> list[int]:
     """``[replicas]`` when factor ``f`` is ``1 / replicas`` (Keras scales each replica's loss
     so: a division of the global mean), else ``[]``."""
     if replicas <= 1:
@@ -185,13 +192,21 @@ def _replicas(f: tf.Tensor, replicas: int) -> list:
     return []
 
 
-def _strip_cast(t):
+def _strip_cast(t: tf.Tensor) -> tf.Tensor:
     while t.op.type in ("Cast", "Identity"):
         t = t.op.inputs[0]
     return t
 
 
-def _term(scalar, values, op, factors, count, divisors, ex) -> Term | None:
+def _term(
+    scalar: tf.Tensor,
+    values: tf.Tensor,
+    op: tf.Operation,
+    factors: list[Factor],
+    count: int,
+    divisors: list[int],
+    ex: _axes.Examples,
+) -> Term | None:
     """The term ``factors * sum(values)``, after following linear reductions over the examples
     (``reduce_sum(x, axis=0)`` before the total) back to values that hold them. ``op``: the
     reduction to a scalar; ``count``: divisions so far by counts that hold the batch size."""
@@ -203,7 +218,8 @@ def _term(scalar, values, op, factors, count, divisors, ex) -> Term | None:
         if st == _axes.FREE:
             return None
         if st == _axes.UNKNOWN:
-            return Term(values, factors, None, _exponent(count + (1 if mean else 0)), divisors)
+            n_power = _exponent(count + (1 if mean else 0))
+            return Term(values, factors, _axes.Axis(0), n_power, divisors, proven=False)
         inner = values.op
         if inner.type in _LINEAR_REDUCTIONS and isinstance(ex.of(inner.inputs[0]), _axes.Axis):
             # values = reduce(x) over some axes, the examples' among them: a sum over x (a
@@ -227,7 +243,7 @@ def _ratio(big: tf.Tensor, small: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.size(big), tf.float64) / tf.cast(tf.size(small), tf.float64)
 
 
-def _holds_n(op, ex) -> bool:
+def _holds_n(op: tf.Operation, ex: _axes.Examples) -> bool:
     st = ex.of(op.inputs[0])
     rank = op.inputs[0].shape.rank
     axes = tf.get_static_value(op.inputs[1])
@@ -241,7 +257,7 @@ def _exponent(count: int) -> int:
     return -count
 
 
-def _form(scalar, terms: list[Term], ex, replicas: int) -> LossForm:
+def _form(scalar: tf.Tensor, terms: list[Term], ex: _axes.Examples, replicas: int) -> LossForm:
     modes = set()
     structural = True
     for term in terms:
@@ -264,16 +280,14 @@ def _form(scalar, terms: list[Term], ex, replicas: int) -> LossForm:
             "them: there is no one per-example loss to split it into. Pass the [n] vector of "
             "per-example losses as `loss`."
         )
-    unproven = [t for t in terms if t.axis is None]
+    unproven = [t for t in terms if not t.proven]
     note = ""
     if unproven:
         note = "; ".join(f"'{t.values.name}' (stopped at {ex.why(t.values)})" for t in unproven)
-    for t in unproven:
-        t.axis = _axes.Axis(0)
     return LossForm(terms, modes.pop(), structural, not unproven, note)
 
 
-def _factor_value(f, dtype):
+def _factor_value(f: Factor, dtype: tf.DType) -> tf.Tensor:
     if isinstance(f, _Reciprocal):
         return 1.0 / tf.cast(f.t, dtype)
     if isinstance(f, float | int):
@@ -281,11 +295,11 @@ def _factor_value(f, dtype):
     return tf.cast(f, dtype)
 
 
-def per_example_losses(form: LossForm, n, mode: str | None = None) -> tf.Tensor:
+def per_example_losses(form: LossForm, n: int | tf.Tensor, mode: str | None = None) -> tf.Tensor:
     """The ``[n]`` vector ``l`` with ``mean(l)`` (``mode="mean"``) or ``sum(l)`` equal to the
     scalar loss (up to the terms that hold no examples)."""
     mode = mode or form.mode
-    total = None
+    total: tf.Tensor | None = None
     for term in form.terms:
         v = _axes.examples_first(term.values, term.axis, n)
         rank = v.shape.rank
@@ -293,6 +307,8 @@ def per_example_losses(form: LossForm, n, mode: str | None = None) -> tf.Tensor:
         for f in term.factors:
             s = s * _factor_value(f, s.dtype)
         total = s if total is None else total + tf.cast(s, total.dtype)
+    if total is None:
+        raise ValueError("a LossForm made by `analyse` always has a term")
     if mode == "mean":
         total = total * tf.cast(n, total.dtype)
     return total

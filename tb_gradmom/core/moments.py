@@ -9,8 +9,9 @@ sit in a ``tf.cond`` branch so that a step that logs nothing runs none of them).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import tensorflow as tf
 
@@ -18,7 +19,7 @@ from tb_gradmom.core import fallback as _fallback
 from tb_gradmom.core import loss as _loss
 from tb_gradmom.core import plan as _plan
 from tb_gradmom.core.plan import WARNED, Options, Plan, check_orders
-from tb_gradmom.core.rules.base import power_sum, sum_over_chunks
+from tb_gradmom.core.rules.base import Count, Site, power_sum, sum_over_chunks
 from tb_gradmom.core.rules.recurrent import LoopGrads
 from tb_gradmom.core.sites import VariablePlan
 
@@ -36,7 +37,7 @@ __all__ = [
 DEFAULT_CHUNK_ELEMENTS = 1 << 23
 
 
-def _warn_fallback(plans, ids) -> None:
+def _warn_fallback(plans: Sequence[VariablePlan], ids: Sequence[int]) -> None:
     key = ("fallback",) + tuple(plans[i].name for i in ids)
     if key in WARNED:
         return
@@ -51,7 +52,12 @@ def _warn_fallback(plans, ids) -> None:
     )
 
 
-def _warn_disconnected(variables, names, grads, fused_ids) -> None:
+def _warn_disconnected(
+    variables: Sequence[tf.Variable],
+    names: Sequence[str],
+    grads: Sequence[tf.Tensor | None],
+    fused_ids: set[int],
+) -> None:
     """Once per set: variables whose gradient is structurally zero (the loss does not depend on
     them) or that are not floating point; their moments are zeros."""
     lines = []
@@ -71,7 +77,7 @@ def _warn_disconnected(variables, names, grads, fused_ids) -> None:
     )
 
 
-def batch_asserts(checks, n) -> list:
+def batch_asserts(checks: Sequence[tuple[tf.Tensor, str]], n: Count) -> list[tf.Operation]:
     """One run-time assert that every batch evidence of ``checks`` (``(count, description)``)
     equals ``n`` (one op for the whole model, not one per site). Its message lists each
     evidence with its value."""
@@ -109,11 +115,13 @@ def _chunk(plan: VariablePlan, chunk_size: int | None, fast: bool = False) -> in
     return max(1, DEFAULT_CHUNK_ELEMENTS // max(per_example, 1))
 
 
-def _power_sums_chunked(plan, deltas, n, orders, chunk) -> dict:
+def _power_sums_chunked(
+    plan: VariablePlan, deltas: Sequence[Any], n: Count, orders: tuple[int, ...], chunk: int
+) -> dict[int, tf.Tensor]:
     """sum_j g_j**p with per-example gradients summed over sites, chunk by chunk."""
     var_shape = plan.variable.shape
 
-    def chunk_sums(start, size):
+    def chunk_sums(start: Count, size: Count) -> dict[int, tf.Tensor]:
         g = None
         for (_site, c), delta in zip(plan.sites, deltas):
             part = tf.reshape(c.per_example(delta, n, start, size), [-1, *var_shape])
@@ -126,8 +134,8 @@ def _power_sums_chunked(plan, deltas, n, orders, chunk) -> dict:
 
 @tf.autograph.experimental.do_not_convert
 def gradients_and_moments(
-    loss,
-    var_list: Sequence,
+    loss: tf.Tensor,
+    var_list: Sequence[tf.Variable],
     orders: Sequence[int] = (1, 2),
     reduction: str | None = None,
     *,
@@ -135,8 +143,8 @@ def gradients_and_moments(
     chunk_size: int | None = None,
     name: str | None = None,
     fallback: str = "exact",
-    loss_scale=None,
-):
+    loss_scale: float | tf.Tensor | tf.Variable | None = None,
+) -> tuple[list[tf.Tensor | None], list[dict[int, tf.Tensor]]]:
     """Gradients and the moments of the per-example gradients, from one backward pass.
 
     The p-th moment of variable ``theta`` is ``M_p = (1/n) * sum_j g_j ** p``, element-wise, where
@@ -211,8 +219,8 @@ class Moments:
     """The moments of one call: ``values[k][p]`` for the k-th variable asked for, and ``n``, the
     number of examples they average over (the global batch under ``tf.distribute``)."""
 
-    values: list[dict]
-    n: tf.Tensor
+    values: list[dict[int, tf.Tensor]]
+    n: Count
 
 
 @dataclass
@@ -225,14 +233,14 @@ class Backward:
 
     plan: Plan
     # aligned with the plan's variables (None where the loss does not depend on one)
-    grads: list
+    grads: list[tf.Tensor | None]
     # the gradients of the loss with respect to the sites' outputs, at `index[output.ref()]`
-    out_grads: list
-    index: dict
+    out_grads: list[tf.Tensor | None]
+    index: dict[Any, int]
     # variable index -> {p: M_p} already computed by `run_backward` (``fused=True``)
-    fused: dict = field(default_factory=dict)
+    fused: dict[int, dict[int, tf.Tensor]] = field(default_factory=dict)
     # variable index -> {p: sum_j g_j**p} (p > 1) for the variables on the exact fallback
-    fallback_sums: dict = field(default_factory=dict)
+    fallback_sums: dict[int, dict[int, tf.Tensor]] = field(default_factory=dict)
     # 1 / loss_scale (float32) when the loss is scaled (mixed precision), else None
     inv_scale: tf.Tensor | None = None
 
@@ -245,7 +253,12 @@ class Backward:
     def _scope(self) -> str:
         return self.plan.scope.rstrip("/") + "_moments"
 
-    def moments(self, orders: Sequence[int] | None = None, indices=None, gate=None) -> Moments:
+    def moments(
+        self,
+        orders: Sequence[int] | None = None,
+        indices: Iterable[int] | None = None,
+        gate: tf.Tensor | None = None,
+    ) -> Moments:
         """The moments of the variables at ``indices`` (default all), in order, for ``orders``
         (default: the plan's).
 
@@ -285,7 +298,13 @@ class Backward:
                 )
         return Moments(out, self.plan.n)
 
-    def _distributed_moments(self, orders, chunk_size, indices, gate) -> Moments:
+    def _distributed_moments(
+        self,
+        orders: Sequence[int],
+        chunk_size: int | None,
+        indices: list[int],
+        gate: tf.Tensor | None,
+    ) -> Moments:
         """Per replica, sums over its own examples; then ONE all-reduce (SUM) of every sum and
         of the replica's example count; then the moments over the global batch.
 
@@ -300,7 +319,7 @@ class Backward:
         """
         layout = [(i, p) for i in indices for p in orders]
 
-        def local():
+        def local() -> list[tf.Tensor]:
             with tf.name_scope(self._scope):
                 asserts = batch_asserts(self.plan.checks, self.plan.n)
             with tf.name_scope(self._scope), tf.control_dependencies(asserts):
@@ -311,7 +330,7 @@ class Backward:
             flat = local()
         else:
 
-            def zeros():
+            def zeros() -> list[tf.Tensor]:
                 flat = [
                     tf.zeros(self.plan.variables[i].variable.shape, self.plan.variables[i].dtype)
                     for i, _ in layout
@@ -322,13 +341,15 @@ class Backward:
         reduced = _all_reduce_sum(self.plan.replica, list(flat))
         total = reduced[-1]
         scalar_mean = self.plan.mode == "mean" and not self.vector
-        result = {i: {} for i in indices}
+        result: dict[int, dict[int, tf.Tensor]] = {i: {} for i in indices}
         for (i, p), t in zip(layout, reduced[:-1]):
             nt = tf.maximum(tf.cast(total, t.dtype), 1.0)
             result[i][p] = t * nt ** (p - 1) if scalar_mean else t / nt
         return Moments([result[i] for i in indices], tf.cast(total, tf.int32))
 
-    def _local_sums(self, i, orders, chunk_size) -> dict:
+    def _local_sums(
+        self, i: int, orders: Sequence[int], chunk_size: int | None
+    ) -> dict[int, tf.Tensor]:
         """``{p: sum over this replica's examples}``: of ``(dL_r/dtheta_j) ** p`` for a scalar
         loss, of ``g_j ** p`` for a vector (order 1: the replica's summed gradient)."""
         plan = self.plan.variables[i]
@@ -364,7 +385,7 @@ class Backward:
             sums.update({p: tf.zeros(shape, dtype) for p in higher})
         return sums
 
-    def _fallback_moments(self, i: int, orders) -> dict:
+    def _fallback_moments(self, i: int, orders: Sequence[int]) -> dict[int, tf.Tensor]:
         plan, sums = self.plan.variables[i], self.fallback_sums[i]
         missing = [p for p in orders if p > 1 and p not in sums]
         if missing:
@@ -404,7 +425,8 @@ def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = No
     options, plans, n, mode = plan.options, plan.variables, plan.n, plan.mode
     variables = [p.variable for p in plans]
     with tf.name_scope(plan.scope):
-        outputs, index = [], {}
+        outputs: list[tf.Tensor] = []
+        index: dict[Any, int] = {}  # output.ref() -> its position in `outputs`
         for vplan in plans:
             for site, _ in vplan.sites:
                 for out in _site_outputs(site):
@@ -412,7 +434,7 @@ def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = No
                     if key not in index:
                         index[key] = len(outputs)
                         outputs.append(out)
-        fused_ids = set()
+        fused_ids: set[int] = set()
         if fused and any(p > 1 for p in options.orders) and plan.replica is None:
             fused_ids = {
                 i
@@ -428,7 +450,7 @@ def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = No
         inv_scale = None
         if options.loss_scale is not None:
             inv_scale = 1.0 / tf.cast(options.loss_scale, tf.float32)
-        fused_moments = {}
+        fused_moments: dict[int, dict[int, tf.Tensor]] = {}
         if fused_ids:
             orders = tuple(sorted({1, *options.orders}))
             with tf.name_scope("fused"):
@@ -452,7 +474,7 @@ def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = No
                     if options.loss_scale is not None:  # as tf.gradients gives it: scaled
                         grad = grad * tf.cast(options.loss_scale, vplan.dtype)
                     grads[i] = tf.cast(grad, vplan.variable.dtype)
-        fallback_sums = {}
+        fallback_sums: dict[int, dict[int, tf.Tensor]] = {}
         fallback_ids = plan.fallback_ids
         if fallback_ids:
             with tf.name_scope("fallback"):
@@ -469,7 +491,9 @@ def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = No
     )
 
 
-def _fallback_power_sums(plan: Plan, ids: list[int], gate, inv_scale) -> dict:
+def _fallback_power_sums(
+    plan: Plan, ids: list[int], gate: tf.Tensor | None, inv_scale: tf.Tensor | None
+) -> dict[int, dict[int, tf.Tensor]]:
     """``{i: {p: sum_j g_j ** p}}`` (orders above 1) of the variables ``ids`` on the fallback."""
     higher = tuple(p for p in plan.options.orders if p > 1)
     if not higher:
@@ -495,21 +519,21 @@ def _fallback_power_sums(plan: Plan, ids: list[int], gate, inv_scale) -> dict:
 
 
 def _moments_of(
-    plan,
-    grad,
-    out_grads,
-    index,
-    n,
-    mode,
-    orders,
-    chunk_size,
-    sums_only=False,
-    inv_scale=None,
-) -> dict:
+    plan: VariablePlan,
+    grad: tf.Tensor | None,
+    out_grads: Sequence[tf.Tensor | None],
+    index: dict[Any, int],
+    n: Count,
+    mode: str,
+    orders: Sequence[int],
+    chunk_size: int | None,
+    sums_only: bool = False,
+    inv_scale: tf.Tensor | None = None,
+) -> dict[int, tf.Tensor]:
     """{p: M_p}. `sums_only`: every order (1 included) from the rule's power sums, not `grad`."""
     shape = plan.variable.shape
     higher = tuple(orders) if sums_only else tuple(p for p in orders if p > 1)
-    result = {}
+    result: dict[int, tf.Tensor] = {}
     if (grad is None and not sums_only) or not plan.sites:
         return {p: tf.zeros(shape, plan.dtype) for p in orders}
     nf = tf.cast(n, plan.dtype)
@@ -533,9 +557,9 @@ def _moments_of(
     return result
 
 
-def _all_reduce_sum(replica, tensors: list) -> list:
+def _all_reduce_sum(replica: tf.distribute.ReplicaContext, tensors: list[tf.Tensor]) -> list:
     """One batched all-reduce (SUM) per dtype among ``tensors`` (one in the usual case)."""
-    groups: dict = {}
+    groups: dict[tf.DType, list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault(t.dtype, []).append(i)
     out = [None] * len(tensors)
@@ -546,17 +570,26 @@ def _all_reduce_sum(replica, tensors: list) -> list:
     return out
 
 
-def _site_outputs(site) -> tuple:
+def _site_outputs(site: Site) -> tuple[tf.Tensor, ...]:
     """The outputs whose gradients a site's rule needs (several for a loop)."""
     return site.output if isinstance(site.output, tuple) else (site.output,)
 
 
-def _raw_sums(plan, out_grads, index, n, orders, chunk_size, inv_scale, factor) -> dict:
+def _raw_sums(
+    plan: VariablePlan,
+    out_grads: Sequence[tf.Tensor | None],
+    index: dict[Any, int],
+    n: Count,
+    orders: Sequence[int],
+    chunk_size: int | None,
+    inv_scale: tf.Tensor | None,
+    factor: float | tf.Tensor,
+) -> dict[int, tf.Tensor]:
     """``{p: sum_j g_j ** p}`` with ``g_j`` from the output gradients times ``factor`` (and
     ``inv_scale``, the loss scale's inverse, folded into the same multiply)."""
     if inv_scale is not None:
         factor = tf.cast(inv_scale, plan.dtype) * factor
-    deltas = []
+    deltas: list[Any] = []  # output gradients, or a loop's LoopGrads
     for site, _ in plan.sites:
         if isinstance(site.output, tuple):  # a loop: its rule seeds a copy with these
             grads = tuple(out_grads[index[t.ref()]] for t in site.output)
@@ -576,7 +609,9 @@ def _raw_sums(plan, out_grads, index, n, orders, chunk_size, inv_scale, factor) 
     return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size))
 
 
-def variance(moments_i: dict, n, unbiased: bool = True):
+def variance(
+    moments_i: Mapping[int, Any], n: int | float | tf.Tensor, unbiased: bool = True
+) -> Any:
     """Element-wise variance of the per-example gradients from their first two raw moments.
 
     Args:

@@ -7,6 +7,7 @@ dtype and rank at trace time (their values are only known when the step runs).
 from __future__ import annotations
 
 import numbers
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -14,13 +15,13 @@ import tensorflow as tf
 __all__ = ["positive_int", "optional_positive_int", "int_tensor_or_int", "float_scalar"]
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral | np.integer) and not isinstance(
         value, bool | np.bool_
     )
 
 
-def positive_int(name: str, value, fix: str = "") -> int:
+def positive_int(name: str, value: Any, fix: str = "") -> int:
     """``value`` as a Python int >= 1, or `ValueError`/`TypeError` naming ``name``."""
     if not _is_int(value):
         raise TypeError(
@@ -34,11 +35,13 @@ def positive_int(name: str, value, fix: str = "") -> int:
     return int(value)
 
 
-def optional_positive_int(name: str, value, fix: str = ""):
+def optional_positive_int(name: str, value: Any, fix: str = "") -> int | None:
     return None if value is None else positive_int(name, value, fix)
 
 
-def int_tensor_or_int(name: str, value, *, positive: bool = False, scalar: bool = True):
+def int_tensor_or_int(
+    name: str, value: Any, *, positive: bool = False, scalar: bool = True
+) -> int | tf.Tensor | tf.Variable | None:
     """A Python int (checked) or an integer tensor (dtype and rank checked at trace time)."""
     if value is None:
         return None
@@ -61,7 +64,7 @@ def int_tensor_or_int(name: str, value, *, positive: bool = False, scalar: bool 
     return int(value)
 
 
-def float_scalar(name: str, value):
+def float_scalar(name: str, value: Any) -> numbers.Real | np.number | tf.Tensor | None:
     """A real number or a floating-point scalar tensor (a learning rate, a loss scale)."""
     if value is None:
         return None

@@ -628,6 +628,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 continue
             st = ri.stats_for(tag)
             c = entry.content
+            assert isinstance(c, metadata.MomentsContent)  # `moments` holds moments tags only
             r, ok = row(
                 tag,
                 series.get(st.tag) if st else None,

@@ -35,7 +35,7 @@ import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from tb_gradmom.analysis import data, encode, reductions, stats, views
 from tb_gradmom.viz import plot
@@ -95,9 +95,11 @@ def _compile(pattern: str | None, what: str):
         raise ExportError(f"--{what} {pattern!r} is not a valid regular expression: {e}") from None
 
 
-def _parse_step(step: int | str | None) -> int | str:
-    if step is None or step in ("latest", "all"):
-        return step or "latest"
+def _parse_step(step: int | str | None) -> int | Literal["latest", "all"]:
+    if step is None or step == "latest":
+        return "latest"
+    if step == "all":
+        return "all"
     try:
         return int(step)
     except (TypeError, ValueError):
@@ -146,7 +148,7 @@ def plan(
             return [records[-1].step] if records else []
         if step == "all":
             return [r.step for r in records]
-        return [step] if any(r.step == step for r in records) else []
+        return [step] if any(r.step == step for r in records) else []  # an int here
 
     jobs: list[Job] = []
     if plot_kind in ("heatmap", "histogram"):
@@ -197,10 +199,20 @@ def plan(
 # ----------------------------------------------------------------------------- writing
 
 
-def _numbers(job: Job, runs, opts: dict) -> tuple[dict, str, list[str], list[list[Any]]]:
+def _tag(job: Job) -> str:
+    """The tag of a heatmap, histogram or curves job (a summary job has none)."""
+    if job.tag is None:
+        raise ValueError(f"a {job.plot} job has a tag")
+    return job.tag
+
+
+def _numbers(
+    job: Job, runs: plot.Runs, opts: dict[str, Any]
+) -> tuple[dict[str, Any], list[str], list[list[Any]]]:
     """(json payload, csv header, csv rows) of one job."""
+    rows: list[list[Any]]
     if job.plot == "heatmap":
-        d = plot.heatmap_data(runs, job.tag, run=job.run, step=job.step, stat=opts["stat"])
+        d = plot.heatmap_data(runs, _tag(job), run=job.run, step=job.step, stat=opts["stat"])
         grid = d["grid"]
         rows = [
             [i, j, float(grid[i, j])] for i in range(grid.shape[0]) for j in range(grid.shape[1])
@@ -210,7 +222,7 @@ def _numbers(job: Job, runs, opts: dict) -> tuple[dict, str, list[str], list[lis
     if job.plot == "histogram":
         d = plot.histogram_data(
             runs,
-            job.tag,
+            _tag(job),
             run=job.run,
             step=job.step,
             stat=opts["stat"],
@@ -223,7 +235,7 @@ def _numbers(job: Job, runs, opts: dict) -> tuple[dict, str, list[str], list[lis
     if job.plot == "curves":
         d = plot.curves_data(
             runs,
-            tag=job.tag,
+            tag=_tag(job),
             runs=job.runs,
             quantities=opts["quantities"],
             ema=opts["ema"],
@@ -259,12 +271,12 @@ def _figure(job: Job, runs, opts: dict):
         common = {"run": job.run, "step": job.step, "stat": opts["stat"], "cmap": opts["cmap"]}
         if job.plot == "heatmap":
             scale = opts["scale"] or views.default_scale(opts["stat"])
-            return plot.heatmap(runs, job.tag, **common, scale=scale)
+            return plot.heatmap(runs, _tag(job), **common, scale=scale)
         scale = opts["scale"] or "linear"
-        return plot.histogram(runs, job.tag, **common, bins=opts["bins"], scale=scale)
+        return plot.histogram(runs, _tag(job), **common, bins=opts["bins"], scale=scale)
     if job.plot == "curves":
         keys = ("quantities", "ema", "yscale", "smoothing")
-        return plot.curves(runs, tag=job.tag, runs=job.runs, **{k: opts[k] for k in keys})
+        return plot.curves(runs, tag=_tag(job), runs=job.runs, **{k: opts[k] for k in keys})
     return plot.summary(runs, run=job.run, step=job.step)
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import types
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -55,12 +56,12 @@ class GradMoments(keras.callbacks.Callback):
         log_dir: str,
         every_n_steps: int = 100,
         orders: Sequence[int] = (1, 2),
-        variables: Sequence | None = None,
+        variables: Sequence[tf.Variable] | None = None,
         max_elements: int = _summary.DEFAULT_MAX_ELEMENTS,
         per_variable_scalars: bool = True,
         log_learning_rate: bool = True,
         fallback: str = "exact",
-    ):
+    ) -> None:
         super().__init__()
         self.every_n_steps = _validate.positive_int("every_n_steps", every_n_steps)
         self.log_dir = os.fspath(log_dir)
@@ -77,12 +78,12 @@ class GradMoments(keras.callbacks.Callback):
         if fallback not in ("exact", "error"):
             raise ValueError(f"fallback must be 'exact' or 'error', got {fallback!r}")
         self.fallback = fallback
-        self._writer = None
+        self._writer: tf.summary.SummaryWriter | None = None  # while training
         self._had_instance_step = False
-        self._instance_step = None
-        self._jit = None
+        self._instance_step: Callable[..., Any] | None = None
+        self._jit: bool | str | None = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         model = self.model
         if keras.backend.backend() != "tensorflow":
             raise RuntimeError(
@@ -105,7 +106,7 @@ class GradMoments(keras.callbacks.Callback):
         model.train_step = types.MethodType(_make_train_step(self), model)
         model.make_train_function(force=True)
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         model = self.model
         if self._had_instance_step:
             model.train_step = self._instance_step
@@ -121,7 +122,7 @@ class GradMoments(keras.callbacks.Callback):
             self._writer = None
 
 
-def _loss_scale(optimizer):
+def _loss_scale(optimizer: keras.optimizers.Optimizer) -> tf.Variable | float | None:
     """The dynamic loss scale of a ``LossScaleOptimizer`` (mixed precision), else None: the
     gradients stay scaled for the optimizer, the moments are unscaled."""
     from keras.optimizers import LossScaleOptimizer
@@ -132,13 +133,13 @@ def _loss_scale(optimizer):
     return None
 
 
-def _make_train_step(cb: GradMoments):
+def _make_train_step(cb: GradMoments) -> Callable[[keras.Model, Any], dict[str, Any]]:
     # Mirrors keras/src/backend/tensorflow/trainer.py `train_step` (Keras 3), with the gradients
     # taken by gradmom.summary.moments instead of a GradientTape.
     # Keras' private API, behind tb_gradmom._compat.keras_private.
     from tb_gradmom._compat import keras_private
 
-    def train_step(self, data):
+    def train_step(self: keras.Model, data: Any) -> dict[str, Any]:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if keras_private.call_has_training_arg(self):
             y_pred = self(x, training=True)
@@ -151,6 +152,7 @@ def _make_train_step(cb: GradMoments):
         )
         scaled = self.optimizer.scale_loss(loss)
         if self.trainable_weights:
+            assert cb._writer is not None  # created by on_train_begin
             weights = self.trainable_weights
             step = tf.cast(self.optimizer.iterations, tf.int64)
             lr = None

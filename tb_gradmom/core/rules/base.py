@@ -9,10 +9,14 @@ per-example gradients of the consumed tensor, or directly into sums of their pow
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    from tb_gradmom.core.axes import Axis, Examples
 
 __all__ = ["Site", "Contribution", "RuleError", "sum_over_chunks", "power", "power_sum"]
 
@@ -29,7 +33,8 @@ class Site:
       op: the consuming op.
       index: which input of ``op`` carries the variable's value.
       view: that input tensor (the variable after pass-through views).
-      output: the op's output whose gradient the rule needs.
+      output: the op's output whose gradient the rule needs (a loop's site: a tuple of
+        outputs, see `tb_gradmom.core.rules.recurrent`).
       dtype: the dtype in which moments are computed (float32, or float64 for float64 models).
       var_shape: the variable's shape (``view`` is the resource handle for ``ResourceGather``).
       axes: the analysis of where the examples are (`tb_gradmom.core.axes.Examples`): a rule fires
@@ -40,16 +45,16 @@ class Site:
     op: tf.Operation
     index: int
     view: tf.Tensor
-    output: tf.Tensor
+    output: tf.Tensor | tuple[tf.Tensor, ...]
     dtype: tf.DType
     var_shape: tf.TensorShape | None = None
-    axes: object = None
+    axes: Examples = field(kw_only=True)
 
     def input(self, i: int) -> tf.Tensor:
         """The op's i-th input, cast to the moment dtype."""
         return tf.cast(self.op.inputs[i], self.dtype)
 
-    def example_axis(self, t: tf.Tensor, what: str):
+    def example_axis(self, t: tf.Tensor, what: str) -> Axis:
         """The proven `Axis` of the examples in ``t``, or `RuleError` naming ``what`` it is."""
         from tb_gradmom.core.axes import Axis, describe
 
@@ -62,11 +67,15 @@ class Site:
         )
 
 
+# A Python int where it is static, else a scalar int tensor (the batch size, a chunk's start
+# and size).
+Count: TypeAlias = int | tf.Tensor
 # per_example(delta, n, start, size) -> [size, *view.shape] per-example gradients of `view`
-PerExampleFn = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor]
+# (`delta`: the output gradient, or for a loop's site a `recurrent.LoopGrads`)
+PerExampleFn = Callable[[Any, Count, Count, Count], tf.Tensor]
 # power_sums(delta, n, orders, chunk) -> {p: sum_j g_j ** p}, shaped like `view`; `chunk`: the
 # most examples to process at once (None: all), for rules whose fast path materialises per example
-PowerSumsFn = Callable[[tf.Tensor, tf.Tensor, tuple, int | None], dict]
+PowerSumsFn = Callable[[Any, Count, tuple[int, ...], int | None], dict[int, tf.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,7 @@ class Contribution:
     gradient_from_sums: bool = False
 
 
-def example_count(t: tf.Tensor, axis: int, partners: int = 1):
+def example_count(t: tf.Tensor, axis: int, partners: int = 1) -> Count:
     """The number of examples along ``axis`` of ``t`` (``partners`` entries per example): a
     Python int when the axis is static (no op, and no run-time check), else a scalar tensor."""
     dim = t.shape[axis] if t.shape.rank is not None else None
@@ -108,7 +117,7 @@ def example_count(t: tf.Tensor, axis: int, partners: int = 1):
     return size if partners == 1 else size // partners
 
 
-def power(g_pow: dict, p: int) -> tf.Tensor:
+def power(g_pow: dict[int, tf.Tensor], p: int) -> tf.Tensor:
     """``g ** p`` by products, reusing and filling ``g_pow`` (``{1: g}`` at first)."""
     for q in range(2, p + 1):
         if q not in g_pow:
@@ -116,12 +125,20 @@ def power(g_pow: dict, p: int) -> tf.Tensor:
     return g_pow[p]
 
 
-def power_sum(g_pow: dict, p: int) -> tf.Tensor:
+def power_sum(g_pow: dict[int, tf.Tensor], p: int) -> tf.Tensor:
     """``sum over axis 0 of g ** p`` (see `power`)."""
     return tf.reduce_sum(power(g_pow, p), axis=0)
 
 
-def sum_over_chunks(n, chunk, orders, shape, dtype, chunk_sums, name="chunks") -> dict:
+def sum_over_chunks(
+    n: Count,
+    chunk: int | None,
+    orders: Sequence[int],
+    shape: tf.TensorShape | Sequence[int],
+    dtype: tf.DType,
+    chunk_sums: Callable[[Count, Count], dict[int, tf.Tensor]],
+    name: str = "chunks",
+) -> dict[int, tf.Tensor]:
     """``{p: sum over chunks of chunk_sums(start, size)[p]}`` for examples ``[0, n)``.
 
     One call when the batch is statically no bigger than ``chunk`` (or ``chunk`` is None);
@@ -134,7 +151,7 @@ def sum_over_chunks(n, chunk, orders, shape, dtype, chunk_sums, name="chunks") -
     num_chunks = (n + chunk - 1) // chunk
     zeros = tuple(tf.zeros(shape, dtype) for _ in orders)
 
-    def body(i, accs):
+    def body(i: tf.Tensor, accs: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         start = i * chunk
         sums = chunk_sums(start, tf.minimum(chunk, n - start))
         return i + 1, tuple(a + sums[p] for a, p in zip(accs, orders))

@@ -13,7 +13,14 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom.core.axes import examples_first, per_example_masked
-from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count, power_sum
+from tb_gradmom.core.rules.base import (
+    Contribution,
+    Count,
+    RuleError,
+    Site,
+    example_count,
+    power_sum,
+)
 
 __all__ = ["bias_rule"]
 
@@ -75,10 +82,12 @@ def bias_rule(site: Site) -> Contribution:
     def reduce(c, n):
         return total(rows(c, n))
 
-    def per_example(delta, n, start, size):
+    def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         return total(rows(contributions(delta), n)[start : start + size])
 
-    def power_sums(delta, n, orders, chunk=None):
+    def power_sums(
+        delta: tf.Tensor, n: Count, orders: tuple[int, ...], chunk: int | None = None
+    ) -> dict[int, tf.Tensor]:
         g_pow = {1: reduce(contributions(delta), n)}
         return {p: power_sum(g_pow, p) for p in sorted(orders)}
 
@@ -101,7 +110,7 @@ def _tiled(site: Site, op, out, ax, aligned, other_index) -> Contribution:
     vshape = site.view.shape
     keep = [i for i, a in enumerate(aligned) if a == 1 and out.shape[i] != 1]
 
-    def per_example(delta, n, start, size):
+    def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         c = delta
         if op.type == "Mul":
             c = c * tf.cast(op.inputs[other_index], site.dtype)

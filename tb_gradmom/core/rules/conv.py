@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from tb_gradmom.core.rules.base import (
     Contribution,
+    Count,
     RuleError,
     Site,
     example_count,
@@ -177,7 +178,7 @@ def conv_contribution(
             return x[tuple(slice(b, e, st) for b, e, st in zip(begin, end, [1, *strides, 1]))]
         return tf.strided_slice(x, begin, end, [1] + strides + [1])
 
-    def per_example(delta, n, start, size):
+    def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         x, d = operands(delta, n, start, size)
         x, out_sizes = padded(x, d)
         u = tf.stack([offset_slice(x, off, out_sizes) for off in offsets], axis=-2)
@@ -265,7 +266,9 @@ def conv_contribution(
             done.append([sums[p][-1] for p in orders])
         return {p: tf.stack(v) for p, v in sums.items()}
 
-    def power_sums(delta, n, orders, chunk=None):
+    def power_sums(
+        delta: tf.Tensor, n: Count, orders: tuple[int, ...], chunk: int | None = None
+    ) -> dict[int, tf.Tensor]:
         """{p: sum_j g_j**p} for orders that may include 1, in chunks of examples."""
         orders = tuple(sorted(orders))
         sums = sum_over_chunks(
@@ -350,7 +353,7 @@ def conv_rule(site: Site) -> Contribution:
     if strides[0] != 1 or strides[-1] != 1 or dilations[0] != 1 or dilations[-1] != 1:
         raise RuleError("strides or dilations over the batch or channel axis are not supported")
     padding = attr_str(op, "padding")
-    explicit = ()
+    explicit: tuple[tuple[int, int], ...] = ()
     if padding == "EXPLICIT":
         flat = list(op.get_attr("explicit_paddings"))
         explicit = tuple((flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2))[1 : 1 + nd]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom.core.rules.base import Contribution, RuleError
+from tb_gradmom.core.rules.base import Contribution, Count, PowerSumsFn, RuleError
 
 __all__ = [
     "DERIVED_OPS",
@@ -32,7 +32,7 @@ __all__ = [
 DERIVED_OPS = frozenset({"Mul", "AddV2", "Add", "Sub"})
 
 
-def local_factor(op: tf.Operation, index: int, dtype: tf.DType):
+def local_factor(op: tf.Operation, index: int, dtype: tf.DType) -> tf.Tensor | float:
     """``dd/dv`` for ``d = op(...)`` with ``v`` its input ``index``: a tensor, a number or 1."""
     if op.type == "Mul":
         return tf.cast(op.inputs[1 - index], dtype)
@@ -42,7 +42,7 @@ def local_factor(op: tf.Operation, index: int, dtype: tf.DType):
 
 
 def derived_contribution(
-    view: tf.Tensor, derived: tf.Tensor, factor, inner: Contribution
+    view: tf.Tensor, derived: tf.Tensor, factor: tf.Tensor | float, inner: Contribution
 ) -> Contribution:
     """The contribution to ``view`` of ``inner``, a contribution to ``derived = op(view, r)``."""
     vshape, dshape = view.shape, derived.shape
@@ -57,28 +57,33 @@ def derived_contribution(
     sum_axes = [i + 1 for i, (a, d) in enumerate(zip(aligned, dshape)) if a == 1 and d != 1]
     dshape, vshape = list(dshape), list(vshape)
 
-    def scale(g, p=1):
+    def scale(g: tf.Tensor, p: int = 1) -> tf.Tensor:
         """``g * factor ** p`` (nothing for a factor of 1)."""
         if isinstance(factor, float) and factor == 1.0:
             return g
         return g * factor**p
 
-    def per_example(delta, n, start, size):
+    def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         g = tf.reshape(inner.per_example(delta, n, start, size), [-1, *dshape])
         g = scale(g)
         if sum_axes:
             g = tf.reduce_sum(g, axis=sum_axes)
         return tf.reshape(g, [-1, *vshape])
 
-    power_sums = None
-    if not sum_axes and inner.power_sums is not None:
+    power_sums: PowerSumsFn | None = None
+    inner_sums = inner.power_sums
+    if not sum_axes and inner_sums is not None:
 
-        def power_sums(delta, n, orders, chunk=None):
-            sums = inner.power_sums(delta, n, orders, chunk)
+        def scaled_sums(
+            delta: tf.Tensor, n: Count, orders: tuple[int, ...], chunk: int | None = None
+        ) -> dict[int, tf.Tensor]:
+            sums = inner_sums(delta, n, orders, chunk)
             out = {}
             for p, s in sums.items():
                 out[p] = tf.reshape(scale(tf.reshape(s, dshape), p), vshape)
             return out
+
+        power_sums = scaled_sums
 
     return Contribution(
         examples=inner.examples,
@@ -115,7 +120,7 @@ def region_contribution(
     if (why := tf_private.unavailable("pfor")) is not None:  # pragma: no cover
         raise RuleError(why)
 
-    def per_example(delta, n, start, size):
+    def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         g = inner.per_example(delta, n, start, size)
         g = tf.reshape(g, tf.concat([[-1], tf.shape(target)], 0))
         g = tf.cast(g, target.dtype)

@@ -17,7 +17,7 @@ import string
 import tensorflow as tf
 
 from tb_gradmom.core.axes import Axis, examples_first
-from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count
+from tb_gradmom.core.rules.base import Contribution, Count, RuleError, Site, example_count
 
 __all__ = ["batch_matmul_rule", "einsum_rule"]
 
@@ -42,7 +42,7 @@ def batch_matmul_rule(site: Site) -> Contribution:
     adj_x, adj_y = op.get_attr("adj_x"), op.get_attr("adj_y")
     d_in, d_out = (wshape[1], wshape[0]) if adj_y else (wshape[0], wshape[1])
 
-    def per_example(delta, n, start, size):
+    def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         x = site.input(0)
         if adj_x:
             x = tf.linalg.matrix_transpose(x)
@@ -104,7 +104,7 @@ def einsum_rule(site: Site) -> Contribution:
     out_rest = out_subs.replace(batch, "")
     grad_eq = f"{z}{q}{other_rest},{z}{q}{out_rest}->{z}{var_subs}"
 
-    def per_example(delta, n, start, size):
+    def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         other = examples_first(site.input(1 - site.index), other_ax, n)[start : start + size]
         d = examples_first(delta, ax, n)[start : start + size]
         return tf.einsum(grad_eq, other, d)

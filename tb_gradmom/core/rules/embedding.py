@@ -16,7 +16,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom.core.axes import examples_first
-from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count, power
+from tb_gradmom.core.rules.base import Contribution, Count, RuleError, Site, example_count, power
 
 __all__ = ["gather_rule"]
 
@@ -59,7 +59,9 @@ def gather_rule(site: Site) -> Contribution:
         sums = tf.math.unsorted_segment_sum(tf.reshape(d, [-1, row_size]), slot, tf.size(unique))
         return unique // vocab, unique % vocab, sums
 
-    def power_sums(delta, n, orders, chunk=None):
+    def power_sums(
+        delta: tf.Tensor, n: Count, orders: tuple[int, ...], chunk: int | None = None
+    ) -> dict[int, tf.Tensor]:
         _, ids, g = pairs(delta, n, 0, n)
         g_pow = {1: g}
         return {
@@ -67,7 +69,7 @@ def gather_rule(site: Site) -> Contribution:
             for p in orders
         }
 
-    def per_example(delta, n, start, size):
+    def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         example, ids, g = pairs(delta, n, start, size)
         dense = tf.math.unsorted_segment_sum(g, example * vocab + ids, size * vocab)
         return tf.reshape(dense, [-1, vocab, *row])

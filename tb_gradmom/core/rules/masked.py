@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tb_gradmom._compat import tf_private
 from tb_gradmom.core.axes import per_example_masked
-from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count
+from tb_gradmom.core.rules.base import Contribution, Count, RuleError, Site, example_count
 from tb_gradmom.core.rules.derived import _elements
 
 __all__ = ["masked_vjp_rule"]
@@ -54,7 +54,7 @@ def masked_vjp_rule(site: Site) -> Contribution:
     if grad_fn is None:
         raise RuleError(f"{what} has no registered gradient")
 
-    def per_example(delta, n, start, size):
+    def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         masked = tf.cast(per_example_masked(delta, ax, n, start, size), out.dtype)
 
         def loop_fn(i):

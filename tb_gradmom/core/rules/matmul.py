@@ -15,7 +15,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom.core.axes import Axis, examples_first
-from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count
+from tb_gradmom.core.rules.base import Contribution, Count, RuleError, Site, example_count
 
 __all__ = ["matmul_rule"]
 
@@ -77,12 +77,14 @@ def matmul_rule(site: Site) -> Contribution:
 
     if ax.pure:
 
-        def per_example(delta, n, start, size):
+        def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
             a = rows()[start : start + size]
             d = delta_rows(delta)[start : start + size]
             return finish(tf.einsum("ni,no->nio", a, d))
 
-        def power_sums(delta, n, orders, chunk=None):
+        def power_sums(
+            delta: tf.Tensor, n: Count, orders: tuple[int, ...], chunk: int | None = None
+        ) -> dict[int, tf.Tensor]:
             a = rows()
             d = delta_rows(delta)
             out = {}
@@ -104,7 +106,7 @@ def matmul_rule(site: Site) -> Contribution:
         )
 
     # Rows grouped by example: [outer, n, inner] rows -> [n, outer * inner, d].
-    def per_example_grouped(delta, n, start, size):
+    def per_example_grouped(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         a3 = examples_first(rows(), row_axis, n)[start : start + size]
         d3 = examples_first(delta_rows(delta), row_axis, n)[start : start + size]
         return finish(tf.einsum("nti,nto->nio", a3, d3))
