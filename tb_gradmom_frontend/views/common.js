@@ -80,54 +80,38 @@ export async function svgToPNG(svgText, width, height, scale = 2, background = "
  * <svg> drawn for export; `csv()` / `json()` return text. `name` gives file name parts.
  */
 export function exportButtons({ figure, csv, json, name, extra = [] }) {
-  const run = (fn) => async () => {
-    try {
-      await fn();
-    } catch (e) {
-      console.warn("export failed:", e);
-    }
+  // A button that downloads `file()` (a Blob, or a promise of one) named
+  // `fileName(name(), ext)`; a failure is logged, never thrown at the page.
+  const button = (text, title, ext, file) =>
+    h("button", {
+      type: "button",
+      text,
+      title,
+      onclick: async () => {
+        try {
+          download(await file(), fileName(name(), ext));
+        } catch (e) {
+          console.warn("export failed:", e);
+        }
+      },
+    });
+  const png = () => {
+    const svg = figure();
+    return svgToPNG(serializeSVG(svg), +svg.getAttribute("width"), +svg.getAttribute("height"));
   };
+  // A file of the text `make()` returns, of MIME type `type`.
+  const textFile = (make, type) => () => new Blob([make()], { type });
   const bar = h("div", { class: "export" }, [
     h("span", { class: "export-label", text: "Download" }),
-    h("button", {
-      type: "button",
-      text: "PNG",
-      title: "The figure as a PNG image (2x resolution)",
-      onclick: run(async () => {
-        const svg = figure();
-        const w = +svg.getAttribute("width");
-        const hgt = +svg.getAttribute("height");
-        download(await svgToPNG(serializeSVG(svg), w, hgt), fileName(name(), "png"));
-      }),
-    }),
-    h("button", {
-      type: "button",
-      text: "SVG",
-      title: "The figure as an SVG vector image",
-      onclick: run(() =>
-        download(
-          new Blob([serializeSVG(figure())], { type: "image/svg+xml" }),
-          fileName(name(), "svg"),
-        ),
-      ),
-    }),
-    h("button", {
-      type: "button",
-      text: "CSV",
-      title: "The plotted data as CSV",
-      onclick: run(() =>
-        download(new Blob([csv()], { type: "text/csv" }), fileName(name(), "csv")),
-      ),
-    }),
-    json &&
-      h("button", {
-        type: "button",
-        text: "JSON",
-        title: "The plotted data as JSON",
-        onclick: run(() =>
-          download(new Blob([json()], { type: "application/json" }), fileName(name(), "json")),
-        ),
-      }),
+    button("PNG", "The figure as a PNG image (2x resolution)", "png", png),
+    button(
+      "SVG",
+      "The figure as an SVG vector image",
+      "svg",
+      textFile(() => serializeSVG(figure()), "image/svg+xml"),
+    ),
+    button("CSV", "The plotted data as CSV", "csv", textFile(csv, "text/csv")),
+    json && button("JSON", "The plotted data as JSON", "json", textFile(json, "application/json")),
     ...extra,
   ]);
   return bar;
