@@ -43,7 +43,7 @@ MAX_ORDER = 4
 WARNED: set = set()
 
 
-def variable_name(variable) -> str:
+def variable_name(variable: Any) -> str:
     """A readable, stable name: the Keras ``variable.path``, else the name without ``:0``."""
     path = getattr(variable, "path", None)
     if isinstance(path, str) and path:
@@ -52,7 +52,7 @@ def variable_name(variable) -> str:
     return name[:-2] if name.endswith(":0") else name
 
 
-def tf_variable(variable, position: int):
+def tf_variable(variable: Any, position: int) -> tf.Variable:
     """The `tf.Variable` behind a Keras 3 variable or a `tf.Variable`."""
     inner = getattr(variable, "value", None)
     if isinstance(variable, tf.Variable):
@@ -326,8 +326,8 @@ class Plan:
 
 @tf.autograph.experimental.do_not_convert
 def plan_moments(
-    loss,
-    var_list: Sequence,
+    loss: tf.Tensor,
+    var_list: Sequence[tf.Variable],
     orders: Sequence[int] = (1, 2),
     reduction: str | None = None,
     *,
@@ -348,7 +348,9 @@ def plan_moments(
     return make_plan(loss, var_list, options, name="plan_moments")
 
 
-def make_plan(loss, var_list: Sequence, options: Options, *, name: str = "gradmom") -> Plan:
+def make_plan(
+    loss: tf.Tensor, var_list: Sequence[tf.Variable], options: Options, *, name: str = "gradmom"
+) -> Plan:
     """Checks the loss and plans the moments of every variable of ``var_list`` (trace time).
 
     Raises what `gradients_and_moments` raises, except errors of the run itself.
