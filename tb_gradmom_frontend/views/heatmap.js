@@ -35,6 +35,30 @@ export function heatmapLayout(width, rows, cols) {
 
 const integerTicks = (lo, hi, count) => niceTicks(lo, hi, count).filter((v) => Number.isInteger(v));
 
+/**
+ * Draws an axis of cell indices into `g` (d3 selection) for `scale`, which maps cell edges
+ * (cell v spans [v, v + 1]) to pixels. Ticks at cell centres read as the cell's index: tick v
+ * marks the middle of cell v. Of the `n` cells, only those whose middles lie inside the plot's
+ * `length` (pixels) get a tick, about one every `spacing` pixels.
+ */
+function drawIndexAxis(g, scale, { n, length, spacing, orient, theme, label }) {
+  const ticks = integerTicks(...scale.domain(), Math.max(2, Math.floor(length / spacing)));
+  drawAxis(
+    g,
+    d3
+      .scaleLinear()
+      .domain(scale.domain().map((v) => v - 0.5))
+      .range(scale.range()),
+    {
+      orient,
+      theme,
+      tickValues: ticks.filter((v) => v < n && scale(v + 0.5) >= 0 && scale(v + 0.5) <= length),
+      tickFormat: (v) => String(v),
+      label,
+    },
+  );
+}
+
 export class HeatmapView extends View {
   /** `container`: the card body the view fills. */
   constructor(container) {
@@ -150,42 +174,31 @@ export class HeatmapView extends View {
       .attr("fill", "none")
       .attr("stroke", theme.axis)
       .attr("stroke-width", 0.5);
-    const xt = integerTicks(...x.domain(), Math.max(2, Math.floor(L.plotW / 70)));
-    const yt = integerTicks(...y.domain(), Math.max(2, Math.floor(L.plotH / 40)));
-    // Ticks at cell centres read as the cell's index: tick v marks the middle of cell v.
-    drawAxis(
+    drawIndexAxis(
       plot.append("g").attr("class", "x-axis").attr("transform", `translate(0,${L.plotH})`),
-      d3
-        .scaleLinear()
-        .domain(x.domain().map((v) => v - 0.5))
-        .range(x.range()),
+      x,
       {
+        n: C,
+        length: L.plotW,
+        spacing: 70,
         orient: "bottom",
         theme,
-        tickValues: xt.filter((v) => v < C && x(v + 0.5) >= 0 && x(v + 0.5) <= L.plotW),
-        tickFormat: (v) => String(v),
         label: `column: axis ${Math.max(0, shape.length - 1)} (${C})`,
       },
     );
-    drawAxis(
-      plot.append("g").attr("class", "y-axis"),
-      d3
-        .scaleLinear()
-        .domain(y.domain().map((v) => v - 0.5))
-        .range(y.range()),
-      {
-        orient: "left",
-        theme,
-        tickValues: yt.filter((v) => v < R && y(v + 0.5) >= 0 && y(v + 0.5) <= L.plotH),
-        tickFormat: (v) => String(v),
-        label:
-          shape.length > 2
-            ? `row: flat index over [${shape.slice(0, -1).join(", ")}]`
-            : shape.length === 2
-              ? `row: axis 0 (${R})`
-              : "row",
-      },
-    );
+    drawIndexAxis(plot.append("g").attr("class", "y-axis"), y, {
+      n: R,
+      length: L.plotH,
+      spacing: 40,
+      orient: "left",
+      theme,
+      label:
+        shape.length > 2
+          ? `row: flat index over [${shape.slice(0, -1).join(", ")}]`
+          : shape.length === 2
+            ? `row: axis 0 (${R})`
+            : "row",
+    });
 
     // Colour bar: the LUT as an image, ticks on the colour scale, the values' distribution.
     const { domain } = this.colorScale();
