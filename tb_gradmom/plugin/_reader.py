@@ -115,6 +115,20 @@ class TagEntry:
         """Changes when the series gets new data."""
         return (self.max_step, self.max_wall_time)
 
+    @property
+    def moments(self) -> metadata.MomentsContent:
+        """The content of a moments tag (`TypeError` for a stats tag: a caller's bug)."""
+        if not isinstance(self.content, metadata.MomentsContent):
+            raise TypeError(f"run {self.run!r} tag {self.tag!r} is not a moments tag")
+        return self.content
+
+    @property
+    def stats(self) -> metadata.StatsContent:
+        """The content of a stats tag (`TypeError` for a moments tag: a caller's bug)."""
+        if not isinstance(self.content, metadata.StatsContent):
+            raise TypeError(f"run {self.run!r} tag {self.tag!r} is not a stats tag")
+        return self.content
+
 
 @dataclasses.dataclass
 class RunIndex:
@@ -436,9 +450,12 @@ class Reader:
     def _read_stats(self, ctx, experiment_id, entries: list[TagEntry]) -> dict:
         run = entries[0].run
         estimate = sum(
-            self._read_bytes(e, _ASSUMED_STEPS)
-            + 16 * _ASSUMED_STEPS * metadata.stats_length(e.content)
-            for e in entries
+            (
+                self._read_bytes(e, _ASSUMED_STEPS)
+                + 16 * _ASSUMED_STEPS * metadata.stats_length(e.stats)
+                for e in entries
+            ),
+            0,
         )
         try:
             with self.read_gate.reserve(estimate):
@@ -451,7 +468,7 @@ class Reader:
                             rows.append((raw.step, raw.wall_time, self._array(e, raw)))
                         except BadRecord:
                             continue
-                    out[e] = _stats_series(rows, e.content)
+                    out[e] = _stats_series(rows, e.stats)
                 return out
         except Exception as err:  # noqa: BLE001 - one bad tag must not take the others down
             if len(entries) == 1:
@@ -470,7 +487,7 @@ class Reader:
     # ----------------------------------------------------------------------- moments
 
     def bytes_per_step(self, entry: TagEntry) -> int:
-        c = entry.content
+        c = entry.moments
         return 4 * len(c.orders) * max(1, math.prod(c.stored_shape))
 
     def _moments_key(self, experiment_id, entry, step):
@@ -479,7 +496,7 @@ class Reader:
     def _moments(self, entry: TagEntry, raw: _Raw) -> MomentsAt:
         """One fetched step decoded and checked (`BadRecord` if it does not fit)."""
         array = self._array(entry, raw)
-        arrays = {int(p): array[i] for i, p in enumerate(entry.content.orders)}
+        arrays = {int(p): array[i] for i, p in enumerate(entry.moments.orders)}
         return MomentsAt(step=raw.step, wall_time=raw.wall_time, arrays=arrays)
 
     def _point(self, entry: TagEntry, raw: _Raw) -> Point:

@@ -216,7 +216,9 @@ def heatmap_data(
     where = f"run {run!r} tag {tag!r}"
     rec = select_record(runs[run][tag], step, where)
     grid = reductions.to_2d(_stat_of(rec, stat, where))
-    block = tuple(rec.content.block) if rec.pooled else (1, 1)
+    block: tuple[int, ...] = (1, 1)
+    if rec.pooled and isinstance(rec.content, metadata.MomentsContent):
+        block = tuple(rec.content.block)
     return {
         "run": run,
         "tag": tag,
@@ -327,7 +329,8 @@ def curves_data(
         if not recs:
             continue
         fields = {
-            f: np.array([r.stats.get(f, np.nan) for r in recs]) for f in metadata.STATS_FIELDS
+            f: np.array([(r.stats or {}).get(f, np.nan) for r in recs])
+            for f in metadata.STATS_FIELDS
         }
         d = stats.derived(fields, ema=ema)
         out[run] = {"step": np.array([r.step for r in recs], dtype=np.int64)}
@@ -485,7 +488,7 @@ def heatmap(
         norm = colors.LogNorm(vmin=lo, vmax=hi)
         shown = np.where(shown > 0, shown, np.nan)
     else:
-        lo, hi = (0.0, 1.0) if lo is None else (lo, hi)
+        lo, hi = (0.0, 1.0) if lo is None or hi is None else (lo, hi)
         if diverging and vmin is None and vmax is None:
             a = max(abs(lo), abs(hi)) or 1.0
             lo, hi = -a, a  # zero in the middle of the map
