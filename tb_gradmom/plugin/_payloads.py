@@ -20,7 +20,6 @@ __all__ = [
     "work_bytes",
     "stat_grid",
     "heatmap",
-    "histogram_one",
     "histograms_streaming",
     "series",
     "SERIES_KEYS",
@@ -100,11 +99,6 @@ def heatmap(
         "max": hi,
         "unbiased": stat != "biased_variance",
     }
-
-
-def histogram_one(values: np.ndarray, bins: int, scale: str) -> tuple[np.ndarray, np.ndarray]:
-    """Edges and counts of one array (`reductions.histogram`)."""
-    return reductions.histogram(values, bins=bins, scale=scale)
 
 
 def _kept(values: np.ndarray, scale: str) -> np.ndarray:

@@ -1,10 +1,13 @@
 """The Grad Moments TensorBoard plugin: routes under ``/data/plugin/gradmom/``.
 
-Routes are thin: each parses its parameters (`_params`), calls an ``*_impl`` method that reads
-through the data provider (`_reader`) and builds the payload with plain numpy functions
-(`_payloads`), and raises `tensorboard.errors` types that TensorBoard's error middleware turns
-into 400 (bad parameter) or 404 (unknown run, tag or step; unreadable data). The routes and
-their payloads are documented in docs/http_api.md.
+Routes are thin: each parses all of its parameters (`_params`), calls an ``*_impl`` method
+that takes them parsed, reads through the data provider (`_reader`) and builds the payload with
+plain numpy functions (`_payloads`, `tb_gradmom.analysis`). An ``*_impl`` returns the payload
+as a dict, except the /heatmap and /histogram ones, which return its JSON text: their bodies
+are cached encoded (a large grid's text is what is sent and what the cache's budget counts).
+/export's returns ``(body, MIME type, file name)``. Both raise `tensorboard.errors` types that
+TensorBoard's error middleware turns into 400 (bad parameter) or 404 (unknown run, tag or step;
+unreadable data). The routes and their payloads are documented in docs/http_api.md.
 
 This module imports no TensorFlow (only `tensorboard`'s TensorFlow-free modules and numpy).
 """
@@ -439,7 +442,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                     try:
                         where = f"run {run!r} tag {tag!r} step {m.step}"
                         grid = _payloads.stat_grid(m.arrays, n, stat, where)
-                        edges, counts = _payloads.histogram_one(grid, bins, scale)
+                        edges, counts = reductions.histogram(grid, bins=bins, scale=scale)
                     except ValueError as e:
                         raise _bad(e) from None
                     nonfinite = int(grid.size - np.count_nonzero(np.isfinite(grid)))
@@ -676,14 +679,28 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 f"not what={what}; use format=csv or format=json"
             )
         run = _params.string(request, "run", required=True)
-        body, mime, name = self.export_impl(ctx, experiment, request, what=what, fmt=fmt, run=run)
+        args: dict
+        if what == "series":
+            tag = _params.string(request, "tag", default=metadata.MODEL_TAG) or metadata.MODEL_TAG
+            args = {"tag": tag}
+        elif what == "heatmap":
+            args = self._heatmap_args(request, max_default=1 << 20, max_limit=1 << 20)
+        elif what == "histogram":
+            args = self._histogram_args(request)
+        else:  # the raw stored moments at one step
+            args = {
+                "tag": _params.string(request, "tag", required=True),
+                "step": _params.step(request),
+            }
+        body, mime, name = self.export_impl(ctx, experiment, what=what, fmt=fmt, run=run, args=args)
         headers = [("Content-Disposition", f'attachment; filename="{name}"')]
         return http_util.Respond(request, body, mime, headers=headers)
 
-    def export_impl(self, ctx, experiment, request, *, what, fmt, run):
-        """``(body, MIME type, file name)`` of one export."""
+    def export_impl(self, ctx, experiment, *, what, fmt, run, args: dict):
+        """``(body, MIME type, file name)`` of one export; ``args``: the parsed parameters of
+        ``what`` (those of /heatmap or /histogram, or ``tag`` (and ``step``))."""
         if what == "series":
-            tag = _params.string(request, "tag", default=metadata.MODEL_TAG) or metadata.MODEL_TAG
+            tag = args["tag"]
             d = self.series_impl(ctx, experiment, run=run, tag=tag)
             parts = ["gradmom", run, tag, "series"]
             if fmt == "json":
@@ -695,10 +712,10 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             )
             header = ["step", "wall_time", *keys]
             return encode.csv_table(header, rows), "text/csv", encode.file_name(parts, "csv")
-        tag = _params.string(request, "tag", required=True)
+        tag = args["tag"]
         base = ["gradmom", run, tag]
         if what == "heatmap":
-            a = self._heatmap_args(request, max_default=1 << 20, max_limit=1 << 20)
+            a = args
             entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
             work = self._heatmap_work(entry, a["max_rows"], a["max_cols"])
 
@@ -708,7 +725,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
 
             return self._compute(heatmap)
         if what == "histogram":
-            a = self._histogram_args(request)
+            a = args
             body = self.histogram_body(ctx, experiment, **a, every_step=True)
             which = "all" if a["step"] == "all" else f"step{body['series'][0]['step']}"
             parts = [*base, a["stat"], "histogram", which]
@@ -723,9 +740,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             header = ["step", "wall_time", "bin_lo", "bin_hi", "count"]
             return encode.csv_table(header, rows), "text/csv", encode.file_name(parts, "csv")
         # what == "moments": the raw stored moments at one step.
-        step = _params.step(request)
+        step = args["step"]
         entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
-        cells = math.prod(entry.content.stored_shape) * len(entry.content.orders)
+        cells = math.prod(entry.moments.stored_shape) * len(entry.moments.orders)
 
         def moments():
             with self._work.reserve(_payloads.work_bytes(entry.content, cells)):
