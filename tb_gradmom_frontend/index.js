@@ -742,8 +742,33 @@ class App {
     return this.pending;
   }
 
+  /**
+   * Starts a load of one kind of view ("heatmap", "histogram", "curves", "table"); returns a
+   * function that tells whether it is still the newest load of that kind, so that a slow answer
+   * never replaces what a later load drew.
+   */
+  startLoad(kind) {
+    const gen = ++this.generation[kind];
+    return () => gen === this.generation[kind];
+  }
+
+  /**
+   * Loads the view `kind` ("heatmap", "histogram", "table"): `fetch()` gets the data and
+   * `show(data)` draws it, unless a newer load of that view started meanwhile. If either
+   * fails, the view says "Could not load `what`: <reason>" (again only for the newest load).
+   */
+  async load(kind, what, fetch, show) {
+    const current = this.startLoad(kind);
+    try {
+      const data = await fetch();
+      if (current()) show(data);
+    } catch (e) {
+      if (current()) this.views[kind].showMessage(`Could not load ${what}: ${e.message}`, "error");
+    }
+  }
+
+  /** The heatmap of the shown statistic, with the tooltip's other statistics at the same step. */
   async loadHeatmap(keepZoom = false) {
-    const gen = ++this.generation.heatmap;
     const s = this.state;
     const { run, tag, stat } = s;
     const step = this.currentStep();
@@ -752,71 +777,71 @@ class App {
       this.cached(`heatmap|${run}|${tag}|${step}|${st}`, () =>
         api.fetchHeatmap({ run, tag, step, stat: st }),
       );
-    try {
-      const extraStats = TOOLTIP_STATS.filter(
-        (x) => x !== stat && availableStats(info.orders ?? [1, 2], this.meta).includes(x),
-      );
-      const [data, ...extras] = await Promise.all([
-        get(stat),
-        ...extraStats.map((x) => get(x).catch(() => null)),
-      ]);
-      if (gen !== this.generation.heatmap) return;
-      this.views.heatmap.update(
-        {
-          data,
-          extras: Object.fromEntries(extraStats.map((x, k) => [x, extras[k]])),
-          stat,
-          signed: isSigned(stat, this.meta),
-          run,
-          tag,
-          colormap: s.colormap,
-          scale: s.scale,
-          theme: this.theme,
-          exportTheme: THEMES.light,
-        },
-        { keepZoom },
-      );
-    } catch (e) {
-      if (gen === this.generation.heatmap)
-        this.views.heatmap.showMessage(
-          `Could not load the heatmap of ${tag}: ${e.message}`,
-          "error",
+    return this.load(
+      "heatmap",
+      `the heatmap of ${tag}`,
+      async () => {
+        const extraStats = TOOLTIP_STATS.filter(
+          (x) => x !== stat && availableStats(info.orders ?? [1, 2], this.meta).includes(x),
         );
-    }
+        const [data, ...extras] = await Promise.all([
+          get(stat),
+          ...extraStats.map((x) => get(x).catch(() => null)),
+        ]);
+        return { data, extras: Object.fromEntries(extraStats.map((x, k) => [x, extras[k]])) };
+      },
+      ({ data, extras }) =>
+        this.views.heatmap.update(
+          {
+            data,
+            extras,
+            stat,
+            signed: isSigned(stat, this.meta),
+            run,
+            tag,
+            colormap: s.colormap,
+            scale: s.scale,
+            theme: this.theme,
+            exportTheme: THEMES.light,
+          },
+          { keepZoom },
+        ),
+    );
   }
 
+  /** The histogram of the shown statistic at the current step, or over all steps. */
   async loadHistogram() {
-    const gen = ++this.generation.histogram;
     const s = this.state;
     const { run, tag, stat, histMode } = s;
     const step = histMode === "steps" ? "all" : this.currentStep();
     const scale = s.histLog ? "log" : "linear";
-    try {
-      const data = await this.cached(`histogram|${run}|${tag}|${stat}|${step}|${scale}`, () =>
-        api.fetchHistogram({ run, tag, stat, step, bins: 30, scale }),
-      );
-      if (gen !== this.generation.histogram) return;
-      this.views.histogram.update({
-        data,
-        mode: histMode,
-        run,
-        tag,
-        stat,
-        color: this.colors.get(run),
-        theme: this.theme,
-        exportTheme: THEMES.light,
-      });
-    } catch (e) {
-      if (gen === this.generation.histogram)
-        this.views.histogram.showMessage(
-          `Could not load the histogram of ${tag}: ${e.message}`,
-          "error",
-        );
-    }
+    return this.load(
+      "histogram",
+      `the histogram of ${tag}`,
+      () =>
+        this.cached(`histogram|${run}|${tag}|${stat}|${step}|${scale}`, () =>
+          api.fetchHistogram({ run, tag, stat, step, bins: 30, scale }),
+        ),
+      (data) =>
+        this.views.histogram.update({
+          data,
+          mode: histMode,
+          run,
+          tag,
+          stat,
+          color: this.colors.get(run),
+          theme: this.theme,
+          exportTheme: THEMES.light,
+        }),
+    );
   }
 
+  /**
+   * The curves of the checked runs: the variable's, the whole model's and the loss. A run that
+   * fails is left out of the plots and named in the status line.
+   */
   async loadCurves() {
-    const gen = ++this.generation.curves;
+    const current = this.startLoad("curves");
     const s = this.state;
     const runs = s.runList.filter((r) => s.checked.has(r));
     const fetchAll = async (tag, hasTag) => {
@@ -848,7 +873,7 @@ class App {
       fetchAll(tag, (r) => !!s.runs[r]?.[tag]),
       fetchAll(modelTag(s.group), (r) => !!s.groups[r]?.[s.group]),
     ]);
-    if (gen !== this.generation.curves) return;
+    if (!current()) return;
     const common = {
       metric: s.metric,
       logy: s.logy,
@@ -895,8 +920,8 @@ class App {
       );
   }
 
+  /** The summary table of the run (of the shown group) at the model step nearest the current. */
   async loadTable() {
-    const gen = ++this.generation.table;
     const s = this.state;
     const run = s.run;
     const groupInfo = s.groups[run]?.[s.group];
@@ -906,47 +931,45 @@ class App {
       [...modelSteps].sort((a, b) => a - b),
       this.currentStep(),
     );
-    try {
-      const d = await this.cached(`summary|${run}|${step}|${group}`, () =>
-        api.fetchSummary({ run, step, group, numeric: summaryNumericKeys(this.meta) }),
-      );
-      if (gen !== this.generation.table) return;
-      const { tags } = filterTags(
-        d.rows.map((r) => r.tag),
-        s.filter,
-      );
-      const keep = new Set(tags);
-      if (!s.landed) {
-        // Land on the noisiest variable (largest total variance: /meta's landing.sort), once
-        // per page load.
-        s.landed = true;
-        const best = argmaxRow(
-          d.rows.filter((r) => keep.has(r.tag)),
-          this.meta.landing.sort,
+    return this.load(
+      "table",
+      `the summary of run ${run}`,
+      () =>
+        this.cached(`summary|${run}|${step}|${group}`, () =>
+          api.fetchSummary({ run, step, group, numeric: summaryNumericKeys(this.meta) }),
+        ),
+      (d) => {
+        const { tags } = filterTags(
+          d.rows.map((r) => r.tag),
+          s.filter,
         );
-        const rows = d.rows.filter((r) => keep.has(r.tag));
-        if (best >= 0 && rows[best].tag !== s.tag) {
-          this.selectTag(rows[best].tag, false);
-          return;
+        const keep = new Set(tags);
+        if (!s.landed) {
+          // Land on the noisiest variable (largest total variance: /meta's landing.sort), once
+          // per page load.
+          s.landed = true;
+          const best = argmaxRow(
+            d.rows.filter((r) => keep.has(r.tag)),
+            this.meta.landing.sort,
+          );
+          const rows = d.rows.filter((r) => keep.has(r.tag));
+          if (best >= 0 && rows[best].tag !== s.tag) {
+            this.selectTag(rows[best].tag, false);
+            return;
+          }
         }
-      }
-      this.views.table.update({
-        rows: d.rows.filter((r) => keep.has(r.tag)),
-        model: d.model,
-        run,
-        step,
-        selected: s.tag,
-        theme: this.theme,
-        exportTheme: THEMES.light,
-        group: this.grouped() ? groupLabel(s.group) : null,
-        statistics: this.meta.statistics,
-      });
-    } catch (e) {
-      if (gen === this.generation.table)
-        this.views.table.showMessage(
-          `Could not load the summary of run ${run}: ${e.message}`,
-          "error",
-        );
-    }
+        this.views.table.update({
+          rows: d.rows.filter((r) => keep.has(r.tag)),
+          model: d.model,
+          run,
+          step,
+          selected: s.tag,
+          theme: this.theme,
+          exportTheme: THEMES.light,
+          group: this.grouped() ? groupLabel(s.group) : null,
+          statistics: this.meta.statistics,
+        });
+      },
+    );
   }
 }
