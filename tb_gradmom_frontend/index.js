@@ -25,7 +25,7 @@ import {
   statLabel,
   summaryNumericKeys,
 } from "./core.js";
-import { h, select } from "./views/common.js";
+import { checkbox, h, select } from "./views/common.js";
 import { CurvesView } from "./views/curves.js";
 import { HeatmapView } from "./views/heatmap.js";
 import { HistogramView } from "./views/histogram.js";
@@ -601,17 +601,15 @@ class App {
         },
         { class: "hist-mode", "aria-label": "histogram mode" },
       ),
-      h("label", { class: "check" }, [
-        (() => {
-          const c = h("input", { type: "checkbox", checked: s.histLog, class: "hist-log" });
-          c.addEventListener("change", () => {
-            s.histLog = c.checked;
-            this.loadHistogram();
-          });
-          return c;
-        })(),
-        h("span", { text: "log x" }),
-      ]),
+      checkbox(
+        "log x",
+        s.histLog,
+        (checked) => {
+          s.histLog = checked;
+          this.loadHistogram();
+        },
+        { class: "hist-log" },
+      ),
     );
     const smoothing = h("input", {
       type: "range",
@@ -661,17 +659,15 @@ class App {
         smoothing,
         smoothingValue,
       ]),
-      h("label", { class: "check" }, [
-        (() => {
-          const c = h("input", { type: "checkbox", checked: s.logy, class: "curves-log" });
-          c.addEventListener("change", () => {
-            s.logy = c.checked;
-            this.loadCurves();
-          });
-          return c;
-        })(),
-        h("span", { text: "log y" }),
-      ]),
+      checkbox(
+        "log y",
+        s.logy,
+        (checked) => {
+          s.logy = checked;
+          this.loadCurves();
+        },
+        { class: "curves-log" },
+      ),
     );
   }
 

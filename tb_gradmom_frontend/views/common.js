@@ -35,6 +35,20 @@ export function select(options, value, onchange, attrs = {}) {
   return node;
 }
 
+/**
+ * A checkbox followed by its `text`, in a <label class="check">: `onchange(checked)` runs on
+ * each change; `attrs` go to the <input>.
+ */
+export function checkbox(text, checked, onchange, attrs = {}) {
+  const node = h("input", {
+    type: "checkbox",
+    checked,
+    ...attrs,
+    onchange: () => onchange(node.checked),
+  });
+  return h("label", { class: "check" }, [node, h("span", { text })]);
+}
+
 /** Starts a browser download of a Blob. */
 export function download(blob, name) {
   const url = URL.createObjectURL(blob);
