@@ -214,6 +214,13 @@ def gradients_and_moments(
     return list(backward.grads), backward.moments().values
 
 
+def unscaled(grad, dtype: tf.DType, inv_scale: tf.Tensor | None) -> tf.Tensor:
+    """A gradient in the moments' ``dtype``, times the loss scale's inverse if there is one
+    (mixed precision: the cast comes first, so nothing is unscaled in float16)."""
+    g = tf.cast(tf.convert_to_tensor(grad), dtype)
+    return g if inv_scale is None else g * tf.cast(inv_scale, dtype)
+
+
 @dataclass(frozen=True)
 class Moments:
     """The moments of one call: ``values[k][p]`` for the k-th variable asked for, and ``n``, the
@@ -359,9 +366,7 @@ class Backward:
         if grad is None:
             return {p: tf.zeros(shape, dtype) for p in orders}
         k = tf.cast(self.plan.n, dtype) if self.vector else 1.0  # L_r: the mean of the vector
-        g = tf.cast(tf.convert_to_tensor(grad), dtype)
-        if self.inv_scale is not None:
-            g = g * tf.cast(self.inv_scale, dtype)
+        g = unscaled(grad, dtype, self.inv_scale)
         sums = {1: g * k}
         higher = tuple(p for p in orders if p > 1)
         if not higher:
@@ -400,9 +405,7 @@ class Backward:
                 if self.grads[i] is None:
                     out[1] = tf.zeros(plan.variable.shape, plan.dtype)
                     continue
-                g = tf.cast(tf.convert_to_tensor(self.grads[i]), plan.dtype)
-                if self.inv_scale is not None:
-                    g = g * tf.cast(self.inv_scale, plan.dtype)
+                g = unscaled(self.grads[i], plan.dtype, self.inv_scale)
                 out[1] = g / nf if self.plan.mode == "sum" else tf.identity(g)
             else:
                 out[p] = sums[p] / nf
@@ -540,9 +543,7 @@ def _moments_of(
     if inv_scale is not None:
         inv_scale = tf.cast(inv_scale, plan.dtype)
     if 1 in orders and not sums_only:
-        g = tf.cast(tf.convert_to_tensor(grad), plan.dtype)
-        if inv_scale is not None:
-            g = g * inv_scale
+        g = unscaled(grad, plan.dtype, inv_scale)
         result[1] = g / nf if mode == "sum" else tf.identity(g)
     if not higher:
         return result

@@ -102,9 +102,9 @@ def check_orders(orders) -> tuple[int, ...]:
 
 def replica_context():
     """The replica context when several replicas run in sync (inside ``strategy.run``)."""
-    if not tf.distribute.has_strategy() or tf.distribute.in_crossreplica_context():
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
         return None
-    ctx = tf.distribute.getreplica_context()
+    ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync <= 1:
         return None
     return ctx

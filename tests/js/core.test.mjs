@@ -221,14 +221,8 @@ test("runs, tags, steps and sorting", () => {
     META,
   );
   assert.equal(many.get("r7"), META.run_palette.light[0]); // the palette repeats
-  assert.deepEqual(core.availableStats([1, 2], META), [
-    "mean",
-    "second_moment",
-    "variance",
-    "biased_variance",
-    "std",
-    "snr",
-  ]);
+  const upToOrderTwo = ["mean", "second_moment", "variance", "biased_variance", "std", "snr"];
+  assert.deepEqual(core.availableStats([1, 2], META), upToOrderTwo);
   assert.deepEqual(core.availableStats([1], META), ["mean"]);
   assert.deepEqual(core.availableStats([2, 1, 4], META).slice(-1), ["fourth_moment"]);
   assert.equal(core.availableStats([1, 2, 3, 4], META).length, 10);
