@@ -121,16 +121,29 @@ def power_sum(g_pow: dict, p: int) -> tf.Tensor:
     return tf.reduce_sum(power(g_pow, p), axis=0)
 
 
-def sum_over_chunks(n, chunk, orders, shape, dtype, chunk_sums, name="chunks") -> dict:
+def sum_over_chunks(
+    n, chunk, orders, shape, dtype, chunk_sums, name="chunks", unroll: int = 0
+) -> dict:
     """``{p: sum over chunks of chunk_sums(start, size)[p]}`` for examples ``[0, n)``.
 
     One call when the batch is statically no bigger than ``chunk`` (or ``chunk`` is None);
     otherwise a ``tf.while_loop`` over chunks of ``chunk`` examples, one at a time, so only one
-    chunk's per-example tensors are alive.
+    chunk's per-example tensors are alive. With ``unroll``, a static batch of at most
+    ``unroll`` chunks is summed by that many calls instead, each one's ops made to wait for the
+    previous chunk's sums (the same one-at-a-time order, without a loop to trace, lower and
+    differentiate-proof at run time).
     """
     n_static = tf.get_static_value(n)
     if chunk is None or (n_static is not None and int(n_static) <= chunk):
         return chunk_sums(0, n)
+    if n_static is not None and -(-int(n_static) // chunk) <= unroll:
+        n_static, accs = int(n_static), None
+        for start in range(0, n_static, chunk):
+            after = [] if accs is None else [accs[p] for p in orders]
+            with tf.control_dependencies(after):
+                sums = chunk_sums(tf.constant(start), tf.constant(min(chunk, n_static - start)))
+            accs = dict(sums) if accs is None else {p: accs[p] + sums[p] for p in orders}
+        return {p: accs[p] for p in orders}
     num_chunks = (n + chunk - 1) // chunk
     zeros = tuple(tf.zeros(shape, dtype) for _ in orders)
 
