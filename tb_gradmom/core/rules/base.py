@@ -138,16 +138,28 @@ def sum_over_chunks(
     dtype: tf.DType,
     chunk_sums: Callable[[Count, Count], dict[int, tf.Tensor]],
     name: str = "chunks",
+    unroll: int = 0,
 ) -> dict[int, tf.Tensor]:
     """``{p: sum over chunks of chunk_sums(start, size)[p]}`` for examples ``[0, n)``.
 
     One call when the batch is statically no bigger than ``chunk`` (or ``chunk`` is None);
     otherwise a ``tf.while_loop`` over chunks of ``chunk`` examples, one at a time, so only one
-    chunk's per-example tensors are alive.
+    chunk's per-example tensors are alive. With ``unroll``, a static batch of at most
+    ``unroll`` chunks is summed by that many calls instead, each one's ops made to wait for the
+    previous chunk's sums (the same one-at-a-time order, without a loop to trace, lower and
+    differentiate-proof at run time).
     """
     n_static = tf.get_static_value(n)
     if chunk is None or (n_static is not None and int(n_static) <= chunk):
         return chunk_sums(0, n)
+    if n_static is not None and -(-int(n_static) // chunk) <= unroll:
+        total = int(n_static)
+        acc: dict[int, tf.Tensor] = {}
+        for start in range(0, total, chunk):
+            with tf.control_dependencies([acc[p] for p in orders] if acc else []):
+                sums = chunk_sums(tf.constant(start), tf.constant(min(chunk, total - start)))
+            acc = {p: acc[p] + sums[p] if acc else sums[p] for p in orders}
+        return acc
     num_chunks = (n + chunk - 1) // chunk
     zeros = tuple(tf.zeros(shape, dtype) for _ in orders)
 

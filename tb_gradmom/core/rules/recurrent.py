@@ -62,6 +62,19 @@ __all__ = ["LOOP_OPS", "LoopGrads", "loop_outputs", "recurrent_rule"]
 
 LOOP_OPS = frozenset({"While", "StatelessWhile"})
 
+# The power sums take the per-example gradients of at most this many elements at once (1 MiB in
+# float32; with their squares, 2 MiB): a variable's examples go in chunks of
+# _CHUNK_ELEMENTS // its size. The copy of the loop already holds stacks bigger than that (for
+# an LSTM(128) at T 50 and batch 64, the output gradients of its gates are 1.6M elements), while
+# the core's default chunk (8M elements) lets the per-example recurrent kernels of the whole
+# batch (4M elements) and their squares dominate the step's memory (peak 50 MB against 13 MB
+# for the plain step; 4 MiB chunks: 29 MB; these: 17-18 MB).
+_CHUNK_ELEMENTS = 1 << 18
+# A static batch of at most this many chunks is summed without a chunk loop (`sum_over_chunks`,
+# chunks chained by control dependencies): with a tf.while_loop per variable the LSTM(128)'s
+# step took 200-330 ms, unrolled 124 ms (fresh processes alternated, load 10).
+_UNROLL = 16
+
 # Ops in a body that would make the copy differ from the loop, or that the copy cannot import.
 _CALL_OPS = frozenset(
     {
@@ -201,7 +214,7 @@ def _strided_slice(op: tf.Operation, m: np.ndarray) -> np.ndarray:
         raise RuleError("a strided slice of the variable with an ellipsis or a new axis")
     begin, end, strides = (_static(op.inputs[i], "slice") for i in (1, 2, 3))
     bm, em, sm = (op.get_attr(k) for k in ("begin_mask", "end_mask", "shrink_axis_mask"))
-    index = []
+    index: list[int | slice] = []
     for i in range(len(begin)):
         if sm >> i & 1:
             index.append(int(begin[i]))
@@ -249,8 +262,8 @@ def _view_positions(op: tf.Operation, index: int, m: np.ndarray) -> list:
     if ty == "Slice":
         begin = [int(b) for b in _static(op.inputs[1], "begin")]
         size = [int(s) for s in _static(op.inputs[2], "size")]
-        index = tuple(slice(b, None if s == -1 else b + s) for b, s in zip(begin, size))
-        return [m[index]]
+        region = tuple(slice(b, None if s == -1 else b + s) for b, s in zip(begin, size))
+        return [m[region]]
     if ty == "GatherV2":
         if op.get_attr("batch_dims"):
             raise RuleError("a batched gather of the variable")
@@ -289,8 +302,8 @@ class _Loop:
     and the copies built (one per graph and set of seeds)."""
 
     op: tf.Operation
-    body: object
-    sub: object
+    body: tf.Graph  # the loop body's FuncGraph
+    sub: _axes.Examples  # the example axes inside the body
     body_def: bytes
     inputs: list
     carried: list
@@ -310,11 +323,12 @@ class _Loop:
     # --- the copy --------------------------------------------------------------------------
 
     def stacks(self, grads: tuple, outputs: tuple, n) -> dict:
-        """``{tensor name in the body: [n, T, ...] stack over the steps}`` (`_examples_first`):
-        ``delta`` at every tap and every recorded operand, from a copy of the loop built in the
-        current graph (once per graph and seeds)."""
+        """``{tensor name in the body: [T, *element] stack over the steps}``: ``delta`` at every
+        tap and every recorded operand, time-major (the examples on the tap's or record's
+        ``axis`` of the element), from a copy of the loop built in the current graph (once per
+        graph and seeds). Chunks of examples are sliced from them (`_chunk_of`)."""
         graph = tf.compat.v1.get_default_graph()
-        key = (id(graph), tuple(None if g is None else id(g) for g in grads))
+        key: tuple = (id(graph), tuple(None if g is None else id(g) for g in grads))
         key += (tuple(sorted(self.taps)), tuple(sorted(self.records)))
         hit = self.built.get(key)
         if hit is not None and hit[0] is graph:
@@ -363,7 +377,9 @@ class _Loop:
         def full_shape(dims):
             return tf.stack([steps] + [n if d is None else d for d in dims])
 
-        seeds = [tf.zeros(full_shape(tap.dims), tap.dtype) for tap in taps]
+        def item_shape(dims):  # an item's full shape, the batch included
+            return tf.stack([tf.cast(n, tf.int32) if d is None else d for d in dims])
+
         # The variables, read once before the copy (none changes inside the loop: no stateful
         # op but reads there) and captured: the copy's backward then neither accumulates a
         # read per step nor builds the variables' gradients.
@@ -374,11 +390,16 @@ class _Loop:
         nc = len(self.carried)
         iterations = self.op.get_attr("parallel_iterations")
         with tf.GradientTape(watch_accessed_variables=False) as tape:
-            tape.watch(seeds)
+            # the taps' P: lists of T items never set, which read as zeros of the item's
+            # shape (no [T, n, ...] zero tensor is allocated); the gradient with respect to a
+            # list is the list of its items' gradients
             tap_lists = [
-                tf.raw_ops.TensorListFromTensor(tensor=s, element_shape=element_shape(t.dims))
-                for s, t in zip(seeds, taps)
+                tf.raw_ops.TensorListReserve(
+                    element_shape=item_shape(t.dims), num_elements=steps, element_dtype=t.dtype
+                )
+                for t in taps
             ]
+            tape.watch(tap_lists)
             rec_lists = [
                 tf.raw_ops.TensorListReserve(
                     element_shape=element_shape(r.dims), num_elements=steps, element_dtype=r.dtype
@@ -405,7 +426,7 @@ class _Loop:
                     mapping[f"gradmom_tap_{i}:0"] = tf.raw_ops.TensorListGetItem(
                         input_handle=lst,
                         index=step,
-                        element_shape=element_shape(tap.dims),
+                        element_shape=item_shape(tap.dims),
                         element_dtype=tap.dtype,
                     )
                 wanted = [body_out[i] for i in self.carried] + [r.name for r in records]
@@ -447,31 +468,41 @@ class _Loop:
             ys.append(result[self.carried.index(t.value_index)])
             seeds_y.append(tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g)
         out = {}
+        lists = [None] * len(taps)
         if ys:
-            deltas = tape.gradient(
-                ys,
-                seeds,
-                output_gradients=seeds_y,
-                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            lists = tape.gradient(ys, tap_lists, output_gradients=seeds_y)
+        deltas = [
+            tf.zeros(full_shape(tap.dims), tap.dtype)
+            if lst is None
+            else tf.raw_ops.TensorListStack(
+                input_handle=lst, element_shape=item_shape(tap.dims), element_dtype=tap.dtype
             )
-        else:
-            deltas = seeds
+            for tap, lst in zip(taps, lists)
+        ]
         for tap, d in zip(taps, deltas):
-            out[tap.name] = _examples_first(d, tap.axis)
+            out[tap.name] = d
         for r, lst in zip(records, result[nc + len(taps) :]):
             stack = tf.raw_ops.TensorListStack(
                 input_handle=lst, element_shape=element_shape(r.dims), element_dtype=r.dtype
             )
-            out[r.name] = _examples_first(stack, r.axis)
+            out[r.name] = stack
         return out
 
 
-def _examples_first(stack: tf.Tensor, axis: int) -> tf.Tensor:
-    """A ``[T, *element]`` stack whose elements hold the examples on ``axis``, as ``[n, T,
-    *other element axes]`` (in the copy's graph, once: chunks of examples slice it)."""
+def _slice_examples(stack: tf.Tensor, axis: int, start, size) -> tf.Tensor:
+    """Examples ``[start, start + size)`` of a ``[T, *element]`` stack whose elements hold the
+    examples on ``axis`` (same layout)."""
+    index = (slice(None),) * (axis + 1) + (slice(start, start + size),)
+    return stack[index]
+
+
+def _chunk_of(stack: tf.Tensor, axis: int, start, size) -> tf.Tensor:
+    """Examples ``[start, start + size)`` of a ``[T, *element]`` stack whose elements hold the
+    examples on ``axis``, as ``[size, T, *other element axes]``. The stacks stay time-major
+    and only a chunk is transposed at a time: no full-batch copy of a stack besides it."""
     rank = stack.shape.rank
     perm = [axis + 1, 0] + [k + 1 for k in range(rank - 1) if k != axis]
-    return tf.transpose(stack, perm)
+    return tf.transpose(_slice_examples(stack, axis, start, size), perm)
 
 
 # Loops analysed in one call of the core (keyed by its `Examples`), by op name: one analysis, one
@@ -712,17 +743,27 @@ def _bias_use(c, i, view_shape, positions, sub, body, what) -> _Use:
 
 def _use_gradients(u: _Use, stacks: dict, start, size, dtype) -> tf.Tensor:
     """``[size, *u.shape]``: the per-example gradients of the used view, examples ``[start,
-    start + size)``, unscaled. The stacks are ``[n, T, ...]`` (`_examples_first`)."""
-    d = tf.cast(stacks[u.tap.name][start : start + size], dtype)  # [size, T, *other tap dims]
+    start + size)``, unscaled. The stacks are time-major (`_Loop.stacks`)."""
+    d_stack, d_axis = stacks[u.tap.name], u.tap.axis
     if u.kind == "matmul":
-        a = tf.cast(stacks[u.record.name][start : start + size], dtype)  # [size, T, d_in]
+        d = tf.cast(_chunk_of(d_stack, d_axis, start, size), dtype)  # [size, T, d_out]
+        record = u.record
+        assert record is not None, "a matmul use records its other operand"
+        a = tf.cast(
+            _chunk_of(stacks[record.name], record.axis, start, size), dtype
+        )  # [size, T, d_in]
         # one [d_in, T] x [T, d_out] product per example (a batched matmul, not an einsum:
         # measured 1.5-2x faster for LSTM(128) at T = 50)
         g = tf.matmul(a, d, transpose_a=True)
         return tf.linalg.matrix_transpose(g) if u.transpose_out else g
-    other = [j for j in range(len(u.tap.dims)) if j != u.tap.axis]
-    summed = [1] + [2 + k for k, j in enumerate(other) if j not in u.keep]
-    g = tf.reduce_sum(d, axis=summed)  # [size, kept axes in order]
+    # a bias: the sum over the steps (and the tap's other axes the view does not span), in the
+    # time-major layout; then the examples first
+    d = tf.cast(_slice_examples(d_stack, d_axis, start, size), dtype)  # [T, *tap dims]
+    summed = [0] + [1 + j for j in range(len(u.tap.dims)) if j != d_axis and j not in u.keep]
+    g = tf.reduce_sum(d, axis=summed)  # the examples' and the kept axes, in order
+    at = sum(1 for j in u.keep if j < d_axis)  # where the examples' axis is now
+    if at:
+        g = tf.transpose(g, [at] + [k for k in range(len(u.keep) + 1) if k != at])
     g = tf.reshape(g, [-1, *u.shape])
     return -g if u.sign < 0 else g
 
@@ -730,9 +771,11 @@ def _use_gradients(u: _Use, stacks: dict, start, size, dtype) -> tf.Tensor:
 def _scatter(u: _Use, g: tf.Tensor, size: int) -> tf.Tensor:
     """``[n, size]`` per-example gradients of the variable's flat value from those of the view
     (``[n, *u.shape]``) whose elements sit at ``u.positions``."""
+    positions = u.positions
+    assert positions is not None, "only a view of part of the value is scattered"
     flat = tf.reshape(g, [tf.shape(g)[0], -1])
-    where = np.full(size, u.positions.size, np.int64)  # the appended zero column
-    where[u.positions.reshape(-1)] = np.arange(u.positions.size)
+    where = np.full(size, positions.size, np.int64)  # the appended zero column
+    where[positions.reshape(-1)] = np.arange(positions.size)
     flat = tf.concat([flat, tf.zeros_like(flat[:, :1])], axis=1)
     return tf.gather(flat, where, axis=1)
 
@@ -788,12 +831,17 @@ def recurrent_rule(site: Site) -> Contribution:
 
     def power_sums(delta, n, orders, chunk=None):
         stacks = loop.stacks(delta.grads, outputs, n)
+        # at most _CHUNK_ELEMENTS per-example elements at once (and at most `chunk` examples)
+        own = max(1, _CHUNK_ELEMENTS // max(size, 1))
+        chunk = own if chunk is None else min(int(chunk), own)
 
         def chunk_sums(start, count):
             g_pow = {1: gradients(stacks, start, count, delta.factor)}
             return {p: power_sum(g_pow, p) for p in orders}
 
-        return sum_over_chunks(n, chunk, orders, shape, dtype, chunk_sums, name="loop_chunks")
+        return sum_over_chunks(
+            n, chunk, orders, shape, dtype, chunk_sums, name="loop_chunks", unroll=_UNROLL
+        )
 
     return Contribution(
         examples=example_count(ev_t, ev_axis),
@@ -802,4 +850,5 @@ def recurrent_rule(site: Site) -> Contribution:
         per_example_elements=size,
         power_sums=power_sums,
         power_sums_elements=size,
+        gradient_from_sums=True,
     )
