@@ -118,3 +118,37 @@ def test_zoo_covers_every_application_family_by_default():
     constructors = {n for n in dir(keras.applications) if n[:1].isupper()}
     listed = {name for members in zoo.APPLICATIONS.values() for name, *_ in members}
     assert constructors == listed, constructors ^ listed
+
+
+def test_groups_cover_every_variable_in_order_within_the_budget():
+    import numpy as np
+    import tensorflow as tf
+
+    sizes = (10, 3, 50, 7, 7, 1, 30)
+    variables = [tf.Variable(np.zeros(s)) for s in sizes]
+    assert zoo_worker._groups(variables, 8 * sum(sizes)) == [list(range(len(sizes)))]
+    groups = zoo_worker._groups(variables, 8 * 40)
+    assert [i for g in groups for i in g] == list(range(len(sizes)))
+    assert len(groups) > 2
+    for g in groups:  # the 50-element variable is a group of its own
+        assert len(g) == 1 or 8 * sum(sizes[i] for i in g) <= 8 * 40
+
+
+@pytest.mark.parametrize("entry_id", ["prelu-conv-shared-axes", "lora-dense"])
+def test_grouped_evaluation_checks_every_variable_as_one_call_does(entry_id, monkeypatch):
+    """Over `GROUP_BYTES` (the heavy ConvNeXt/EfficientNetV2L members) `evaluate` traces one
+    `gradients_and_moments` per group of variables against a streamed reference: the same
+    variables, paths and errors (judged against the whole model's largest moments)."""
+    entry = zoo.ENTRIES_BY_ID[entry_id]
+    whole = zoo_worker.evaluate(entry)
+    monkeypatch.setattr(zoo_worker, "GROUP_BYTES", 64)
+    grouped = zoo_worker.evaluate(entry)
+    assert whole["groups"] == 1 and grouped["groups"] > 2
+    assert not zoo_worker.failures(grouped, entry)
+    assert grouped["floor"] == pytest.approx(whole["floor"], abs=1e-15)
+    for a, b in zip(whole["vars"], grouped["vars"], strict=True):
+        # (a second build in the process: Keras numbers the layer names on)
+        assert (a["shape"], a["path"]) == (b["shape"], b["path"])
+        assert b["grad_rel"] == pytest.approx(a["grad_rel"], abs=1e-15)
+        for p in zoo_worker.ORDERS:
+            assert b["rel"][p] == pytest.approx(a["rel"][p], abs=1e-15)

@@ -183,10 +183,7 @@ def _target_like(forward, x, rng, dtype):
 # `classes=3` logits (classifier_activation=None) and the loss is half the squared error to a
 # fixed random target.
 #
-# Measured on this 2-core CPU machine, float64, batch 2, core at commit 7ccb12f (before the
-# graph-core rewrite), one process per model: params, variables, then seconds to build,
-# trace + first run of `gradients_and_moments` (orders 1-4), brute force (2 tape gradients),
-# and peak RSS (GB). "-": not measured. See `TIMINGS` below, filled in from those runs.
+# The heavy members' measured cost and error: `TIMINGS` below.
 APPLICATIONS: dict[str, list[tuple[str, int, bool, bool]]] = {
     "convnext": [
         ("ConvNeXtTiny", 32, True, False),
@@ -249,6 +246,43 @@ APPLICATIONS: dict[str, list[tuple[str, int, bool, bool]]] = {
 }
 
 APP_BATCH = 2
+
+# The heavy members (``GRADMOM_ZOO=full``), measured on the 2-core machine on 2026-11-25, core
+# at 27cf017, float64, batch 2, orders 1-4, one child process at a time (`tests/zoo_worker.py`,
+# ``--jobs 1``), load average 4-13 from other jobs: params (millions), variables, groups of
+# variables (`zoo_worker._groups`: over 800 MB of parameters each group is its own
+# `gradients_and_moments` trace, against a reference streamed one example at a time), seconds
+# to trace and run `gradients_and_moments` and for the brute-force reference (summed over the
+# groups; wall time, inflated by the load), peak RSS (GB) and the worst relative error over
+# orders 1-4 and the gradient (bound 1e-9). Every variable went through a rule. Together about
+# 2 h of wall time: not in CI. ConvNeXtLarge's reference took 51 min (Keras' grouped conv
+# retraces its XLA tf.function on every eager call). EfficientNetV2L is WRONG here (the stem to
+# block6q, the gradient too: see README). Not measured: ConvNeXtSmall/Base/XLarge.
+TIMINGS: dict[str, tuple[float, int, int, int, int, int, float, float]] = {
+    "app-convnextlarge": (196.2, 344, 2, 102, 372, 3053, 9.2, 6.7e-15),
+    "app-densenet169": (12.5, 508, 1, 152, 107, 7, 2.5, 4.1e-15),
+    "app-densenet201": (18.1, 604, 1, 75, 64, 13, 2.6, 3.1e-15),
+    "app-efficientnetb1": (6.5, 301, 1, 57, 43, 8, 1.5, 7.2e-16),
+    "app-efficientnetb2": (7.7, 301, 1, 29, 18, 5, 1.5, 5.3e-16),
+    "app-efficientnetb3": (10.7, 340, 1, 51, 22, 9, 1.8, 6.7e-16),
+    "app-efficientnetb4": (17.6, 418, 1, 38, 23, 10, 2.5, 6.8e-16),
+    "app-efficientnetb5": (28.3, 506, 1, 53, 38, 15, 3.4, 8.9e-16),
+    "app-efficientnetb6": (40.7, 584, 1, 84, 81, 53, 4.5, 2.8e-15),
+    "app-efficientnetb7": (63.8, 711, 1, 179, 84, 39, 6.6, 3.6e-15),
+    "app-efficientnetv2b1": (6.9, 297, 1, 58, 45, 7, 1.6, 8.9e-15),
+    "app-efficientnetv2b2": (8.7, 310, 1, 34, 24, 7, 1.6, 7.8e-15),
+    "app-efficientnetv2b3": (12.8, 362, 1, 31, 25, 7, 2.0, 2.6e-14),
+    "app-efficientnetv2s": (20.2, 452, 1, 37, 43, 13, 2.7, 2.0e-14),
+    "app-efficientnetv2m": (52.9, 649, 1, 156, 108, 42, 5.4, 7.6e-14),
+    "app-efficientnetv2l": (117.2, 897, 3, 321, 252, 237, 6.2, 3.4e07),
+    "app-mobilenetv3large": (4.2, 174, 1, 14, 6, 2, 1.2, 1.5e-15),
+    "app-nasnetlarge": (84.7, 1018, 1, 204, 184, 64, 7.9, 9.1e-15),
+    "app-resnet101": (42.6, 418, 1, 35, 30, 20, 4.4, 5.5e-15),
+    "app-resnet152": (58.2, 622, 1, 60, 56, 31, 5.9, 1.0e-14),
+    "app-resnet101v2": (42.5, 344, 1, 93, 82, 30, 4.5, 6.9e-15),
+    "app-resnet152v2": (58.2, 514, 1, 83, 60, 32, 5.9, 9.7e-15),
+    "app-vgg19": (38.9, 38, 1, 7, 12, 6, 4.7, 4.4e-15),
+}
 
 
 def _application(name: str, side: int, top: bool):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -60,17 +61,26 @@ def max_rel_err(got, want, model_max: float) -> float:
     moment of the same order over every variable of the model) when the variable's own
     moments vanish (``<= VANISH * model_max``). NaN or a shape mismatch gives ``inf``.
     """
+    return _relative(*_abs_err(got, want), model_max)
+
+
+def _abs_err(got, want) -> tuple[float, float]:
+    """``(max |got - want|, max |want|)``: `max_rel_err` before the model's scale is known
+    (``inf`` error for NaN or a shape mismatch)."""
     got = np.asarray(got, np.float64)
     want = np.asarray(want, np.float64)
     if got.shape != want.shape:
-        return float("inf")
+        return float("inf"), 0.0
     if want.size == 0:
-        return 0.0
-    own = float(np.max(np.abs(want)))
-    scale = own if own > VANISH * model_max else model_max
+        return 0.0, 0.0
     err = float(np.max(np.abs(got - want)))
-    if not np.isfinite(err):
-        return float("inf")
+    return (err if np.isfinite(err) else float("inf")), float(np.max(np.abs(want)))
+
+
+def _relative(err: float, own: float, model_max: float) -> float:
+    if err == float("inf"):
+        return err
+    scale = own if own > VANISH * model_max else model_max
     if scale == 0.0:
         return 0.0 if err == 0.0 else float("inf")
     return err / scale
@@ -137,100 +147,198 @@ def evaluate(entry, dtype: str = "float64") -> dict:
     return _evaluate(entry, dtype)
 
 
+# Above this many bytes of trainable parameters (float64: 8 per parameter) `evaluate` checks the
+# variables in groups (see `_groups`): ConvNeXtLarge/XLarge and EfficientNetV2L in the full zoo.
+# Every other entry is one group, evaluated as before.
+GROUP_BYTES = int(float(os.environ.get("GRADMOM_ZOO_GROUP_MB", "800")) * 2**20)
+
+
+def _groups(variables, budget: int | None = None) -> list[list[int]]:
+    """Consecutive variable indices, about equal bytes each and at most ``budget`` (default
+    `GROUP_BYTES`; a variable bigger than that is a group of its own); one group when the model
+    fits in ``budget``."""
+    budget = GROUP_BYTES if budget is None else budget
+    sizes = [int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables]
+    total = sum(sizes)
+    if total <= budget:
+        return [list(range(len(variables)))]
+    target = total / -(-total // budget)
+    groups, current, filled = [], [], 0
+    for i, s in enumerate(sizes):
+        if current and (filled + s > budget or filled + s / 2 > target):
+            groups.append(current)
+            current, filled = [], 0
+        current.append(i)
+        filled += s
+    return groups + [current]
+
+
+def streamed_moments(forward, variables, per_example_loss, x, y, orders, budget: int):
+    """``[{p: M_p}]`` per variable, as ``reference.moments(reference.per_example_gradients(...))``
+    (one tape gradient per example on its own slice) without holding the per-example gradients:
+    the power sums are accumulated one example at a time, over consecutive chunks of at most
+    ``budget`` bytes of variables (one forward and backward pass per example and chunk).
+    Yields ``(indices, moments)`` per chunk."""
+    for chunk in _groups(variables, budget):
+        part = [variables[i] for i in chunk]
+        sums = [{p: np.zeros(v.shape, np.float64) for p in orders} for v in part]
+        for j in range(x.shape[0]):
+            grads = reference.per_example_gradients(
+                forward, part, per_example_loss, x[j : j + 1], None if y is None else y[j : j + 1]
+            )
+            for s, g in zip(sums, grads):
+                g = g[0].astype(np.float64)
+                for p in orders:
+                    s[p] += g**p
+            del grads
+        yield chunk, [{p: s[p] / x.shape[0] for p in orders} for s in sums]
+        del sums
+
+
+def _step(forward, per_example_loss, var_list, fallback):
+    def step(x, y):
+        loss = tf.reduce_mean(per_example_loss(forward(x), y))
+        return gb.gradients_and_moments(loss, var_list, orders=ORDERS, fallback=fallback)
+
+    return step
+
+
+def _plain(forward, per_example_loss, var_list):
+    """TensorFlow's own batch gradient (no tb_gradmom)."""
+
+    def plain(x, y):
+        return tf.gradients(tf.reduce_mean(per_example_loss(forward(x), y)), var_list)
+
+    return plain
+
+
 def _evaluate(entry, dtype: str) -> dict:
     """Builds the entry, runs `gradients_and_moments` in a `tf.function` and the reference.
 
-    Exceptions from the core propagate. Returns ``{"id", "vars": [{"name", "shape", "path",
-    "rel": {p: error}, "grad_rel"}], "timing": {...}}``.
+    A model whose trainable parameters exceed `GROUP_BYTES` is checked in groups of variables
+    (`_groups`): per group its own `gradients_and_moments` trace over that ``var_list``, against
+    the reference of those variables accumulated one example at a time (`streamed_moments`),
+    each group freed before the next; every variable and order is still checked and judged
+    against the whole model's largest moments. Exceptions from the core propagate. Returns
+    ``{"id", "vars": [{"name", "shape", "path", "rel": {p: error}, "grad_rel"}], "timing": {...},
+    "groups"}``.
     """
     t0 = time.perf_counter()
     forward, variables, (x, y), per_example_loss = entry.build(dtype)
     t_build = time.perf_counter() - t0
-
-    def step(x, y):
-        loss = tf.reduce_mean(per_example_loss(forward(x), y))
-        return gb.gradients_and_moments(loss, variables, orders=ORDERS, fallback=entry.fallback)
-
-    fn = tf.function(step)
     xt, yt = tf.constant(x), tf.constant(y)
-    t0 = time.perf_counter()
-    # The core warns once per set of variable names and process; entries share names ("w").
-    getattr(importlib.import_module("tb_gradmom.core.plan"), "WARNED", set()).clear()
-    with spy_plans() as seen, warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        concrete = fn.get_concrete_function(xt, yt)
-    fallback_warned = any("exact fallback" in str(w.message) for w in caught)
-    t_trace = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    grads, moments = fn(xt, yt)
-    t_run = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
     # The reference differentiates the tf.Variables behind Keras variables (the same reads; its
     # zeros for a variable without a gradient need a tf.DType, which Keras variables lack).
     tf_vars = [
         v.value if isinstance(getattr(v, "value", None), tf.Variable) else v for v in variables
     ]
-    ref = reference.per_example_gradients(forward, tf_vars, per_example_loss, x, y)
-    t_ref = time.perf_counter() - t0
+    groups = _groups(variables)
+    paths = ["unknown"] * len(variables)
+    # per variable: {p: (max |got - want|, max |want|)}, "grad" and "floor" likewise
+    errs: list[dict] = [{} for _ in variables]
+    model_max = dict.fromkeys(ORDERS, 0.0)
+    fallback_warned, ops, floored = False, 0, False
+    timing = {"build": t_build, "trace": 0.0, "run": 0.0, "reference": 0.0}
+    for group in groups:
+        part = [variables[i] for i in group]
 
-    paths = _paths(seen[0], len(variables)) if seen else ["unknown"] * len(variables)
-    want = [reference.moments(r, ORDERS) for r in ref]
-    model_max = {
-        p: max([float(np.max(np.abs(w[p]))) for w in want if w[p].size] or [0.0]) for p in ORDERS
-    }
-    floor = None
-    if getattr(entry, "float32_inside", ""):
+        fn = tf.function(_step(forward, per_example_loss, part, entry.fallback))
+        t0 = time.perf_counter()
+        # The core warns once per set of variable names and process; entries share names ("w").
+        getattr(importlib.import_module("tb_gradmom.core.plan"), "WARNED", set()).clear()
+        with spy_plans() as seen, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            concrete = fn.get_concrete_function(xt, yt)
+        fallback_warned |= any("exact fallback" in str(w.message) for w in caught)
+        ops += len(concrete.graph.get_operations())
+        timing["trace"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        grads, moments = fn(xt, yt)
+        timing["run"] += time.perf_counter() - t0
+        if seen:
+            for k, path in enumerate(_paths(seen[0], len(part))):
+                paths[group[k]] = path
+        del seen, concrete, fn
 
-        @tf.function
-        def plain(x, y):
-            return tf.gradients(tf.reduce_mean(per_example_loss(forward(x), y)), tf_vars)
+        plain = None
+        if getattr(entry, "float32_inside", ""):
+            part_tf = [tf_vars[i] for i in group]
 
-        floor = max(
-            max_rel_err(
-                np.zeros(w[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g)),
-                w[1],
-                model_max[1],
+            plain = list(tf.function(_plain(forward, per_example_loss, part_tf))(xt, yt))
+
+        t0 = time.perf_counter()
+        if len(groups) == 1:
+            ref = reference.per_example_gradients(forward, tf_vars, per_example_loss, x, y)
+            chunks = [(group, [reference.moments(r, ORDERS) for r in ref])]
+            del ref
+        else:
+            streamed = streamed_moments(
+                forward,
+                [tf_vars[i] for i in group],
+                per_example_loss,
+                x,
+                y,
+                ORDERS,
+                max(1, GROUP_BYTES // 4),
             )
-            for g, w in zip(plain(xt, yt), want)
-        )
+            chunks = (([group[k] for k in c], want) for c, want in streamed)
+        pos = {i: k for k, i in enumerate(group)}
+        for chunk, want in chunks:
+            for i, w in zip(chunk, want):
+                for p in ORDERS:
+                    if w[p].size:
+                        model_max[p] = max(model_max[p], float(np.max(np.abs(w[p]))))
+                m = moments[pos[i]]
+                for p in ORDERS:
+                    got = m.get(p) if isinstance(m, dict) else None
+                    if got is None or tf.as_dtype(got.dtype) != _moment_dtype(variables[i]):
+                        errs[i][p] = (float("inf"), 0.0)
+                    else:
+                        errs[i][p] = _abs_err(got, w[p])
+                g = grads[pos[i]]
+                errs[i]["grad"] = _abs_err(
+                    np.zeros(w[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g)),
+                    w[1],
+                )
+                if plain is not None:
+                    g = plain[pos[i]]
+                    floored = True
+                    errs[i]["floor"] = _abs_err(
+                        np.zeros(w[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g)),
+                        w[1],
+                    )
+                # free this variable's outputs before the next chunk's reference
+                moments[pos[i]] = grads[pos[i]] = None
+        timing["reference"] += time.perf_counter() - t0
+        del grads, moments, chunks, plain
+        if len(groups) > 1:
+            gc.collect()
+
     out_vars = []
-    for v, g, m, w, path in zip(variables, grads, moments, want, paths):
-        rel = {}
-        for p in ORDERS:
-            got = m.get(p) if isinstance(m, dict) else None
-            if got is None:
-                rel[p] = float("inf")
-                continue
-            if tf.as_dtype(got.dtype) != _moment_dtype(v):
-                rel[p] = float("inf")
-                continue
-            rel[p] = max_rel_err(got, w[p], model_max[p])
-        grad = np.zeros(w[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g))
+    for v, path, e in zip(variables, paths, errs):
         out_vars.append(
             {
                 "name": _name(v),
                 "shape": list(v.shape),
                 "dtype": _moment_dtype(v).name,
-                "tol": _tolerance(v, floor),
+                "tol": _tolerance(v, None),
                 "path": path,
-                "rel": rel,
-                "grad_rel": max_rel_err(grad, w[1], model_max[1]),
+                "rel": {p: _relative(*e[p], model_max[p]) for p in ORDERS},
+                "grad_rel": _relative(*e["grad"], model_max[1]),
             }
         )
+    floor = None
+    if floored:
+        floor = max([_relative(*e["floor"], model_max[1]) for e in errs] or [0.0])
     return {
         "id": entry.id,
         "vars": out_vars,
         "floor": floor,
         "fallback_warned": fallback_warned,
-        "ops": len(concrete.graph.get_operations()),
+        "ops": ops,
         "params": int(sum(int(np.prod(v.shape)) for v in variables)),
-        "timing": {
-            "build": round(t_build, 2),
-            "trace": round(t_trace, 2),
-            "run": round(t_run, 2),
-            "reference": round(t_ref, 2),
-        },
+        "groups": len(groups),
+        "timing": {k: round(t, 2) for k, t in timing.items()},
     }
 
 
