@@ -63,3 +63,16 @@ def test_plan_refuses_what_gradients_and_moments_refuses():
         tf.function(lambda x: gradmom.plan_moments(tf.reduce_mean(x * w), [w], orders=(5,)))(
             tf.ones([4, 3])
         )
+
+
+def test_replica_context_outside_inside_and_under_a_strategy():
+    """The lookup `make_plan` does for tf.distribute, on the fast path (no second device)."""
+    from tb_gradmom.core.plan import replica_context
+
+    assert replica_context() is None
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        assert replica_context() is None  # cross-replica context
+        seen = []
+        strategy.run(lambda: seen.append(replica_context()))
+    assert seen == [None]  # one replica in sync: nothing to all-reduce
