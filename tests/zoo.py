@@ -256,9 +256,14 @@ APP_BATCH = 2
 # groups; wall time, inflated by the load), peak RSS (GB) and the worst relative error over
 # orders 1-4 and the gradient (bound 1e-9). Every variable went through a rule. Together about
 # 2 h of wall time: not in CI. ConvNeXtLarge's reference took 51 min (Keras' grouped conv
-# retraces its XLA tf.function on every eager call). EfficientNetV2L is WRONG here (the stem to
-# block6q, the gradient too: see README). Not measured: ConvNeXtSmall/Base/XLarge.
+# retraces its XLA tf.function on every eager call; the streamed reference is now traced once per
+# chunk). EfficientNetV2L: re-measured on 2026-11-25 (core d4be865, load 4-6) against the
+# reference from the batch's forward pass (`zoo_worker.forward_spread`: at random initialisation
+# its outputs on one example differ from the batch's by 35% in float64, so a reference on each
+# example's own slice is another function; it was reported wrong at 3.4e7 against that).
 TIMINGS: dict[str, tuple[float, int, int, int, int, int, float, float]] = {
+    "app-convnextsmall": (49.5, 344, 1, 34, 78, 128, 5.2, 6.3e-15),
+    "app-convnextbase": (87.6, 344, 1, 40, 92, 211, 8.3, 6.4e-15),
     "app-convnextlarge": (196.2, 344, 2, 102, 372, 3053, 9.2, 6.7e-15),
     "app-densenet169": (12.5, 508, 1, 152, 107, 7, 2.5, 4.1e-15),
     "app-densenet201": (18.1, 604, 1, 75, 64, 13, 2.6, 3.1e-15),
@@ -274,7 +279,7 @@ TIMINGS: dict[str, tuple[float, int, int, int, int, int, float, float]] = {
     "app-efficientnetv2b3": (12.8, 362, 1, 31, 25, 7, 2.0, 2.6e-14),
     "app-efficientnetv2s": (20.2, 452, 1, 37, 43, 13, 2.7, 2.0e-14),
     "app-efficientnetv2m": (52.9, 649, 1, 156, 108, 42, 5.4, 7.6e-14),
-    "app-efficientnetv2l": (117.2, 897, 3, 321, 252, 237, 6.2, 3.4e07),
+    "app-efficientnetv2l": (117.2, 897, 3, 166, 106, 251, 7.1, 5.3e-14),
     "app-mobilenetv3large": (4.2, 174, 1, 14, 6, 2, 1.2, 1.5e-15),
     "app-nasnetlarge": (84.7, 1018, 1, 204, 184, 64, 7.9, 9.1e-15),
     "app-resnet101": (42.6, 418, 1, 35, 30, 20, 4.4, 5.5e-15),
