@@ -6,7 +6,10 @@
 
 The gradients come from the same backward pass as the moments. When nothing is recorded
 (``tf.summary.record_if(False)``, no default writer, a step off the schedule) the moment ops sit
-in the untaken branch of a ``tf.cond`` and do not run. The event format is in ``docs/format.md``.
+in the untaken branch of a ``tf.cond`` and do not run. A logged variable whose rule gives its
+gradient with its per-example sums (convolutions) takes its gradient inside that ``cond``: from
+the sums of the moments on a logged step (no separate filter gradient), from TensorFlow's own
+filter gradient otherwise. The event format is in ``docs/format.md``.
 """
 
 from __future__ import annotations
@@ -140,8 +143,15 @@ def moments(
         loss_scale,
     )
     plan = _plan.make_plan(loss, var_list, options, name="gradmom_summary")
-    backward = _moments.run_backward(plan, gate=compute if inside and static is None else None)
     indices = _log_indices(var_list, log_only)
+    backward = _moments.run_backward(
+        plan,
+        gate=compute if inside and static is None else None,
+        # in a tf.function: the logged variables whose gradient their rule's sums can give
+        # (convolutions) take it from those sums inside the cond below, on both sides, instead
+        # of TF's filter gradient outside it plus the sums on logged steps
+        defer=indices if inside and not off else (),
+    )
     group = _group(name, var_list, inside)
     tags = _unique_tags(_tag_names([plan.names[i] for i in indices], group))
     contents = [
@@ -173,10 +183,11 @@ def moments(
         # part in the sums, so their gate is the recording condition without that restriction.
         moms = backward.moments(orders, indices, gate=compute if static is None else None)
 
+    deferred = backward.deferred  # empty under tf.distribute (see run_backward)
+
     def write():
-        tensors, scalar_values = _records(
-            backward, indices, tags, contents, orders, lr, moms, group
-        )
+        grads, logged = backward.from_sums(orders) if deferred else ([], backward)
+        tensors, scalar_values = _records(logged, indices, tags, contents, orders, lr, moms, group)
         ok = []
         # This branch runs only where `pred` holds: record_if(True) lets each tf.summary.write
         # skip its own cond on the recording condition (an `If` op, a function call per write
@@ -187,11 +198,19 @@ def moments(
             for stag, value in _selected_scalars(scalar_values, per_variable_scalars):
                 # tf.summary.write keeps the tag as given (tf.summary.scalar prefixes scopes).
                 ok.append(tf.summary.write(stag, tf.cast(value, tf.float32), step, _SCALAR_MD))
+        if deferred:
+            return grads  # the writes run in the branch all the same (stateful ops)
         with tf.control_dependencies(ok):
             return tf.constant(True)
 
-    tf.cond(pred, write, lambda: tf.constant(False), name="gradmom_record")
-    return backward.grads
+    def skip():
+        return backward.plain_grads() if deferred else tf.constant(False)
+
+    out = tf.cond(pred, write, skip, name="gradmom_record")
+    grads = list(backward.grads)
+    for i, g in zip(deferred, out if deferred else []):
+        grads[i] = g
+    return grads
 
 
 def _recording_any_replica():
