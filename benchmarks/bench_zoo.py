@@ -701,9 +701,10 @@ def print_trace_profile(res: dict) -> None:
         print(f"    {tt:8.2f}  {calls:>8}  {nm}")
 
 
-def summary_child(rounds: int, steps: int) -> dict:
-    """bench_summary.py's MLP steps: op profile of the logged step, and the logged step with
-    parts of `gradmom.summary.moments` switched off (patched while tracing), interleaved."""
+def summary_child(rounds: int, steps: int, name: str = "mlp") -> dict:
+    """bench_summary.py's steps of model ``name`` ("mlp", "3c3d"): op profile of the logged
+    step, and the logged step with parts of `gradmom.summary.moments` switched off (patched
+    while tracing), interleaved."""
     import tempfile
 
     import numpy as np
@@ -714,8 +715,8 @@ def summary_child(rounds: int, steps: int) -> dict:
 
     from tb_gradmom.writers import summary as gsum
 
-    model = bench_core.build_model("mlp")
-    x, y = bench_core.make_data("mlp")
+    model = bench_core.build_model(name)
+    x, y = bench_core.make_data(name)
     logdir = tempfile.mkdtemp(prefix="bench_zoo_summary_")
     load0 = os.getloadavg()[0]
 
@@ -746,11 +747,9 @@ def summary_child(rounds: int, steps: int) -> dict:
         r, c = -(-rows // block[0]), -(-cols // block[1])
         return tf.reshape(x, [-1])[: r * c] * 0.0 + tf.zeros([r * c])  # keeps x, no pooling
 
-    def records_moments_only(
-        prepared, indices, tags, contents, orders, lr, chunk_size, moms=None, group=None
-    ):
-        if moms is None:
-            moms = prepared.moments(orders, chunk_size, indices)
+    def records_moments_only(backward, indices, tags, contents, orders, lr, moms=None, group=None):
+        computed = backward.moments(orders, indices) if moms is None else moms
+        moms = computed.values
         total = tf.add_n([tf.reduce_sum(m[p]) for m in moms for p in orders])
         return [("moments_only", tf.reshape(total, [1]), None)], []
 
@@ -788,7 +787,9 @@ def summary_child(rounds: int, steps: int) -> dict:
                     setattr(gsum, k, v)
             # fresh XLA functions: traced (and compiled) with this ablation's patches
             gsum._elementwise_xla = tf.function(
-                lambda m1, m2, f, o, pads: gsum._elementwise(m1, m2, f, o, pads, xla=True),
+                lambda m1, m2, f, o, pads, group: gsum._elementwise(
+                    m1, m2, f, o, pads, True, group
+                ),
                 jit_compile=True,
                 autograph=False,
             )
@@ -811,7 +812,7 @@ def summary_child(rounds: int, steps: int) -> dict:
     assert tf.summary.write is real_write and gsum._stats_fields is real_stats
     assert gsum._pool is real_pool and gsum._selected_scalars is real_scalars
     assert gsum._records is real_records and gsum._bins is real_bins
-    per_round = {k: 10 for k in steps_by}
+    per_round = {k: 10 if name == "mlp" else 3 for k in steps_by}
     times = bench_core.time_interleaved(steps_by, x, y, rounds, per_round)
     per = {k: [statistics.median(r) for r in v] for k, v in times.items()}
     ms = {k: 1e3 * statistics.median([t for r in v for t in r]) for k, v in times.items()}
@@ -836,6 +837,7 @@ def summary_child(rounds: int, steps: int) -> dict:
         "ms": ms,
         "x_plain": ratio,
         "x_moments": ratio_m,
+        "model": name,
         "rounds": rounds,
         "profiles": profs,
         "load": [load0, os.getloadavg()[0]],
@@ -846,7 +848,8 @@ def summary_child(rounds: int, steps: int) -> dict:
 
 
 def print_summary_profile(res: dict) -> None:
-    print(f"\nbench_summary.py MLP, {res['rounds']} interleaved rounds, load {res['load']}:")
+    model = res.get("model", "mlp")
+    print(f"\nbench_summary.py {model}, {res['rounds']} interleaved rounds, load {res['load']}:")
     for k, v in res["ms"].items():
         print(
             f"  {k:<22} {v:8.2f} ms  {res['x_plain'][k]:6.2f}x plain"
@@ -1026,9 +1029,13 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--profile-summary",
-        action="store_true",
-        help="instead of timing: bench_summary.py's MLP logged step, profiled and with parts of "
-        "summary.moments switched off (patched at trace time, in the child process only)",
+        nargs="?",
+        const="mlp",
+        default=None,
+        metavar="MODEL",
+        help="instead of timing: bench_summary.py's logged step of MODEL (mlp, the default, or "
+        "3c3d), profiled and with parts of summary.moments switched off (patched at trace time, "
+        "in the child process only)",
     )
     ap.add_argument("--profile-steps", type=int, default=5, help="steps under the profiler")
     ap.add_argument(
@@ -1048,7 +1055,7 @@ def main(argv=None) -> int:
     budget = args.budget or (0.3 if args.quick else 1.0)
 
     if args.summary_child:
-        print(json.dumps(summary_child(rounds, args.profile_steps)))
+        print(json.dumps(summary_child(rounds, args.profile_steps, args.model or "mlp")))
         return 0
     if args.timing_child or args.memory_child or args.profile_child or args.trace_child:
         name = args.model
@@ -1070,6 +1077,8 @@ def main(argv=None) -> int:
         res = _child(
             [
                 "--summary-child",
+                "--model",
+                args.profile_summary,
                 "--rounds",
                 str(rounds),
                 "--profile-steps",

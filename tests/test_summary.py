@@ -449,3 +449,52 @@ def test_logging_goes_on_when_tensorflow_hides_the_default_writer(tmp_path, monk
     g_tags = [f"moments_1/{t}" for t in gradmom.summary.tag_names(gen.trainable_variables)]
     assert set(run) == set(d_tags) | set(g_tags) | {"_model", "moments_1/_model"}
     assert all([r.step for r in run[t]] == [0, 1, 2] for t in run)
+
+
+@pytest.mark.parametrize("kind", ["conv2d", "conv1d", "conv3d"])
+def test_conv_gradients_come_from_the_cond_exact_on_both_sides(kind, tmp_path):
+    """Convolution filters take their gradient inside the record cond (from the moments' sums
+    when logging, from TensorFlow's filter gradient otherwise): equal to tf.gradients on both
+    sides, and the logged moments equal `gradients_and_moments`'."""
+    keras.utils.set_random_seed(3)
+    if kind == "conv2d":
+        shape = (9, 9, 3)
+        convs = [
+            keras.layers.Conv2D(4, 3, strides=2, padding="same", name="c1"),
+            keras.layers.DepthwiseConv2D(3, padding="valid", name="dw"),
+        ]
+    elif kind == "conv1d":
+        shape = (12, 3)
+        convs = [keras.layers.Conv1D(5, 3, padding="causal", name="c1")]
+    else:
+        shape = (5, 5, 5, 2)
+        convs = [keras.layers.Conv3D(3, 2, name="c1")]
+    model = keras.Sequential(
+        [keras.Input(shape), *convs, keras.layers.Flatten(), keras.layers.Dense(3, name="out")]
+    )
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(6, *shape)).astype("float32")
+    y = rng.integers(0, 3, size=6)
+    variables = model.trainable_variables
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function
+    def step(x, y, record):
+        loss = tf.reduce_mean(sparse_ce(model(x), y))
+        want = tf.gradients(loss, variables)
+        _, moms = gradmom.gradients_and_moments(loss, variables)
+        with writer.as_default(step=tf.cast(record, tf.int64)), tf.summary.record_if(record):
+            got = gradmom.summary.moments(loss, variables)
+        return want, got, moms
+
+    for record in (False, True):
+        want, got, moms = step(x, y, tf.constant(record))
+        for w, g, v in zip(want, got, variables):
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6, err_msg=v.path)
+    writer.close()
+    acc = _accumulator(tmp_path)
+    tags = gradmom.summary.tag_names(variables)
+    for tag, m in zip(tags, moms):
+        logged = _tensor(acc, tag, 1)
+        for k, p in enumerate((1, 2)):
+            np.testing.assert_allclose(logged[k], m[p].numpy(), rtol=1e-5, atol=1e-7, err_msg=tag)

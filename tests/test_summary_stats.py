@@ -157,11 +157,13 @@ def xla(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("chunk", ["one", "several"])
+@pytest.mark.parametrize("chunk", ["one", "several", "groups"])
 @pytest.mark.parametrize("n", [1, 2, 8])
 def test_records_equal_numpy_per_variable(n, xla, chunk, monkeypatch):
     if chunk == "several":  # variables of one dtype in chunks of 2048 elements (or one bigger)
         monkeypatch.setattr(summary, "_CHUNK", 2048)
+    if chunk == "groups":  # with XLA: variables of 3000 elements or more on their own
+        monkeypatch.setattr(summary, "_GROUP", 3000)
     rng = np.random.default_rng(n)
     variables = _variables(n, rng)
     orders = (1, 2, 3)

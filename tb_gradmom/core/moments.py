@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import tensorflow as tf
@@ -250,6 +250,49 @@ class Backward:
     fallback_sums: dict[int, dict[int, tf.Tensor]] = field(default_factory=dict)
     # 1 / loss_scale (float32) when the loss is scaled (mixed precision), else None
     inv_scale: tf.Tensor | None = None
+    # variables whose gradient `run_backward(defer=...)` left to `from_sums` (None in `grads`)
+    deferred: list[int] = field(default_factory=list)
+
+    def from_sums(self, orders: Sequence[int]) -> tuple[list[tf.Tensor], Backward]:
+        """The gradients of the `deferred` variables from their rule's power sums of
+        ``orders`` (1 included), and a `Backward` whose `moments` take those variables' moments
+        from the same sums. In a ``tf.cond`` branch: ``orders=(1,)`` where nothing is logged,
+        the logged orders where the moments are."""
+        orders = tuple(sorted({1, *orders}))
+        plan = self.plan
+        grads, sums = [], {}
+        with tf.name_scope(plan.scope.rstrip("/") + "_from_sums"):
+            for i in self.deferred:
+                vplan = plan.variables[i]
+                sums[i] = _moments_of(
+                    vplan,
+                    None,
+                    self.out_grads,
+                    self.index,
+                    plan.n,
+                    plan.mode,
+                    orders,
+                    plan.options.chunk_size,
+                    sums_only=True,
+                    inv_scale=self.inv_scale,
+                )
+                grads.append(_grad_from_sums(vplan, sums[i][1], plan))
+        return grads, replace(self, fused={**self.fused, **sums})
+
+    def plain_grads(self) -> list[tf.Tensor]:
+        """The gradients of the `deferred` variables as TensorFlow's own gradient of their op
+        computes them (e.g. ``Conv2DBackpropFilter``), from the op's output gradient: for the
+        ``tf.cond`` branch where no moments are computed."""
+        grads = []
+        with tf.name_scope(self.plan.scope.rstrip("/") + "_plain"):
+            for i in self.deferred:
+                vplan = self.plan.variables[i]
+                site = vplan.sites[0][0]
+                dz = self.out_grads[self.index[_site_outputs(site)[0].ref()]]
+                grad = _FILTER_GRADIENTS[site.op.type](site.op, dz)
+                grad = tf.reshape(tf.cast(grad, vplan.variable.dtype), vplan.variable.shape)
+                grads.append(grad)
+        return grads
 
     @property
     def vector(self) -> bool:
@@ -412,7 +455,13 @@ class Backward:
         return out
 
 
-def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = None) -> Backward:
+def run_backward(
+    plan: Plan,
+    *,
+    fused: bool = False,
+    gate: tf.Tensor | None = None,
+    defer: Iterable[int] = (),
+) -> Backward:
     """Takes the gradients of the plan's loss, once, for the variables and the sites' outputs.
 
     `fused`: the moments will be computed on every step (`gradients_and_moments`). Then a
@@ -420,6 +469,12 @@ def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = No
     (``gradient_from_sums``: convolutions) takes its gradient from there, TF's own filter
     gradient is never built, and its moments are computed here. Leave it False when the moments
     are gated (``tf.cond``).
+
+    `defer`: variable indices (gated moments) whose gradient may come from the same sums: those
+    of them that `fused` would take from their sums and whose op is a convolution get no
+    gradient here (None in ``grads``, listed in ``deferred``); the caller takes it inside its
+    ``tf.cond``, with `Backward.from_sums` where it logs (no separate filter gradient) and
+    `Backward.plain_grads` (TF's own filter gradient) where it does not.
 
     The exact fallback's per-example gradients are taken here too, in the step's graph (a
     gradient cannot be taken inside a ``tf.cond`` branch); `gate`, a scalar bool tensor, makes
@@ -438,11 +493,20 @@ def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = No
                         index[key] = len(outputs)
                         outputs.append(out)
         fused_ids: set[int] = set()
-        if fused and any(p > 1 for p in options.orders) and plan.replica is None:
+        allowed = set(range(len(plans))) if fused else set(defer)
+        if not fused:  # deferred: only where `Backward.plain_grads` has TF's own gradient
+            allowed = {
+                i
+                for i in allowed
+                if len(plans[i].sites) == 1
+                and plans[i].sites[0][0].op.type in _FILTER_GRADIENTS
+                and plans[i].sites[0][0].index == 1
+            }
+        if allowed and any(p > 1 for p in options.orders) and plan.replica is None:
             fused_ids = {
                 i
                 for i, vplan in enumerate(plans)
-                if len(vplan.sites) == 1 and vplan.sites[0][1].gradient_from_sums
+                if i in allowed and len(vplan.sites) == 1 and vplan.sites[0][1].gradient_from_sums
             }
         asked = [v for i, v in enumerate(variables) if i not in fused_ids]
         all_grads = tf.gradients(plan.loss, asked + outputs)
@@ -454,7 +518,7 @@ def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = No
         if options.loss_scale is not None:
             inv_scale = 1.0 / tf.cast(options.loss_scale, tf.float32)
         fused_moments: dict[int, dict[int, tf.Tensor]] = {}
-        if fused_ids:
+        if fused_ids and fused:
             orders = tuple(sorted({1, *options.orders}))
             with tf.name_scope("fused"):
                 for i in sorted(fused_ids):
@@ -471,12 +535,7 @@ def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = No
                         sums_only=True,
                         inv_scale=inv_scale,
                     )
-                    grad = fused_moments[i][1]
-                    if mode == "sum":
-                        grad = grad * tf.cast(n, vplan.dtype)
-                    if options.loss_scale is not None:  # as tf.gradients gives it: scaled
-                        grad = grad * tf.cast(options.loss_scale, vplan.dtype)
-                    grads[i] = tf.cast(grad, vplan.variable.dtype)
+                    grads[i] = _grad_from_sums(vplan, fused_moments[i][1], plan)
         fallback_sums: dict[int, dict[int, tf.Tensor]] = {}
         fallback_ids = plan.fallback_ids
         if fallback_ids:
@@ -491,7 +550,67 @@ def run_backward(plan: Plan, *, fused: bool = False, gate: tf.Tensor | None = No
         fused=fused_moments,
         fallback_sums=fallback_sums,
         inv_scale=inv_scale,
+        deferred=[] if fused else sorted(fused_ids),
     )
+
+
+def _conv2d_filter_grad(op: tf.Operation, dz: tf.Tensor) -> tf.Tensor:
+    return tf.raw_ops.Conv2DBackpropFilter(
+        input=op.inputs[0],
+        filter_sizes=tf.shape(op.inputs[1]),
+        out_backprop=dz,
+        strides=op.get_attr("strides"),
+        use_cudnn_on_gpu=op.get_attr("use_cudnn_on_gpu"),
+        padding=op.get_attr("padding"),
+        explicit_paddings=op.get_attr("explicit_paddings"),
+        data_format=op.get_attr("data_format"),
+        dilations=op.get_attr("dilations"),
+    )
+
+
+def _depthwise_filter_grad(op: tf.Operation, dz: tf.Tensor) -> tf.Tensor:
+    return tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+        input=op.inputs[0],
+        filter_sizes=tf.shape(op.inputs[1]),
+        out_backprop=dz,
+        strides=op.get_attr("strides"),
+        padding=op.get_attr("padding"),
+        explicit_paddings=op.get_attr("explicit_paddings"),
+        data_format=op.get_attr("data_format"),
+        dilations=op.get_attr("dilations"),
+    )
+
+
+def _conv3d_filter_grad(op: tf.Operation, dz: tf.Tensor) -> tf.Tensor:
+    return tf.raw_ops.Conv3DBackpropFilterV2(
+        input=op.inputs[0],
+        filter_sizes=tf.shape(op.inputs[1]),
+        out_backprop=dz,
+        strides=op.get_attr("strides"),
+        padding=op.get_attr("padding"),
+        data_format=op.get_attr("data_format"),
+        dilations=op.get_attr("dilations"),
+    )
+
+
+# The filter gradients TensorFlow registers for these ops (its nn_grad), for `plain_grads`: a
+# variable is deferred only when its site is one of them, at the filter input (index 1).
+_FILTER_GRADIENTS = {
+    "Conv2D": _conv2d_filter_grad,
+    "DepthwiseConv2dNative": _depthwise_filter_grad,
+    "Conv3D": _conv3d_filter_grad,
+}
+
+
+def _grad_from_sums(vplan: VariablePlan, m1: tf.Tensor, plan: Plan) -> tf.Tensor:
+    """The variable's gradient, as ``tf.gradients`` gives it, from its first moment ``m1``
+    (taken from its rule's sums: unscaled, a mean over the examples)."""
+    grad = m1
+    if plan.mode == "sum":
+        grad = grad * tf.cast(plan.n, vplan.dtype)
+    if plan.options.loss_scale is not None:  # as tf.gradients gives it: scaled
+        grad = grad * tf.cast(plan.options.loss_scale, vplan.dtype)
+    return tf.cast(grad, vplan.variable.dtype)
 
 
 def _fallback_power_sums(

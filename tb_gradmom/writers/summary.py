@@ -6,7 +6,10 @@
 
 The gradients come from the same backward pass as the moments. When nothing is recorded
 (``tf.summary.record_if(False)``, no default writer, a step off the schedule) the moment ops sit
-in the untaken branch of a ``tf.cond`` and do not run. The event format is in ``docs/format.md``.
+in the untaken branch of a ``tf.cond`` and do not run. A logged variable whose rule gives its
+gradient with its per-example sums (convolutions) takes its gradient inside that ``cond``: from
+the sums of the moments on a logged step (no separate filter gradient), from TensorFlow's own
+filter gradient otherwise. The event format is in ``docs/format.md``.
 """
 
 from __future__ import annotations
@@ -140,8 +143,15 @@ def moments(
         loss_scale,
     )
     plan = _plan.make_plan(loss, var_list, options, name="gradmom_summary")
-    backward = _moments.run_backward(plan, gate=compute if inside and static is None else None)
     indices = _log_indices(var_list, log_only)
+    backward = _moments.run_backward(
+        plan,
+        gate=compute if inside and static is None else None,
+        # in a tf.function: the logged variables whose gradient their rule's sums can give
+        # (convolutions) take it from those sums inside the cond below, on both sides, instead
+        # of TF's filter gradient outside it plus the sums on logged steps
+        defer=indices if inside and not off else (),
+    )
     group = _group(name, var_list, inside)
     tags = _unique_tags(_tag_names([plan.names[i] for i in indices], group))
     contents = [
@@ -173,10 +183,11 @@ def moments(
         # part in the sums, so their gate is the recording condition without that restriction.
         moms = backward.moments(orders, indices, gate=compute if static is None else None)
 
+    deferred = backward.deferred  # empty under tf.distribute (see run_backward)
+
     def write():
-        tensors, scalar_values = _records(
-            backward, indices, tags, contents, orders, lr, moms, group
-        )
+        grads, logged = backward.from_sums(orders) if deferred else ([], backward)
+        tensors, scalar_values = _records(logged, indices, tags, contents, orders, lr, moms, group)
         ok = []
         # This branch runs only where `pred` holds: record_if(True) lets each tf.summary.write
         # skip its own cond on the recording condition (an `If` op, a function call per write
@@ -187,11 +198,19 @@ def moments(
             for stag, value in _selected_scalars(scalar_values, per_variable_scalars):
                 # tf.summary.write keeps the tag as given (tf.summary.scalar prefixes scopes).
                 ok.append(tf.summary.write(stag, tf.cast(value, tf.float32), step, _SCALAR_MD))
+        if deferred:
+            return grads  # the writes run in the branch all the same (stateful ops)
         with tf.control_dependencies(ok):
             return tf.constant(True)
 
-    tf.cond(pred, write, lambda: tf.constant(False), name="gradmom_record")
-    return backward.grads
+    def skip():
+        return backward.plain_grads() if deferred else tf.constant(False)
+
+    out = tf.cond(pred, write, skip, name="gradmom_record")
+    grads = list(backward.grads)
+    for i, g in zip(deferred, out if deferred else []):
+        grads[i] = g
+    return grads
 
 
 def _recording_any_replica():
@@ -480,32 +499,77 @@ def _flat(arrays, pads):
     return tf.concat(pieces, 0)
 
 
-def _elementwise(m1s, m2s, factor, block_offsets, pads, xla: bool):
+def _groups(sizes, group: int) -> list[list[int]]:
+    """Consecutive indices of ``sizes`` in groups: a size of at least ``group`` on its own, the
+    smaller ones together until a group holds at least ``group`` elements."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    used = 0
+    for i, d in enumerate(sizes):
+        if d >= group:
+            if cur:
+                out.append(cur)
+                cur, used = [], 0
+            out.append([i])
+            continue
+        cur.append(i)
+        used += d
+        if used >= group:
+            out.append(cur)
+            cur, used = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+# In the XLA computation, variables of at least this many elements are not concatenated with
+# others: XLA fuses a concatenation into its consumers as a choice among the operands for each
+# element, which costs more the more operands there are (ResNet50's 214 variables: statistics
+# 406 -> 295 ms with the groups, load 4-5; the MLP and 3C3D: no difference).
+_GROUP = 1 << 16
+
+
+def _elementwise(m1s, m2s, factor, block_offsets, pads, xla: bool, group: int = 0):
     """The per-element work of the statistics of variables of one dtype (``m1s``, ``m2s``:
     their moments; ``pads``: the zeros after each, so that each fills whole blocks):
-    ``(per_block [blocks, 4] float64, bins [blocks * _BLOCK] int32)``.
+    ``(per_block [blocks, 4] float64, bins)``, ``bins`` a list of int32 vectors whose
+    concatenation is ``[blocks * _BLOCK]``.
 
     ``per_block[:, k]`` are the block sums of ``M_1**2``, ``biased = max(M_2 - M_1**2, 0)``,
     ``M_1**2 / biased`` (0 where ``biased`` is 0) and ``M_2``; ``bins`` the bin (see
     `_KEY_BIN`) of ``s2 = biased * factor``, plus the block's offset (its variable's first
     bin). Every element-wise value is the float64 one `tb_gradmom.analysis.stats` computes: the moments
     are cast to float64 first (``M_2 - M_1**2`` cancels, so float32 arithmetic would change
-    the variances and their buckets)."""
-    m1 = tf.cast(_flat(m1s, pads), tf.float64)
-    m2 = tf.cast(_flat(m2s, pads), tf.float64)
-    m1sq = m1 * m1
-    biased = tf.maximum(m2 - m1sq, 0.0)
-    gsnr = tf.math.divide_no_nan(m1sq, biased)
-    parts = (m1sq, biased, gsnr, m2)
-    if xla:
-        # XLA fuses the element-wise ops into the products; its row reductions are slow on
-        # CPU, its dot (Eigen's) is not: block sums as [blocks, _BLOCK] @ ones
-        ones = tf.ones([_BLOCK], tf.float64)
-        sums = [tf.linalg.matvec(tf.reshape(x, [-1, _BLOCK]), ones) for x in parts]
-    else:
-        sums = [tf.reduce_sum(tf.reshape(x, [-1, _BLOCK]), axis=1) for x in parts]
-    bins = _bins(tf.reshape(biased * factor, [-1, _BLOCK]), block_offsets[:, None])
-    return tf.stack(sums, axis=1), tf.reshape(bins, [-1])
+    the variances and their buckets). With XLA the variables go through the same ops in
+    groups of about ``group`` elements (`_groups`, `_GROUP`), without it all at once (fewer
+    ops)."""
+    sizes = [int(np.prod(m.shape.as_list())) + pad for m, pad in zip(m1s, pads)]
+    groups = _groups(sizes, group or _GROUP) if xla else [list(range(len(m1s)))]
+    sums, bins, start = [], [], 0
+    for g in groups:
+        gpads = [pads[i] for i in g]
+        m1 = tf.cast(_flat([m1s[i] for i in g], gpads), tf.float64)
+        m2 = tf.cast(_flat([m2s[i] for i in g], gpads), tf.float64)
+        m1sq = m1 * m1
+        biased = tf.maximum(m2 - m1sq, 0.0)
+        gsnr = tf.math.divide_no_nan(m1sq, biased)
+        parts = (m1sq, biased, gsnr, m2)
+        if xla:
+            # XLA fuses the element-wise ops into the products; its row reductions are slow
+            # on CPU, its dot (Eigen's) is not: block sums as [blocks, _BLOCK] @ ones
+            ones = tf.ones([_BLOCK], tf.float64)
+            sums.append(
+                tf.stack([tf.linalg.matvec(tf.reshape(x, [-1, _BLOCK]), ones) for x in parts], 1)
+            )
+        else:
+            sums.append(
+                tf.stack([tf.reduce_sum(tf.reshape(x, [-1, _BLOCK]), axis=1) for x in parts], 1)
+            )
+        blocks = sum(sizes[i] for i in g) // _BLOCK
+        offsets = block_offsets[start : start + blocks, None]
+        start += blocks
+        bins.append(tf.reshape(_bins(tf.reshape(biased * factor, [-1, _BLOCK]), offsets), [-1]))
+    return (sums[0] if len(sums) == 1 else tf.concat(sums, 0)), bins
 
 
 def _pool_all(arrays, specs):
@@ -523,7 +587,9 @@ def _pool_all(arrays, specs):
 # first logged step). TB_GRADMOM_XLA=0, or a TensorFlow built without XLA, runs the same ops
 # one by one.
 _elementwise_xla = tf.function(
-    lambda m1s, m2s, factor, offsets, pads: _elementwise(m1s, m2s, factor, offsets, pads, True),
+    lambda m1s, m2s, factor, offsets, pads, group: _elementwise(
+        m1s, m2s, factor, offsets, pads, True, group
+    ),
     jit_compile=True,
     autograph=False,
 )
@@ -575,7 +641,9 @@ def _stats_sums(moms, factor):
             tf.constant(var_of_block * _BINS),
             tuple(int(pads[i]) for i in members),
         )
-        per_block, bins = _elementwise_xla(*args) if xla else _elementwise(*args, xla=False)
+        # the group size is an argument, part of the XLA function's trace key
+        per_block, bins = _elementwise_xla(*args, _GROUP) if xla else _elementwise(*args, xla=False)
+        bins = bins[0] if len(bins) == 1 else tf.concat(bins, 0)
         parts_sums.append(
             tf.math.unsorted_segment_sum(
                 per_block, tf.constant(var_of_block), num_segments=len(members)
