@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradmom.core.rules.base import (
+    UNROLL,
     Contribution,
     Count,
     RuleError,
@@ -279,6 +280,7 @@ def conv_contribution(
             dtype,
             lambda start, size: offset_sums(delta, n, start, size, orders),
             name="conv_chunks",
+            unroll=UNROLL,
         )
         out = {}
         for p, v in sums.items():
