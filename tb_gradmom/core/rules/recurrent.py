@@ -71,10 +71,13 @@ LOOP_OPS = frozenset({"While", "StatelessWhile"})
 # for the plain step; 4 MiB chunks: 29 MB; these: 17-18 MB).
 _CHUNK_ELEMENTS = 1 << 18
 # The copy of the loop runs on chunks of examples whose stacks (deltas at the taps, recorded
-# operands; a list of the steps and its stack) hold at most this many elements (8 MiB in
+# operands; a list of the steps and its stack) hold at most this many elements (20 MiB in
 # float32), one chunk after the other: its memory no longer grows with the batch (GRU(128), T 50,
-# batch 64: 93k elements per example, chunks of 22).
-_COPY_ELEMENTS = 1 << 21
+# batch 64: 93k elements per example, 5.9M in all: two chunks of 32, peak 28 -> 15.5 MB against
+# 11.4 MB plain). Each chunk is one more pass of the recurrence, a cost in step time (LSTM(128),
+# 4.3M elements, one chunk: with two, its moments step took 174 ms against 94, one 7-round run
+# at load 10; with three, 1.8x too), so the budget is not smaller.
+_COPY_ELEMENTS = 5 << 20
 # A static batch of at most this many chunks is summed without a chunk loop (`sum_over_chunks`,
 # chunks chained by control dependencies): with a tf.while_loop per variable the LSTM(128)'s
 # step took 200-330 ms, unrolled 124 ms (fresh processes alternated, load 10).
@@ -375,6 +378,9 @@ class _Loop:
         zeros = tuple(
             tf.zeros(self.variables[k][1], self.variables[k][3]) for k in names for _ in orders
         )
+        n_static = tf.get_static_value(n)
+        if n_static is not None:  # as even as their number allows: 64 in chunks of 45 -> 32
+            chunk = -(-int(n_static) // -(-int(n_static) // chunk))
         n_t = tf.convert_to_tensor(n, tf.int32)
         count = (n_t + chunk - 1) // chunk
 
@@ -628,14 +634,21 @@ class _Loop:
         lists = [None] * len(taps)
         if ys:
             lists = tape.gradient(ys, tap_lists, output_gradients=seeds_y)
-        deltas = [
-            tf.zeros(full_shape(tap.dims), tap.dtype)
-            if lst is None
-            else tf.raw_ops.TensorListStack(
-                input_handle=lst, element_shape=item_shape(tap.dims), element_dtype=tap.dtype
-            )
-            for tap, lst in zip(taps, lists)
-        ]
+        # One stack after the other: a list's items are freed once it is stacked, so at most
+        # one tap is held twice (its list and its stack) instead of all of them.
+        deltas: list = []
+        for tap, lst in zip(taps, lists):
+            if lst is None:
+                deltas.append(tf.zeros(full_shape(tap.dims), tap.dtype))
+                continue
+            with tf.control_dependencies(deltas[-1:]):
+                deltas.append(
+                    tf.raw_ops.TensorListStack(
+                        input_handle=lst,
+                        element_shape=item_shape(tap.dims),
+                        element_dtype=tap.dtype,
+                    )
+                )
         for tap, d in zip(taps, deltas):
             out[tap.name] = d
         for r, lst in zip(records, result[nc + len(taps) :]):
