@@ -132,6 +132,21 @@ def test_dynamic_batch_and_small_chunks(case_id):
             _assert_close(m[p], expected[p], tol, f"{case_id} {v.path} M{p}", floor[p])
 
 
+@pytest.mark.parametrize(
+    "case_id",
+    ["conv2d-stride2-same", "depthwise-conv2d-stride2-same", "layer-used-twice", "dense-sequence"],
+)
+@pytest.mark.parametrize("chunk_size", [2, 3])
+def test_static_batch_unrolled_chunks(case_id, chunk_size):
+    """A static batch bigger than the chunk: chunks unrolled (uneven ones with 3), no loop."""
+    case = CASES_BY_ID[case_id]
+    variables, _, moments, ref = _run(case, "float64", chunk_size=chunk_size)
+    for v, m, per_ex in zip(variables, moments, ref):
+        expected = reference.moments(per_ex, ORDERS)
+        for p in ORDERS:
+            _assert_close(m[p], expected[p], 1e-10, f"{case_id} {v.path} M{p}")
+
+
 def test_old_tf1_conv_rule_counterexample():
     """The counter-example of docs/math.md: two positions, inputs [1, 1], output gradients [1, -1].
 

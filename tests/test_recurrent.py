@@ -63,6 +63,28 @@ def test_chunks_of_examples(case_id):
     _check(CASES_BY_ID[case_id], chunk_size=2)
 
 
+@pytest.mark.parametrize("chunk", [1, 2])
+@pytest.mark.parametrize("case_id", RECURRENT_CASE_IDS)
+def test_copy_on_chunks_of_examples(case_id, chunk, monkeypatch):
+    """The copy of the loop run on chunks of ``chunk`` examples (one after the other in a
+    while loop), for every case whose loop inputs and seeds can be sliced; the others keep the
+    whole batch's copy. Exact either way."""
+    monkeypatch.setattr(recurrent, "_COPY_ELEMENTS", chunk)
+    monkeypatch.setattr(recurrent._Loop, "copy_elements", lambda self: 1)
+    ran = []
+    chunk_sums = recurrent._Loop.chunk_sums
+
+    def spy(self, *args, **kwargs):
+        out = chunk_sums(self, *args, **kwargs)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(recurrent._Loop, "chunk_sums", spy)
+    _check(CASES_BY_ID[case_id])
+    if case_id in ("lstm-classifier", "gru-last", "gru-sequence", "lstm-stacked"):
+        assert ran and all(ran), ran
+
+
 def _rule_paths(build, x, y, loss="mean"):
     """The path the core takes for each variable: ``op type`` or ``fallback: reason``."""
     forward, variables = build("float64")

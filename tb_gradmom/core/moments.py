@@ -19,7 +19,7 @@ from tb_gradmom.core import fallback as _fallback
 from tb_gradmom.core import loss as _loss
 from tb_gradmom.core import plan as _plan
 from tb_gradmom.core.plan import WARNED, Options, Plan, check_orders
-from tb_gradmom.core.rules.base import Count, Site, power_sum, sum_over_chunks
+from tb_gradmom.core.rules.base import UNROLL, Count, Site, power_sum, sum_over_chunks
 from tb_gradmom.core.rules.recurrent import LoopGrads
 from tb_gradmom.core.sites import VariablePlan
 
@@ -129,7 +129,7 @@ def _power_sums_chunked(
         g_pow = {1: g}
         return {p: power_sum(g_pow, p) for p in orders}
 
-    return sum_over_chunks(n, chunk, orders, var_shape, plan.dtype, chunk_sums)
+    return sum_over_chunks(n, chunk, orders, var_shape, plan.dtype, chunk_sums, unroll=UNROLL)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -18,7 +18,20 @@ import tensorflow as tf
 if TYPE_CHECKING:
     from tb_gradmom.core.axes import Axis, Examples
 
-__all__ = ["Site", "Contribution", "RuleError", "sum_over_chunks", "power", "power_sum"]
+__all__ = [
+    "Site",
+    "Contribution",
+    "RuleError",
+    "sum_over_chunks",
+    "power",
+    "power_sum",
+    "UNROLL",
+]
+
+# A static batch of at most this many chunks is summed by unrolled calls chained by control
+# dependencies instead of a ``tf.while_loop`` (`sum_over_chunks`): no loop to build, lower and
+# run, and static shapes in every chunk. Above it the loop keeps the graph's size bounded.
+UNROLL = 16
 
 
 class RuleError(Exception):
@@ -147,18 +160,24 @@ def sum_over_chunks(
     chunk's per-example tensors are alive. With ``unroll``, a static batch of at most
     ``unroll`` chunks is summed by that many calls instead, each one's ops made to wait for the
     previous chunk's sums (the same one-at-a-time order, without a loop to trace, lower and
-    differentiate-proof at run time).
+    differentiate-proof at run time). The unrolled chunks are as even as their number allows
+    (16 examples in chunks of at most 6: 6, 5, 5) and their bounds are Python ints, so every
+    chunk's tensors keep static shapes.
     """
     n_static = tf.get_static_value(n)
     if chunk is None or (n_static is not None and int(n_static) <= chunk):
         return chunk_sums(0, n)
     if n_static is not None and -(-int(n_static) // chunk) <= unroll:
         total = int(n_static)
+        count = -(-total // chunk)
         acc: dict[int, tf.Tensor] = {}
-        for start in range(0, total, chunk):
+        start = 0
+        for k in range(count):
+            size = total // count + (1 if k < total % count else 0)
             with tf.control_dependencies([acc[p] for p in orders] if acc else []):
-                sums = chunk_sums(tf.constant(start), tf.constant(min(chunk, total - start)))
+                sums = chunk_sums(start, size)
             acc = {p: acc[p] + sums[p] if acc else sums[p] for p in orders}
+            start += size
         return acc
     num_chunks = (n + chunk - 1) // chunk
     zeros = tuple(tf.zeros(shape, dtype) for _ in orders)

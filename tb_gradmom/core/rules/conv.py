@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradmom.core.rules.base import (
+    UNROLL,
     Contribution,
     Count,
     RuleError,
@@ -208,6 +209,18 @@ def conv_contribution(
         nd == 2 and c_g == 1 and strides[0] == strides[1] and all(d == 1 for d in dilations)
     )
 
+    # The per-offset sums as each case's product leaves them, stacked over the offsets (the
+    # filter's order but for the grouped case's transpose; one reshape at the end, none per
+    # offset): [K, c_in, c_out], [K, G], [K, G, 1, o_g] or [K, G, c_g, o_g].
+    if groups == 1:
+        sums_shape = [n_off, c_in, c_out]
+    elif c_g == 1 and o_g == 1:
+        sums_shape = [n_off, groups]
+    elif c_g == 1:
+        sums_shape = [n_off, groups, 1, o_g]
+    else:
+        sums_shape = [n_off, groups, c_g, o_g]
+
     def depthwise_sums(x, d, orders):
         rows_n = _dim(d, 0)
         xs = [1, _dim(x, 1), _dim(x, 2), rows_n * groups]
@@ -224,7 +237,7 @@ def conv_contribution(
         # [kh, kw, rows * G, o_g] -> [rows, K, G, o_g]
         g = tf.transpose(tf.reshape(g, [n_off, rows_n, groups, o_g]), [1, 0, 2, 3])
         g_pow = {1: g}
-        return {p: tf.reshape(power_sum(g_pow, p), [n_off, groups, c_g, o_g]) for p in orders}
+        return {p: tf.reshape(power_sum(g_pow, p), sums_shape) for p in orders}
 
     def offset_sums(delta, n, start, size, orders):
         """{p: [K, G, c_g, o_g]}: sums of g**p over examples [start, start + size), per offset."""
@@ -262,7 +275,7 @@ def conv_contribution(
                 g = tf.linalg.matmul(x_off, d3, transpose_a=True)  # [rows, G, c_g, o_g]
             g_pow = {1: g}
             for p in orders:
-                sums[p].append(tf.reshape(power_sum(g_pow, p), [groups, c_g, o_g]))
+                sums[p].append(power_sum(g_pow, p))  # sums_shape[1:]: no reshape per offset
             done.append([sums[p][-1] for p in orders])
         return {p: tf.stack(v) for p, v in sums.items()}
 
@@ -275,15 +288,16 @@ def conv_contribution(
             n,
             chunk,
             orders,
-            [n_off, groups, c_g, o_g],
+            sums_shape,
             dtype,
             lambda start, size: offset_sums(delta, n, start, size, orders),
             name="conv_chunks",
+            unroll=UNROLL,
         )
         out = {}
         for p, v in sums.items():
             if groups > 1 and c_g > 1:  # the filter's order: [K, c_g, G, o_g]
-                v = tf.transpose(v, [0, 2, 1, 3])
+                v = tf.transpose(tf.reshape(v, [n_off, groups, c_g, o_g]), [0, 2, 1, 3])
             out[p] = tf.reshape(v, spec.filter_shape)
         return out
 

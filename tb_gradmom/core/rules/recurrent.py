@@ -70,6 +70,14 @@ LOOP_OPS = frozenset({"While", "StatelessWhile"})
 # batch (4M elements) and their squares dominate the step's memory (peak 50 MB against 13 MB
 # for the plain step; 4 MiB chunks: 29 MB; these: 17-18 MB).
 _CHUNK_ELEMENTS = 1 << 18
+# The copy of the loop runs on chunks of examples whose stacks (deltas at the taps, recorded
+# operands; a list of the steps and its stack) hold at most this many elements (20 MiB in
+# float32), one chunk after the other: its memory no longer grows with the batch (GRU(128), T 50,
+# batch 64: 93k elements per example, 5.9M in all: two chunks of 32, peak 28 -> 15.5 MB against
+# 11.4 MB plain). Each chunk is one more pass of the recurrence, a cost in step time (LSTM(128),
+# 4.3M elements, one chunk: with two, its moments step took 174 ms against 94, one 7-round run
+# at load 10; with three, 1.8x too), so the budget is not smaller.
+_COPY_ELEMENTS = 5 << 20
 # A static batch of at most this many chunks is summed without a chunk loop (`sum_over_chunks`,
 # chunks chained by control dependencies): with a tf.while_loop per variable the LSTM(128)'s
 # step took 200-330 ms, unrolled 124 ms (fresh processes alternated, load 10).
@@ -313,12 +321,161 @@ class _Loop:
     taps: dict = field(default_factory=dict)
     records: dict = field(default_factory=dict)
     built: dict = field(default_factory=dict)
+    # per loop input, how a chunk of its examples is taken (`_slicing`); None: the copy cannot
+    # run on a chunk of the examples (it then runs on the whole batch)
+    slicing: list | None = None
+    steps_static: int | None = None  # the number of steps, if an input shows it statically
+    # the registered variables: key -> (uses, shape, size)
+    variables: dict = field(default_factory=dict)
 
-    def register(self, uses) -> None:
+    def register(self, uses, key=None, shape=(), size=0, dtype=tf.float32) -> None:
         for u in uses:
             self.taps.setdefault(u.tap.name, u.tap)
             if u.record is not None:
                 self.records.setdefault(u.record.name, u.record)
+        if key is not None:
+            self.variables.setdefault(key, (tuple(uses), tuple(shape), int(size), dtype))
+
+    def copy_elements(self) -> int:
+        """Elements one example holds in the copy's stacks of deltas and records (twice: a
+        list of the steps and its stack), which `chunk_sums` bounds."""
+        width = 0
+        for t in list(self.taps.values()) + list(self.records.values()):
+            width += int(np.prod([d for d in t.dims if d is not None]))
+        return 2 * width * (self.steps_static or 128)
+
+    def chunk_sums(self, grads: tuple, outputs: tuple, n, orders: tuple, chunk: int):
+        """``{variable key: {p: sum_j g_j ** p}}`` (unscaled) for every registered variable,
+        from copies of the loop run on chunks of at most ``chunk`` examples, one after the
+        other in a ``tf.while_loop`` (one copy traced): only one chunk's stacks are alive.
+        None when the seeds cannot be sliced (the caller uses the whole batch's stacks)."""
+        if self.slicing is None:
+            return None
+        seeds: list[tuple | None] = []
+        for t, g in zip(outputs, grads):
+            if g is None or t.value_index not in self.carried:
+                seeds.append(None)
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.convert_to_tensor(g)
+            how = self.slicing[t.value_index]
+            if how is None:  # holds no examples
+                return None
+            if how[0] == "dense":
+                seeds.append(("dense", how[1], g))
+            elif g.op.type == "TensorListFromTensor" and how[0] in ("reserve", "from_tensor"):
+                seeds.append(("list", how[1], g.op))
+            else:
+                return None
+        graph = tf.compat.v1.get_default_graph()
+        key: tuple = ("chunks", id(graph), tuple(None if g is None else id(g) for g in grads))
+        key += (tuple(sorted(self.taps)), tuple(sorted(self.records)))
+        key += (tuple(self.variables), tuple(orders), int(chunk))
+        hit = self.built.get(key)
+        if hit is not None and hit[0] is graph:
+            return hit[1]
+        names = list(self.variables)
+        zeros = tuple(
+            tf.zeros(self.variables[k][1], self.variables[k][3]) for k in names for _ in orders
+        )
+        n_static = tf.get_static_value(n)
+        if n_static is not None:  # as even as their number allows: 64 in chunks of 45 -> 32
+            chunk = -(-int(n_static) // -(-int(n_static) // chunk))
+        n_t = tf.convert_to_tensor(n, tf.int32)
+        count = (n_t + chunk - 1) // chunk
+
+        def body(i, accs):
+            start = i * chunk
+            size = tf.minimum(chunk, n_t - start)
+            inputs = [self._slice_input(k, start, size) for k in range(len(self.inputs))]
+            chunk_grads = tuple(
+                None if sd is None else _slice_seed(sd, start, size) for sd in seeds
+            )
+            stacks = self._build(chunk_grads, outputs, size, inputs)
+            new = []
+            for k in names:
+                sums = self._variable_sums(k, stacks, size, orders, chunk)
+                new.extend(sums[p] for p in orders)
+            return i + 1, tuple(a + b for a, b in zip(accs, new))
+
+        _, accs = tf.while_loop(
+            lambda i, _: i < count,
+            body,
+            (tf.constant(0), zeros),
+            parallel_iterations=1,
+            name="gradmom_copy_chunks",
+        )
+        out = {}
+        for j, k in enumerate(names):
+            out[k] = {p: accs[j * len(orders) + q] for q, p in enumerate(orders)}
+        self.built[key] = (graph, out)
+        return out
+
+    def _variable_sums(self, key, stacks, size, orders, chunk) -> dict:
+        """``{p: sum_j g_j ** p}`` over the ``size`` examples of one chunk's stacks, at most
+        `_CHUNK_ELEMENTS` per-example elements at once (sub-chunks past ``size`` are empty)."""
+        uses, shape, flat, dtype = self.variables[key]
+        own = max(1, _CHUNK_ELEMENTS // max(flat, 1))
+        parts = -(-chunk // own)
+        acc: dict = {}
+        for j in range(parts):
+            start = j * own
+            count = size if parts == 1 else tf.clip_by_value(size - start, 0, own)
+            with tf.control_dependencies([acc[p] for p in orders] if acc else []):
+                g_pow = {1: _variable_gradients(uses, stacks, start, count, shape, flat, dtype)}
+                sums = {p: power_sum(g_pow, p) for p in orders}
+            acc = {p: acc[p] + sums[p] if acc else sums[p] for p in orders}
+        return acc
+
+    def _open_items(self, gdef, nodes) -> None:
+        """For a copy on a chunk of the examples: the items read from a sliced list get an
+        element shape with the examples' axis open (the body's says the whole batch's size,
+        which would pin the shapes of the copy's accumulators to it)."""
+        assert self.slicing is not None
+        lists = {}
+        for i, how in enumerate(self.slicing):
+            if how is not None and how[0] != "dense":
+                lists[self.body.inputs[i].op.name] = how[1]
+        for o in self.body.get_operations():
+            if o.type != "TensorListGetItem":
+                continue
+            src = o.inputs[0].op
+            while src.type == "Identity":
+                src = src.inputs[0].op
+            if src.name not in lists:
+                continue
+            shape = tf.get_static_value(o.inputs[2])
+            if shape is None or np.ndim(shape) != 1:
+                continue
+            shape = np.array(shape)
+            shape[lists[src.name]] = -1
+            const = gdef.node.add()
+            const.name = o.name + "/gradmom_open_shape"
+            const.op = "Const"
+            const.attr["dtype"].type = o.inputs[2].dtype.as_datatype_enum
+            const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(shape, o.inputs[2].dtype))
+            nodes[o.name].input[2] = const.name
+
+    def _slice_input(self, k: int, start, size):
+        """Loop input ``k`` restricted to the examples ``[start, start + size)``."""
+        t = self.inputs[k]
+        how = self.slicing[k] if self.slicing is not None else None
+        if how is None:
+            return t
+        kind, axis = how
+        if kind == "dense":
+            return _slice_examples(t, axis - 1, start, size)
+        src = _list_source(t)
+        if kind == "reserve":
+            return tf.raw_ops.TensorListReserve(
+                element_shape=_open_axis(src.inputs[0], axis),
+                num_elements=src.inputs[1],
+                element_dtype=src.get_attr("element_dtype"),
+            )
+        return tf.raw_ops.TensorListFromTensor(
+            tensor=_slice_examples(src.inputs[0], axis, start, size),
+            element_shape=_open_axis(src.inputs[1], axis),
+        )
 
     # --- the copy --------------------------------------------------------------------------
 
@@ -348,11 +505,17 @@ class _Loop:
         dims[st.axis] = None
         return tf.TensorShape(dims)
 
-    def _build(self, grads, outputs, n) -> dict:
+    def _build(self, grads, outputs, n, inputs=None) -> dict:
+        """The copy's stacks; ``inputs``: the loop's inputs to run it on (default: the loop's
+        own; `chunk_sums` passes a chunk of the examples of each)."""
+        if inputs is None:
+            inputs = self.inputs
         gdef = tf.compat.v1.GraphDef.FromString(self.body_def)
         taps = [self.taps[k] for k in sorted(self.taps)]
         records = [self.records[k] for k in sorted(self.records)]
         nodes = {nd.name: nd for nd in gdef.node}
+        if inputs is not self.inputs:
+            self._open_items(gdef, nodes)
         for i, tap in enumerate(taps):
             node_name = tap.name.rsplit(":", 1)[0]
             nodes[node_name].name = node_name + "/gradmom_untapped"
@@ -384,7 +547,7 @@ class _Loop:
         # op but reads there) and captured: the copy's backward then neither accumulates a
         # read per step nor builds the variables' gradients.
         values = {
-            name: tf.raw_ops.ReadVariableOp(resource=self.inputs[i], dtype=dtype)
+            name: tf.raw_ops.ReadVariableOp(resource=inputs[i], dtype=dtype)
             for name, i, dtype in self.reads
         }
         nc = len(self.carried)
@@ -419,7 +582,7 @@ class _Loop:
                 for j, i in enumerate(self.carried):
                     mapping[body_in[i]] = carried[j]
                 for i in self.invariant:
-                    mapping[body_in[i]] = tf.identity(self.inputs[i])  # captured, not carried
+                    mapping[body_in[i]] = tf.identity(inputs[i])  # captured, not carried
                 for name, value in values.items():
                     mapping[name] = tf.identity(value)
                 for i, (tap, lst) in enumerate(zip(taps, t_lists)):
@@ -450,7 +613,7 @@ class _Loop:
                 ]
                 return new + list(t_lists) + new_records
 
-            loop_vars = [self.inputs[i] for i in self.carried] + tap_lists + rec_lists
+            loop_vars = [inputs[i] for i in self.carried] + tap_lists + rec_lists
             invariants = [self._invariant(i) for i in self.carried]
             invariants += [tf.TensorShape([])] * (len(tap_lists) + len(rec_lists))
             result = tf.while_loop(
@@ -471,14 +634,21 @@ class _Loop:
         lists = [None] * len(taps)
         if ys:
             lists = tape.gradient(ys, tap_lists, output_gradients=seeds_y)
-        deltas = [
-            tf.zeros(full_shape(tap.dims), tap.dtype)
-            if lst is None
-            else tf.raw_ops.TensorListStack(
-                input_handle=lst, element_shape=item_shape(tap.dims), element_dtype=tap.dtype
-            )
-            for tap, lst in zip(taps, lists)
-        ]
+        # One stack after the other: a list's items are freed once it is stacked, so at most
+        # one tap is held twice (its list and its stack) instead of all of them.
+        deltas: list = []
+        for tap, lst in zip(taps, lists):
+            if lst is None:
+                deltas.append(tf.zeros(full_shape(tap.dims), tap.dtype))
+                continue
+            with tf.control_dependencies(deltas[-1:]):
+                deltas.append(
+                    tf.raw_ops.TensorListStack(
+                        input_handle=lst,
+                        element_shape=item_shape(tap.dims),
+                        element_dtype=tap.dtype,
+                    )
+                )
         for tap, d in zip(taps, deltas):
             out[tap.name] = d
         for r, lst in zip(records, result[nc + len(taps) :]):
@@ -503,6 +673,41 @@ def _chunk_of(stack: tf.Tensor, axis: int, start, size) -> tf.Tensor:
     rank = stack.shape.rank
     perm = [axis + 1, 0] + [k + 1 for k in range(rank - 1) if k != axis]
     return tf.transpose(_slice_examples(stack, axis, start, size), perm)
+
+
+def _open_axis(element_shape: tf.Tensor, axis: int) -> tf.Tensor:
+    """A list's element shape with the examples' ``axis`` left open (-1)."""
+    rank = element_shape.shape.num_elements() if element_shape.shape.rank == 1 else None
+    if rank is None:  # an unknown rank (-1): nothing to open
+        return element_shape
+    mask = np.zeros(rank, element_shape.dtype.as_numpy_dtype)
+    mask[axis] = 1
+    return element_shape * (1 - mask) - mask
+
+
+def _slice_seed(seed, start, size):
+    """A seed (the gradient of a loop output) restricted to the examples of a chunk."""
+    kind, axis, g = seed
+    if kind == "dense":
+        return _slice_examples(g, axis - 1, start, size)
+    return tf.raw_ops.TensorListFromTensor(  # g: the seed list's TensorListFromTensor op
+        tensor=_slice_examples(g.inputs[0], axis, start, size),
+        element_shape=_open_axis(g.inputs[1], axis),
+    )
+
+
+def _variable_gradients(uses, stacks, start, count, shape, size, dtype) -> tf.Tensor:
+    """``[count, *shape]``: the per-example gradients of a variable from its ``uses``, for the
+    examples ``[start, start + count)`` of the stacks, unscaled."""
+    g = None
+    for u in uses:
+        part = _use_gradients(u, stacks, start, count, dtype)
+        if u.positions is None:
+            part = tf.reshape(part, [-1, *shape])
+        else:
+            part = tf.reshape(_scatter(u, part, size), [-1, *shape])
+        g = part if g is None else g + part
+    return g
 
 
 # Loops analysed in one call of the core (keyed by its `Examples`), by op name: one analysis, one
@@ -587,6 +792,7 @@ def _analyse(site: Site) -> _Loop:
         for o in body.get_operations()
         if o.type == "ReadVariableOp" and o.inputs[0].op in placeholders
     ]
+    slicing, steps = _slicing(op, body, sub)
     return _Loop(
         op=op,
         body=body,
@@ -596,7 +802,50 @@ def _analyse(site: Site) -> _Loop:
         carried=carried,
         invariant=invariant,
         reads=reads,
+        slicing=slicing,
+        steps_static=steps,
     )
+
+
+def _list_source(t: tf.Tensor) -> tf.Operation:
+    src = t.op
+    while src.type == "Identity":
+        src = src.inputs[0].op
+    return src
+
+
+def _slicing(op: tf.Operation, body, sub) -> tuple[list | None, int | None]:
+    """Per loop input, how the copy takes a chunk of its examples: None (it holds none: the
+    same input), ``("dense", axis)`` (a slice on that axis), ``("reserve", axis)`` or
+    ``("from_tensor", axis)`` (a ``TensorList`` made by that op, its elements holding the
+    examples on ``axis``: the list made again for the chunk). None for the whole list when an
+    input holds examples some other way (the copy then runs on the whole batch). Also the
+    number of steps if a list made from a tensor shows it."""
+    how: list = []
+    steps = None
+    for i, t in enumerate(op.inputs):
+        st = sub.of(body.inputs[i])
+        if st == _axes.FREE or (isinstance(st, _axes.Elements) and st.of == _axes.FREE):
+            how.append(None)
+        elif isinstance(st, _axes.Axis) and st.pure and t.dtype != tf.variant:
+            if t.shape.rank is None:
+                return None, None
+            how.append(("dense", st.axis))
+        elif isinstance(st, _axes.Elements) and isinstance(st.of, _axes.Axis) and st.of.pure:
+            src = _list_source(t)
+            if src.type == "TensorListReserve":
+                how.append(("reserve", st.of.axis))
+            elif src.type == "TensorListFromTensor":
+                how.append(("from_tensor", st.of.axis))
+                if src.inputs[0].shape.rank and src.inputs[0].shape[0] is not None:
+                    steps = int(src.inputs[0].shape[0])
+            else:
+                return None, None
+            if src.inputs[0 if src.type == "TensorListReserve" else 1].shape.rank != 1:
+                return None, None
+        else:
+            return None, None
+    return how, steps
 
 
 def _roots(site: Site, loop: _Loop) -> list:
@@ -792,7 +1041,12 @@ def recurrent_rule(site: Site) -> Contribution:
     for u in uses:
         if u.positions is not None and np.unique(u.positions).size != u.positions.size:
             raise RuleError("a view repeats entries of the variable")  # pragma: no cover
-    loop.register(uses)
+    if site.view.dtype == tf.resource:
+        var_shape = tuple(int(d) for d in tf.TensorShape(site.var_shape))
+    else:
+        var_shape = tuple(int(d) for d in site.view.shape)
+    var_key = (site.view.ref(), site.index)
+    loop.register(uses, var_key, var_shape, int(np.prod(var_shape)), site.dtype)
 
     # the examples: a carried floating-point output whose examples' axis is proven
     evidence = None
@@ -830,6 +1084,20 @@ def recurrent_rule(site: Site) -> Contribution:
         return gradients(stacks, start, count, delta.factor)
 
     def power_sums(delta, n, orders, chunk=None):
+        # The copy on chunks of at most _COPY_ELEMENTS elements of stacks (and at most `chunk`
+        # examples): unless the batch is statically one such chunk.
+        copy_chunk = max(1, _COPY_ELEMENTS // max(loop.copy_elements(), 1))
+        if chunk is not None:
+            copy_chunk = min(copy_chunk, int(chunk))
+        n_static = tf.get_static_value(n)
+        if n_static is None or int(n_static) > copy_chunk:
+            found = loop.chunk_sums(delta.grads, outputs, n, tuple(orders), copy_chunk)
+            if found is not None:
+                sums = found[var_key]
+                factor = delta.factor
+                if isinstance(factor, float) and factor == 1.0:
+                    return dict(sums)
+                return {p: v * tf.cast(factor, dtype) ** p for p, v in sums.items()}
         stacks = loop.stacks(delta.grads, outputs, n)
         # at most _CHUNK_ELEMENTS per-example elements at once (and at most `chunk` examples)
         own = max(1, _CHUNK_ELEMENTS // max(size, 1))
