@@ -255,16 +255,18 @@ APP_BATCH = 2
 # to trace and run `gradients_and_moments` and for the brute-force reference (summed over the
 # groups; wall time, inflated by the load), peak RSS (GB) and the worst relative error over
 # orders 1-4 and the gradient (bound 1e-9). Every variable went through a rule. Together about
-# 2 h of wall time: not in CI. ConvNeXtLarge's reference took 51 min (Keras' grouped conv
+# 3.5 h of wall time: not in CI. ConvNeXtLarge's reference took 51 min (Keras' grouped conv
 # retraces its XLA tf.function on every eager call; the streamed reference is now traced once per
-# chunk). EfficientNetV2L: re-measured on 2026-11-25 (core d4be865, load 4-6) against the
-# reference from the batch's forward pass (`zoo_worker.forward_spread`: at random initialisation
+# chunk; ConvNeXtXLarge's still took 35 min). ConvNeXtSmall/Base/XLarge and EfficientNetV2L:
+# measured on 2026-11-25 at d4be865 (load 4-12; ConvNeXtXLarge with 13.4 GB resident, alone).
+# EfficientNetV2L against the reference from the batch's forward pass (`zoo_worker.forward_spread`: at random initialisation
 # its outputs on one example differ from the batch's by 35% in float64, so a reference on each
 # example's own slice is another function; it was reported wrong at 3.4e7 against that).
 TIMINGS: dict[str, tuple[float, int, int, int, int, int, float, float]] = {
     "app-convnextsmall": (49.5, 344, 1, 34, 78, 128, 5.2, 6.3e-15),
     "app-convnextbase": (87.6, 344, 1, 40, 92, 211, 8.3, 6.4e-15),
     "app-convnextlarge": (196.2, 344, 2, 102, 372, 3053, 9.2, 6.7e-15),
+    "app-convnextxlarge": (348.2, 344, 4, 66, 716, 2096, 13.4, 6.7e-15),
     "app-densenet169": (12.5, 508, 1, 152, 107, 7, 2.5, 4.1e-15),
     "app-densenet201": (18.1, 604, 1, 75, 64, 13, 2.6, 3.1e-15),
     "app-efficientnetb1": (6.5, 301, 1, 57, 43, 8, 1.5, 7.2e-16),
