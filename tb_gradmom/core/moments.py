@@ -19,7 +19,7 @@ from tb_gradmom.core import fallback as _fallback
 from tb_gradmom.core import loss as _loss
 from tb_gradmom.core import plan as _plan
 from tb_gradmom.core.plan import WARNED, Options, Plan, check_orders
-from tb_gradmom.core.rules.base import Count, Site, power_sum, sum_over_chunks
+from tb_gradmom.core.rules.base import Count, Site, power_sums_of, sum_over_chunks
 from tb_gradmom.core.rules.recurrent import LoopGrads
 from tb_gradmom.core.sites import VariablePlan
 
@@ -35,6 +35,9 @@ __all__ = [
 # Per rule, examples are processed in chunks so that the per-example tensors of one chunk hold
 # at most this many elements (32 MiB in float32), unless `chunk_size` is given.
 DEFAULT_CHUNK_ELEMENTS = 1 << 23
+# A static batch of at most this many chunks is summed chunk after chunk without a
+# ``tf.while_loop`` (see `sum_over_chunks`).
+_UNROLL_CHUNKS = 16
 
 
 def _warn_fallback(plans: Sequence[VariablePlan], ids: Sequence[int]) -> None:
@@ -126,10 +129,11 @@ def _power_sums_chunked(
         for (_site, c), delta in zip(plan.sites, deltas):
             part = tf.reshape(c.per_example(delta, n, start, size), [-1, *var_shape])
             g = part if g is None else g + part
-        g_pow = {1: g}
-        return {p: power_sum(g_pow, p) for p in orders}
+        return power_sums_of(g, orders)
 
-    return sum_over_chunks(n, chunk, orders, var_shape, plan.dtype, chunk_sums)
+    return sum_over_chunks(
+        n, chunk, orders, var_shape, plan.dtype, chunk_sums, unroll=_UNROLL_CHUNKS
+    )
 
 
 @tf.autograph.experimental.do_not_convert

@@ -54,7 +54,7 @@ from tb_gradmom.core.rules.base import (
     RuleError,
     Site,
     example_count,
-    power_sum,
+    power_sums_of,
     sum_over_chunks,
 )
 
@@ -836,8 +836,7 @@ def recurrent_rule(site: Site) -> Contribution:
         chunk = own if chunk is None else min(int(chunk), own)
 
         def chunk_sums(start, count):
-            g_pow = {1: gradients(stacks, start, count, delta.factor)}
-            return {p: power_sum(g_pow, p) for p in orders}
+            return power_sums_of(gradients(stacks, start, count, delta.factor), orders)
 
         return sum_over_chunks(
             n, chunk, orders, shape, dtype, chunk_sums, name="loop_chunks", unroll=_UNROLL
