@@ -44,6 +44,7 @@ _UNROLL_CHUNKS = 16
 # time. Transformer block of bench_core.py (batch 32): peak 1.28x plain instead of 1.44x, the
 # same step time (chunks of 8: 1.23x; two chunks in flight at once: no faster).
 MATERIALISED_CHUNK_ELEMENTS = 1 << 20
+_MATERIALISED_CHUNKS = 2
 
 
 def _warn_fallback(plans: Sequence[VariablePlan], ids: Sequence[int]) -> None:
@@ -111,7 +112,9 @@ def batch_asserts(checks: Sequence[tuple[tf.Tensor, str]], n: Count) -> list[tf.
     ]
 
 
-def _chunk(plan: VariablePlan, chunk_size: int | None, fast: bool = False) -> int:
+def _chunk(
+    plan: VariablePlan, chunk_size: int | None, fast: bool = False, n: Count | None = None
+) -> int:
     if chunk_size is not None:
         if int(chunk_size) < 1:
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
@@ -121,7 +124,15 @@ def _chunk(plan: VariablePlan, chunk_size: int | None, fast: bool = False) -> in
         return max(1, DEFAULT_CHUNK_ELEMENTS // per_example)
     per_example = sum(c.per_example_elements for _, c in plan.sites)
     per_example = max(per_example, int(plan.variable.shape.num_elements() or 1))
-    return max(1, MATERIALISED_CHUNK_ELEMENTS // max(per_example, 1))
+    chunk = max(1, MATERIALISED_CHUNK_ELEMENTS // max(per_example, 1))
+    n_static = tf.get_static_value(n) if n is not None else None
+    if n_static is not None:
+        # at most _MATERIALISED_CHUNKS chunks of a static batch below the 8M budget: each chunk
+        # is more ops to trace (BERT of bench_zoo.py: 4 chunks took trace + first call from 1.9x
+        # to 2.6x plain)
+        floor = -(-int(n_static) // _MATERIALISED_CHUNKS)
+        chunk = max(chunk, min(floor, max(1, DEFAULT_CHUNK_ELEMENTS // max(per_example, 1))))
+    return chunk
 
 
 def _power_sums_chunked(
@@ -624,7 +635,7 @@ def _raw_sums(
         chunk = _chunk(plan, chunk_size, fast=True)
         sums = plan.sites[0][1].power_sums(deltas[0], n, tuple(orders), chunk)
         return {p: tf.reshape(sums[p], plan.variable.shape) for p in orders}
-    return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size))
+    return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size, n=n))
 
 
 def variance(
