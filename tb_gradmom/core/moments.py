@@ -19,7 +19,7 @@ from tb_gradmom.core import fallback as _fallback
 from tb_gradmom.core import loss as _loss
 from tb_gradmom.core import plan as _plan
 from tb_gradmom.core.plan import WARNED, Options, Plan, check_orders
-from tb_gradmom.core.rules.base import UNROLL, Count, Site, power_sum, sum_over_chunks
+from tb_gradmom.core.rules.base import UNROLL, Count, Site, power_sums_of, sum_over_chunks
 from tb_gradmom.core.rules.recurrent import LoopGrads
 from tb_gradmom.core.sites import VariablePlan
 
@@ -35,6 +35,13 @@ __all__ = [
 # Per rule, examples are processed in chunks so that the per-example tensors of one chunk hold
 # at most this many elements (32 MiB in float32), unless `chunk_size` is given.
 DEFAULT_CHUNK_ELEMENTS = 1 << 23
+# Where per-example gradients are materialised whole (Dense on sequences, EinsumDense,
+# variables with several sites), one chunk holds at most this many of their elements (4 MiB in
+# float32): the per-example kernels of a Dense(128 -> 512) on sequences go 16 examples at a
+# time. Transformer block of bench_core.py (batch 32): peak 1.28x plain instead of 1.44x, the
+# same step time (chunks of 8: 1.23x; two chunks in flight at once: no faster).
+MATERIALISED_CHUNK_ELEMENTS = 1 << 20
+_MATERIALISED_CHUNKS = 2
 
 
 def _warn_fallback(plans: Sequence[VariablePlan], ids: Sequence[int]) -> None:
@@ -102,7 +109,9 @@ def batch_asserts(checks: Sequence[tuple[tf.Tensor, str]], n: Count) -> list[tf.
     ]
 
 
-def _chunk(plan: VariablePlan, chunk_size: int | None, fast: bool = False) -> int:
+def _chunk(
+    plan: VariablePlan, chunk_size: int | None, fast: bool = False, n: Count | None = None
+) -> int:
     if chunk_size is not None:
         if int(chunk_size) < 1:
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
@@ -112,7 +121,15 @@ def _chunk(plan: VariablePlan, chunk_size: int | None, fast: bool = False) -> in
         return max(1, DEFAULT_CHUNK_ELEMENTS // per_example)
     per_example = sum(c.per_example_elements for _, c in plan.sites)
     per_example = max(per_example, int(plan.variable.shape.num_elements() or 1))
-    return max(1, DEFAULT_CHUNK_ELEMENTS // max(per_example, 1))
+    chunk = max(1, MATERIALISED_CHUNK_ELEMENTS // max(per_example, 1))
+    n_static = tf.get_static_value(n) if n is not None else None
+    if n_static is not None:
+        # at most _MATERIALISED_CHUNKS chunks of a static batch below the 8M budget: each chunk
+        # is more ops to trace (BERT of bench_zoo.py: 4 chunks took trace + first call from 1.9x
+        # to 2.6x plain)
+        floor = -(-int(n_static) // _MATERIALISED_CHUNKS)
+        chunk = max(chunk, min(floor, max(1, DEFAULT_CHUNK_ELEMENTS // max(per_example, 1))))
+    return chunk
 
 
 def _power_sums_chunked(
@@ -126,8 +143,7 @@ def _power_sums_chunked(
         for (_site, c), delta in zip(plan.sites, deltas):
             part = tf.reshape(c.per_example(delta, n, start, size), [-1, *var_shape])
             g = part if g is None else g + part
-        g_pow = {1: g}
-        return {p: power_sum(g_pow, p) for p in orders}
+        return power_sums_of(g, orders)
 
     return sum_over_chunks(n, chunk, orders, var_shape, plan.dtype, chunk_sums, unroll=UNROLL)
 
@@ -176,7 +192,8 @@ def gradients_and_moments(
         checked against the graph like every other piece of evidence.
       chunk_size: examples per chunk where per-example gradients are materialised (convolutions,
         Dense on sequences, variables used by several ops). Default: chosen per layer so one
-        chunk holds at most 8M elements.
+        chunk holds at most 8M elements (1M where whole per-example gradients are
+        materialised: Dense on sequences, EinsumDense, variables used by several ops).
       name: a name scope for the added ops.
       fallback: for a variable consumed by an op without an exact rule (a custom op,
         ``tf.sin(W)``, a ``tf.while_loop`` that `tb_gradmom.core.rules.recurrent` does not cover;
@@ -726,7 +743,7 @@ def _raw_sums(
         chunk = _chunk(plan, chunk_size, fast=True)
         sums = plan.sites[0][1].power_sums(deltas[0], n, tuple(orders), chunk)
         return {p: tf.reshape(sums[p], plan.variable.shape) for p in orders}
-    return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size))
+    return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size, n=n))
 
 
 def variance(

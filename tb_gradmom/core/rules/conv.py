@@ -39,7 +39,7 @@ from tb_gradmom.core.rules.base import (
     RuleError,
     Site,
     example_count,
-    power_sum,
+    power_sums_of,
     sum_over_chunks,
 )
 
@@ -236,8 +236,8 @@ def conv_contribution(
         )
         # [kh, kw, rows * G, o_g] -> [rows, K, G, o_g]
         g = tf.transpose(tf.reshape(g, [n_off, rows_n, groups, o_g]), [1, 0, 2, 3])
-        g_pow = {1: g}
-        return {p: tf.reshape(power_sum(g_pow, p), sums_shape) for p in orders}
+        sums = power_sums_of(g, orders)
+        return {p: tf.reshape(sums[p], sums_shape) for p in orders}
 
     def offset_sums(delta, n, start, size, orders):
         """{p: [K, G, c_g, o_g]}: sums of g**p over examples [start, start + size), per offset."""
@@ -273,9 +273,9 @@ def conv_contribution(
             else:
                 x_off = tf.transpose(tf.reshape(x_off, [rows_n, -1, groups, c_g]), [0, 2, 1, 3])
                 g = tf.linalg.matmul(x_off, d3, transpose_a=True)  # [rows, G, c_g, o_g]
-            g_pow = {1: g}
+            g_sums = power_sums_of(g, orders)
             for p in orders:
-                sums[p].append(power_sum(g_pow, p))  # sums_shape[1:]: no reshape per offset
+                sums[p].append(g_sums[p])  # sums_shape[1:]: no reshape per offset
             done.append([sums[p][-1] for p in orders])
         return {p: tf.stack(v) for p, v in sums.items()}
 

@@ -54,7 +54,7 @@ from tb_gradmom.core.rules.base import (
     RuleError,
     Site,
     example_count,
-    power_sum,
+    power_sums_of,
     sum_over_chunks,
 )
 
@@ -422,8 +422,8 @@ class _Loop:
             start = j * own
             count = size if parts == 1 else tf.clip_by_value(size - start, 0, own)
             with tf.control_dependencies([acc[p] for p in orders] if acc else []):
-                g_pow = {1: _variable_gradients(uses, stacks, start, count, shape, flat, dtype)}
-                sums = {p: power_sum(g_pow, p) for p in orders}
+                g = _variable_gradients(uses, stacks, start, count, shape, flat, dtype)
+                sums = power_sums_of(g, orders)
             acc = {p: acc[p] + sums[p] if acc else sums[p] for p in orders}
         return acc
 
@@ -1104,8 +1104,7 @@ def recurrent_rule(site: Site) -> Contribution:
         chunk = own if chunk is None else min(int(chunk), own)
 
         def chunk_sums(start, count):
-            g_pow = {1: gradients(stacks, start, count, delta.factor)}
-            return {p: power_sum(g_pow, p) for p in orders}
+            return power_sums_of(gradients(stacks, start, count, delta.factor), orders)
 
         return sum_over_chunks(
             n, chunk, orders, shape, dtype, chunk_sums, name="loop_chunks", unroll=_UNROLL
