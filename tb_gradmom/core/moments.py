@@ -306,7 +306,7 @@ class Backward:
                 vplan = self.plan.variables[i]
                 site = vplan.sites[0][0]
                 dz = self.out_grads[self.index[_site_outputs(site)[0].ref()]]
-                grad = _FILTER_GRADIENTS[site.op.type](site.op, dz)
+                grad = _filter_grad(site.op, dz)
                 grad = tf.reshape(tf.cast(grad, vplan.variable.dtype), vplan.variable.shape)
                 grads.append(grad)
         return grads
@@ -571,52 +571,34 @@ def run_backward(
     )
 
 
-def _conv2d_filter_grad(op: tf.Operation, dz: tf.Tensor) -> tf.Tensor:
-    return tf.raw_ops.Conv2DBackpropFilter(
-        input=op.inputs[0],
-        filter_sizes=tf.shape(op.inputs[1]),
-        out_backprop=dz,
-        strides=op.get_attr("strides"),
-        use_cudnn_on_gpu=op.get_attr("use_cudnn_on_gpu"),
-        padding=op.get_attr("padding"),
-        explicit_paddings=op.get_attr("explicit_paddings"),
-        data_format=op.get_attr("data_format"),
-        dilations=op.get_attr("dilations"),
-    )
-
-
-def _depthwise_filter_grad(op: tf.Operation, dz: tf.Tensor) -> tf.Tensor:
-    return tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
-        input=op.inputs[0],
-        filter_sizes=tf.shape(op.inputs[1]),
-        out_backprop=dz,
-        strides=op.get_attr("strides"),
-        padding=op.get_attr("padding"),
-        explicit_paddings=op.get_attr("explicit_paddings"),
-        data_format=op.get_attr("data_format"),
-        dilations=op.get_attr("dilations"),
-    )
-
-
-def _conv3d_filter_grad(op: tf.Operation, dz: tf.Tensor) -> tf.Tensor:
-    return tf.raw_ops.Conv3DBackpropFilterV2(
-        input=op.inputs[0],
-        filter_sizes=tf.shape(op.inputs[1]),
-        out_backprop=dz,
-        strides=op.get_attr("strides"),
-        padding=op.get_attr("padding"),
-        data_format=op.get_attr("data_format"),
-        dilations=op.get_attr("dilations"),
-    )
-
-
 # The filter gradients TensorFlow registers for these ops (its nn_grad), for `plain_grads`: a
-# variable is deferred only when its site is one of them, at the filter input (index 1).
+# variable is deferred only when its site is one of them, at the filter input (index 1). Per op:
+# the raw gradient op and the attributes it takes from the forward op.
 _FILTER_GRADIENTS = {
-    "Conv2D": _conv2d_filter_grad,
-    "DepthwiseConv2dNative": _depthwise_filter_grad,
-    "Conv3D": _conv3d_filter_grad,
+    "Conv2D": (
+        tf.raw_ops.Conv2DBackpropFilter,
+        ("strides", "use_cudnn_on_gpu", "padding", "explicit_paddings", "data_format", "dilations"),
+    ),
+    "DepthwiseConv2dNative": (
+        tf.raw_ops.DepthwiseConv2dNativeBackpropFilter,
+        ("strides", "padding", "explicit_paddings", "data_format", "dilations"),
+    ),
+    "Conv3D": (
+        tf.raw_ops.Conv3DBackpropFilterV2,
+        ("strides", "padding", "data_format", "dilations"),
+    ),
 }
+
+
+def _filter_grad(op: tf.Operation, dz: tf.Tensor) -> tf.Tensor:
+    """TensorFlow's filter gradient of the convolution ``op`` from its output gradient ``dz``."""
+    raw, attrs = _FILTER_GRADIENTS[op.type]
+    return raw(
+        input=op.inputs[0],
+        filter_sizes=tf.shape(op.inputs[1]),
+        out_backprop=dz,
+        **{a: op.get_attr(a) for a in attrs},
+    )
 
 
 def _grad_from_sums(vplan: VariablePlan, m1: tf.Tensor, plan: Plan) -> tf.Tensor:

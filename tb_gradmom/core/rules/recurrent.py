@@ -1067,14 +1067,7 @@ def recurrent_rule(site: Site) -> Contribution:
     dtype = site.dtype
 
     def gradients(stacks, start, count, factor):
-        g = None
-        for u in uses:
-            part = _use_gradients(u, stacks, start, count, dtype)
-            if u.positions is None:
-                part = tf.reshape(part, [-1, *shape])
-            else:
-                part = tf.reshape(_scatter(u, part, size), [-1, *shape])
-            g = part if g is None else g + part
+        g = _variable_gradients(uses, stacks, start, count, shape, size, dtype)
         if not (isinstance(factor, float) and factor == 1.0):
             g = g * tf.cast(factor, dtype)
         return g
