@@ -657,7 +657,9 @@ def _moments_of(
     result: dict[int, tf.Tensor] = {}
     if (grad is None and not sums_only) or not plan.sites:
         return {p: tf.zeros(shape, plan.dtype) for p in orders}
-    nf = tf.cast(n, plan.dtype)
+    # a static batch as a Python number: constants, not a Cast and a Pow per variable and order
+    n_static = tf.get_static_value(n)
+    nf: float | tf.Tensor = float(n_static) if n_static is not None else tf.cast(n, plan.dtype)
     if inv_scale is not None:
         inv_scale = tf.cast(inv_scale, plan.dtype)
     if 1 in orders and not sums_only:
