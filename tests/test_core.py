@@ -641,3 +641,58 @@ def test_xla_compiled_step_is_refused():
 
     with pytest.raises(RuntimeError, match="jit_compile"):
         step(tf.ones([4, 3]))
+
+
+def test_the_rules_build_no_idle_ops_and_share_their_constants():
+    """The rules' graph holds no reshape that changes nothing, no slice of a whole static
+    batch, and one copy of each small constant they ask for, made without control inputs
+    (shared, it must not order its users); the numbers stay exact (the cases above)."""
+    import keras
+
+    rng = np.random.default_rng(0)
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3, padding="same"),
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+            keras.layers.Conv2D(4, 1),
+            keras.layers.BatchNormalization(),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(3),
+        ]
+    )
+    x = tf.constant(rng.normal(size=(4, 8, 8, 3)).astype("float32"))
+    y = tf.constant(rng.normal(size=(4, 3)).astype("float32"))
+
+    @tf.function
+    def step(x, y):
+        loss = tf.reduce_mean(squared_error(model(x, training=True), y))
+        return gradmom.gradients_and_moments(loss, model.trainable_variables, orders=ORDERS)
+
+    graph = step.get_concrete_function(x, y).graph
+
+    def from_rules(op):
+        return any("/tb_gradmom/core/rules/" in frame.filename for frame in op.traceback)
+
+    ours = [op for op in graph.get_operations() if from_rules(op)]
+    assert ours, "no op traced back to the rules: the check would see nothing"
+    idle = [
+        op.name
+        for op in ours
+        if op.type in ("Reshape", "StridedSlice")
+        and op.inputs[0].shape.is_fully_defined()
+        and op.inputs[0].shape == op.outputs[0].shape
+    ]
+    assert idle == [], idle
+    values: dict = {}
+    for op in ours:
+        if op.type != "Const" or op.outputs[0].dtype != tf.int32:
+            continue
+        assert not op.control_inputs, f"shared constant {op.name} has control inputs"
+        key = tf.get_static_value(op.outputs[0]).tobytes() + bytes(op.outputs[0].shape)
+        values.setdefault(key, []).append(op.name)
+    repeated = {k: v for k, v in values.items() if len(v) > 1}
+    assert repeated == {}, repeated
+    grads, moments = step(x, y)
+    assert all(np.all(np.isfinite(m[p].numpy())) for m in moments for p in ORDERS)

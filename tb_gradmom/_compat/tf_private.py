@@ -39,6 +39,11 @@ checks each one against the installed TensorFlow. The symbols (`SYMBOLS`):
     Rewires an input of an op already in the graph. Needed to gate the loops and function calls
     that ``pfor`` creates, so that the exact fallback runs only on the steps that are recorded.
     Without it the exact fallback is unavailable.
+``control_flow_context`` - ``tensorflow.python.framework.ops.Graph._get_control_flow_context``
+    The TF1 control-flow context (a ``tf.compat.v1`` ``while_loop``/``cond`` body, an XLA
+    context) ops are being added to, or None. Needed to share the rules' small constants across
+    a graph only where no such context could be crossed. Without it every rule makes its own
+    constants, as TensorFlow does (more ops to trace; the same numbers).
 ``summary_state`` - ``tensorflow.python.ops.summary_ops_v2._summary_state``
     ``tf.summary``'s thread-local state: the default writer (``writer.as_default()``) and the
     recording condition (``tf.summary.record_if``). TensorFlow has no public getter for the
@@ -69,6 +74,7 @@ __all__ = [
     "component_specs",
     "gradient_function",
     "update_input",
+    "control_flow_context",
     "default_summary_writer",
     "summary_recording_condition",
 ]
@@ -109,6 +115,11 @@ SYMBOLS: dict[str, tuple[str, str, str]] = {
         "tensorflow.python.framework.ops",
         "Operation._update_input",
         f"{_FALLBACK} gated to the recorded steps",
+    ),
+    "control_flow_context": (
+        "tensorflow.python.framework.ops",
+        "Graph._get_control_flow_context",
+        "constants shared by the rules across a graph (fewer ops to trace)",
     ),
     "summary_state": (
         "tensorflow.python.ops.summary_ops_v2",
@@ -215,6 +226,12 @@ def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:
     """Makes ``tensor`` input ``index`` of ``op``, in place (same graph)."""
     _get("update_input")  # the method exists on tf.Operation
     op._update_input(index, tensor)
+
+
+def control_flow_context(graph: tf.Graph) -> Any:
+    """The TF1 control-flow context ops are being added to in ``graph``, or None."""
+    _get("control_flow_context")  # the method exists on tf.Graph (FuncGraph inherits it)
+    return graph._get_control_flow_context()
 
 
 def _summary_state() -> Any:

@@ -19,7 +19,14 @@ from tb_gradmom.core import fallback as _fallback
 from tb_gradmom.core import loss as _loss
 from tb_gradmom.core import plan as _plan
 from tb_gradmom.core.plan import WARNED, Options, Plan, check_orders
-from tb_gradmom.core.rules.base import UNROLL, Count, Site, power_sums_of, sum_over_chunks
+from tb_gradmom.core.rules.base import (
+    UNROLL,
+    Count,
+    Site,
+    power_sums_of,
+    reshape,
+    sum_over_chunks,
+)
 from tb_gradmom.core.rules.recurrent import LoopGrads
 from tb_gradmom.core.sites import VariablePlan
 
@@ -141,7 +148,7 @@ def _power_sums_chunked(
     def chunk_sums(start: Count, size: Count) -> dict[int, tf.Tensor]:
         g = None
         for (_site, c), delta in zip(plan.sites, deltas):
-            part = tf.reshape(c.per_example(delta, n, start, size), [-1, *var_shape])
+            part = reshape(c.per_example(delta, n, start, size), [-1, *var_shape])
             g = part if g is None else g + part
         return power_sums_of(g, orders)
 
@@ -307,7 +314,7 @@ class Backward:
                 site = vplan.sites[0][0]
                 dz = self.out_grads[self.index[_site_outputs(site)[0].ref()]]
                 grad = _filter_grad(site.op, dz)
-                grad = tf.reshape(tf.cast(grad, vplan.variable.dtype), vplan.variable.shape)
+                grad = reshape(tf.cast(grad, vplan.variable.dtype), vplan.variable.shape)
                 grads.append(grad)
         return grads
 
@@ -726,7 +733,7 @@ def _raw_sums(
     if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
         chunk = _chunk(plan, chunk_size, fast=True)
         sums = plan.sites[0][1].power_sums(deltas[0], n, tuple(orders), chunk)
-        return {p: tf.reshape(sums[p], plan.variable.shape) for p in orders}
+        return {p: reshape(sums[p], plan.variable.shape) for p in orders}
     return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size, n=n))
 
 

@@ -9,11 +9,15 @@ per-example gradients of the consumed tensor, or directly into sums of their pow
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+import numpy as np
 import tensorflow as tf
+
+from tb_gradmom._compat import tf_private
 
 if TYPE_CHECKING:
     from tb_gradmom.core.axes import Axis, Examples
@@ -27,6 +31,9 @@ __all__ = [
     "power_sum",
     "UNROLL",
     "power_sums_of",
+    "reshape",
+    "example_slice",
+    "constant",
 ]
 
 # A static batch of at most this many chunks is summed by unrolled calls chained by control
@@ -131,6 +138,79 @@ def example_count(t: tf.Tensor, axis: int, partners: int = 1) -> Count:
     return size if partners == 1 else size // partners
 
 
+# Per graph being built: int32 constants by value (`constant`).
+_CONSTANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def constant(value: Any) -> Any:
+    """An int32 constant (a reduction axis, a shape, slice bounds, paddings: an int or nested
+    lists of ints) made once per graph and shared by every op of the graph that asks for the
+    same value.
+
+    The rules ask for the same few small constants thousands of times (ResNet50's moments
+    step: 6,000 constants, most of them copies of ``0``, ``[16, -1, 64]`` and the like); each
+    is an op to trace and to optimise at the first call. Made with no control dependencies, so
+    sharing one adds no ordering between its users. Where ops are being added to a TF1
+    control-flow context (a ``tf.compat.v1`` loop or cond body, XLA), or eagerly, ``value`` is
+    returned as it is and TensorFlow makes its own constant, as before."""
+    if tf.executing_eagerly():
+        return value
+    graph = tf.compat.v1.get_default_graph()
+    if tf_private.unavailable("control_flow_context") is not None:
+        return value
+    if tf_private.control_flow_context(graph) is not None:
+        return value
+    array = np.asarray(value, dtype=np.int64)
+    key = (array.shape, tuple(array.ravel().tolist()))
+    cache = _CONSTANTS.setdefault(graph, {})
+    t = cache.get(key)
+    if t is None:
+        with tf.control_dependencies(None), tf.name_scope("gradmom_constants/"):
+            t = tf.constant(array, tf.int32)
+        cache[key] = t
+    return t
+
+
+def reshape(x: tf.Tensor, shape: Any) -> tf.Tensor:
+    """``tf.reshape(x, shape)``, or ``x`` itself when its static shape already is ``shape``.
+
+    A reshape that changes nothing still costs an op and its shape constant to trace and to
+    optimise at the first call (ResNet50's moments step had about 900 of them, from views of a
+    per-example gradient already in the variable's shape). ``shape``: a list of ints (at most
+    one -1) or a `tf.TensorShape`; anything else (tensors, unknown sizes) goes to
+    ``tf.reshape``."""
+    dims = None
+    if isinstance(shape, tf.TensorShape):
+        dims = shape.as_list() if shape.rank is not None else None
+    elif isinstance(shape, list | tuple):
+        dims = list(shape)
+    if dims is not None and x.shape.is_fully_defined() and len(dims) == x.shape.rank:
+        if all(type(d) is int for d in dims):
+            current = x.shape.as_list()
+            free = [i for i, d in enumerate(dims) if d == -1]
+            known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+            total = int(np.prod(current, dtype=np.int64))
+            if len(free) == 1 and known > 0 and total % known == 0:
+                dims[free[0]] = total // known
+            if dims == current:
+                return x
+    if isinstance(shape, list | tuple) and all(type(d) is int for d in shape):
+        return tf.reshape(x, constant(shape))
+    return tf.reshape(x, shape)
+
+
+def example_slice(x: tf.Tensor, start: Count, size: Count) -> tf.Tensor:
+    """``x[start : start + size]``, or ``x`` itself when that is all of it (a static batch in
+    one chunk): no slice op and its three constants."""
+    if type(start) is int and start == 0 and x.shape.rank and x.shape[0] is not None:
+        size_static = size if type(size) is int else tf.get_static_value(size)
+        if size_static is not None and int(size_static) == x.shape[0]:
+            return x
+    if type(start) is int and type(size) is int:
+        return tf.strided_slice(x, constant([start]), constant([start + size]), constant([1]))
+    return x[start : start + size]
+
+
 def power(g_pow: dict[int, tf.Tensor], p: int) -> tf.Tensor:
     """``g ** p`` by products, reusing and filling ``g_pow`` (``{1: g}`` at first)."""
     for q in range(2, p + 1):
@@ -141,7 +221,7 @@ def power(g_pow: dict[int, tf.Tensor], p: int) -> tf.Tensor:
 
 def power_sum(g_pow: dict[int, tf.Tensor], p: int) -> tf.Tensor:
     """``sum over axis 0 of g ** p`` (see `power`)."""
-    return tf.reduce_sum(power(g_pow, p), axis=0)
+    return tf.reduce_sum(power(g_pow, p), axis=constant(0))
 
 
 def power_sums_of(g: tf.Tensor, orders: Sequence[int]) -> dict[int, tf.Tensor]:
@@ -158,9 +238,9 @@ def power_sums_of(g: tf.Tensor, orders: Sequence[int]) -> dict[int, tf.Tensor]:
         out = {}
         for p in orders:
             if p == 1:
-                out[1] = tf.reduce_sum(g, axis=0)
+                out[1] = tf.reduce_sum(g, axis=constant(0))
             else:
-                out[2] = tf.square(tf.math.reduce_euclidean_norm(g, axis=0))
+                out[2] = tf.square(tf.math.reduce_euclidean_norm(g, axis=constant(0)))
         return out
     g_pow = {1: g}
     return {p: power_sum(g_pow, p) for p in orders}

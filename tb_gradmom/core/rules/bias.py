@@ -18,8 +18,11 @@ from tb_gradmom.core.rules.base import (
     Count,
     RuleError,
     Site,
+    constant,
     example_count,
+    example_slice,
     power_sums_of,
+    reshape,
 )
 
 __all__ = ["bias_rule"]
@@ -76,14 +79,14 @@ def bias_rule(site: Site) -> Contribution:
 
     def total(c):
         axes = plain_axes if plain else sum_axes
-        g = tf.reduce_sum(c, axis=axes) if axes else c
-        return tf.reshape(g, [-1, *vshape])
+        g = tf.reduce_sum(c, axis=constant(axes)) if axes else c
+        return reshape(g, [-1, *vshape])
 
     def reduce(c, n):
         return total(rows(c, n))
 
     def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
-        return total(rows(contributions(delta), n)[start : start + size])
+        return total(example_slice(rows(contributions(delta), n), start, size))
 
     def power_sums(
         delta: tf.Tensor, n: Count, orders: tuple[int, ...], chunk: int | None = None
@@ -123,8 +126,8 @@ def _tiled(site: Site, op, out, ax, aligned, other_index) -> Contribution:
             c = -c
         if keep:
             c = tf.reduce_sum(c, axis=keep, keepdims=True)
-        c = tf.reshape(c, aligned)
-        return tf.reshape(per_example_masked(c, ax, n, start, size), [-1, *vshape])
+        c = reshape(c, aligned)
+        return reshape(per_example_masked(c, ax, n, start, size), [-1, *vshape])
 
     return Contribution(
         examples=example_count(out, ax.axis, ax.partners),

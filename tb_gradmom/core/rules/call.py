@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradmom._compat import PrivateAPIError, tf_private
-from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count
+from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count, example_slice
 from tb_gradmom.core.rules.conv import ConvSpec, attr_str, conv_contribution
 
 __all__ = ["call_rule", "function_body"]
@@ -277,8 +277,8 @@ def call_rule(site: Site) -> Contribution:
     )
 
     def operands(delta, n, start, size):
-        x = tf.cast(x_outer[start : start + size], site.dtype)  # slice, then cast
-        d = delta[start : start + size]
+        x = tf.cast(example_slice(x_outer, start, size), site.dtype)  # slice, then cast
+        d = example_slice(delta, start, size)
         if axis is not None:
             x, d = tf.expand_dims(x, axis), tf.expand_dims(d, axis)
         return x, d

@@ -20,7 +20,14 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom.core.rules.base import Contribution, Count, PowerSumsFn, RuleError
+from tb_gradmom.core.rules.base import (
+    Contribution,
+    Count,
+    PowerSumsFn,
+    RuleError,
+    constant,
+    reshape,
+)
 
 __all__ = [
     "DERIVED_OPS",
@@ -61,14 +68,14 @@ def derived_contribution(
         """``g * factor ** p`` (nothing for a factor of 1)."""
         if isinstance(factor, float) and factor == 1.0:
             return g
-        return g * factor**p
+        return g * (factor if p == 1 else factor**p)
 
     def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
-        g = tf.reshape(inner.per_example(delta, n, start, size), [-1, *dshape])
+        g = reshape(inner.per_example(delta, n, start, size), [-1, *dshape])
         g = scale(g)
         if sum_axes:
-            g = tf.reduce_sum(g, axis=sum_axes)
-        return tf.reshape(g, [-1, *vshape])
+            g = tf.reduce_sum(g, axis=constant(sum_axes))
+        return reshape(g, [-1, *vshape])
 
     power_sums: PowerSumsFn | None = None
     inner_sums = inner.power_sums
@@ -80,7 +87,7 @@ def derived_contribution(
             sums = inner_sums(delta, n, orders, chunk)
             out = {}
             for p, s in sums.items():
-                out[p] = tf.reshape(scale(tf.reshape(s, dshape), p), vshape)
+                out[p] = reshape(scale(reshape(s, dshape), p), vshape)
             return out
 
         power_sums = scaled_sums
@@ -122,7 +129,7 @@ def region_contribution(
 
     def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         g = inner.per_example(delta, n, start, size)
-        g = tf.reshape(g, tf.concat([[-1], tf.shape(target)], 0))
+        g = reshape(g, tf.concat([[-1], tf.shape(target)], 0))
         g = tf.cast(g, target.dtype)
 
         def loop_fn(i):
@@ -146,7 +153,7 @@ def region_contribution(
             return tf.cast(tf.convert_to_tensor(gv), dtype)
 
         rows = tf_private.pfor(loop_fn, tf.shape(g)[0], fallback_to_while_loop=True)
-        return tf.reshape(rows, tf.concat([[-1], tf.shape(view)], 0))
+        return reshape(rows, tf.concat([[-1], tf.shape(view)], 0))
 
     return Contribution(
         examples=inner.examples,

@@ -17,7 +17,15 @@ import string
 import tensorflow as tf
 
 from tb_gradmom.core.axes import Axis, examples_first
-from tb_gradmom.core.rules.base import Contribution, Count, RuleError, Site, example_count
+from tb_gradmom.core.rules.base import (
+    Contribution,
+    Count,
+    RuleError,
+    Site,
+    example_count,
+    example_slice,
+    reshape,
+)
 
 __all__ = ["batch_matmul_rule", "einsum_rule"]
 
@@ -46,8 +54,8 @@ def batch_matmul_rule(site: Site) -> Contribution:
         x = site.input(0)
         if adj_x:
             x = tf.linalg.matrix_transpose(x)
-        x3 = tf.reshape(examples_first(x, ax, n)[start : start + size], [size, -1, d_in])
-        d3 = tf.reshape(examples_first(delta, ax, n)[start : start + size], [size, -1, d_out])
+        x3 = reshape(example_slice(examples_first(x, ax, n), start, size), [size, -1, d_in])
+        d3 = reshape(example_slice(examples_first(delta, ax, n), start, size), [size, -1, d_out])
         g = tf.einsum("nti,nto->nio", x3, d3)
         return tf.linalg.matrix_transpose(g) if adj_y else g
 
@@ -105,8 +113,8 @@ def einsum_rule(site: Site) -> Contribution:
     grad_eq = f"{z}{q}{other_rest},{z}{q}{out_rest}->{z}{var_subs}"
 
     def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
-        other = examples_first(site.input(1 - site.index), other_ax, n)[start : start + size]
-        d = examples_first(delta, ax, n)[start : start + size]
+        other = example_slice(examples_first(site.input(1 - site.index), other_ax, n), start, size)
+        d = example_slice(examples_first(delta, ax, n), start, size)
         return tf.einsum(grad_eq, other, d)
 
     return Contribution(

@@ -16,7 +16,16 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom.core.axes import examples_first
-from tb_gradmom.core.rules.base import Contribution, Count, RuleError, Site, example_count, power
+from tb_gradmom.core.rules.base import (
+    Contribution,
+    Count,
+    RuleError,
+    Site,
+    example_count,
+    example_slice,
+    power,
+    reshape,
+)
 
 __all__ = ["gather_rule"]
 
@@ -50,13 +59,13 @@ def gather_rule(site: Site) -> Contribution:
     def pairs(delta, n, start, size):
         """Per (example, id) pair of examples [start, start + size): ids, local example, sums."""
         ids = examples_first(tf.cast(indices, tf.int64), ax, n)
-        ids = tf.reshape(ids, [n, -1])[start : start + size]
-        d = tf.reshape(examples_first(delta, ax, n), [n, -1, row_size])[start : start + size]
+        ids = example_slice(reshape(ids, [n, -1]), start, size)
+        d = example_slice(reshape(examples_first(delta, ax, n), [n, -1, row_size]), start, size)
         per = tf.shape(ids, out_type=tf.int64)[1]
         example = tf.repeat(tf.range(tf.cast(size, tf.int64)), per)
-        key = example * vocab + tf.reshape(ids, [-1])
+        key = example * vocab + reshape(ids, [-1])
         unique, slot = tf.unique(key)
-        sums = tf.math.unsorted_segment_sum(tf.reshape(d, [-1, row_size]), slot, tf.size(unique))
+        sums = tf.math.unsorted_segment_sum(reshape(d, [-1, row_size]), slot, tf.size(unique))
         return unique // vocab, unique % vocab, sums
 
     def power_sums(
@@ -65,14 +74,14 @@ def gather_rule(site: Site) -> Contribution:
         _, ids, g = pairs(delta, n, 0, n)
         g_pow = {1: g}
         return {
-            p: tf.reshape(tf.math.unsorted_segment_sum(power(g_pow, p), ids, vocab), [vocab, *row])
+            p: reshape(tf.math.unsorted_segment_sum(power(g_pow, p), ids, vocab), [vocab, *row])
             for p in orders
         }
 
     def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         example, ids, g = pairs(delta, n, start, size)
         dense = tf.math.unsorted_segment_sum(g, example * vocab + ids, size * vocab)
-        return tf.reshape(dense, [-1, vocab, *row])
+        return reshape(dense, [-1, vocab, *row])
 
     return Contribution(
         examples=example_count(indices, ax.axis, ax.partners),

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tb_gradmom._compat import tf_private
 from tb_gradmom.core.axes import per_example_masked
-from tb_gradmom.core.rules.base import Contribution, Count, RuleError, Site, example_count
+from tb_gradmom.core.rules.base import Contribution, Count, RuleError, Site, example_count, reshape
 from tb_gradmom.core.rules.derived import _elements
 
 __all__ = ["masked_vjp_rule"]
@@ -69,7 +69,7 @@ def masked_vjp_rule(site: Site) -> Contribution:
             return tf.cast(g, site.dtype)
 
         rows = tf_private.pfor(loop_fn, tf.shape(masked)[0], fallback_to_while_loop=True)
-        return tf.reshape(rows, tf.concat([[-1], tf.shape(view)], 0))
+        return reshape(rows, tf.concat([[-1], tf.shape(view)], 0))
 
     return Contribution(
         examples=example_count(out, ax.axis, ax.partners),

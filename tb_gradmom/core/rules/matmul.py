@@ -15,7 +15,14 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom.core.axes import Axis, examples_first
-from tb_gradmom.core.rules.base import Contribution, Count, RuleError, Site, example_count
+from tb_gradmom.core.rules.base import (
+    Contribution,
+    Count,
+    RuleError,
+    Site,
+    example_count,
+    example_slice,
+)
 
 __all__ = ["matmul_rule"]
 
@@ -78,8 +85,8 @@ def matmul_rule(site: Site) -> Contribution:
     if ax.pure:
 
         def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
-            a = rows()[start : start + size]
-            d = delta_rows(delta)[start : start + size]
+            a = example_slice(rows(), start, size)
+            d = example_slice(delta_rows(delta), start, size)
             return finish(tf.einsum("ni,no->nio", a, d))
 
         def power_sums(
@@ -107,8 +114,8 @@ def matmul_rule(site: Site) -> Contribution:
 
     # Rows grouped by example: [outer, n, inner] rows -> [n, outer * inner, d].
     def per_example_grouped(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
-        a3 = examples_first(rows(), row_axis, n)[start : start + size]
-        d3 = examples_first(delta_rows(delta), row_axis, n)[start : start + size]
+        a3 = example_slice(examples_first(rows(), row_axis, n), start, size)
+        d3 = example_slice(examples_first(delta_rows(delta), row_axis, n), start, size)
         return finish(tf.einsum("nti,nto->nio", a3, d3))
 
     return Contribution(
