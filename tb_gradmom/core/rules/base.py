@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 import tensorflow as tf
 
-from tb_gradmom._compat import tf_private
+from tb_gradmom._compat import PrivateAPIError, tf_private
 
 if TYPE_CHECKING:
     from tb_gradmom.core.axes import Axis, Examples
@@ -156,9 +156,10 @@ def constant(value: Any) -> Any:
     if tf.executing_eagerly():
         return value
     graph = tf.compat.v1.get_default_graph()
-    if tf_private.unavailable("control_flow_context") is not None:
-        return value
-    if tf_private.control_flow_context(graph) is not None:
+    try:
+        if tf_private.control_flow_context(graph) is not None:
+            return value
+    except PrivateAPIError:  # TensorFlow without the method: no sharing, the same numbers
         return value
     array = np.asarray(value, dtype=np.int64)
     key = (array.shape, tuple(array.ravel().tolist()))

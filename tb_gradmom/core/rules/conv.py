@@ -409,11 +409,7 @@ def conv_rule(site: Site) -> Contribution:
 
     def rows(t, n, start, size):
         if blocks == 1:
-            if isinstance(start, int) and start == 0:
-                size_static = tf.get_static_value(size)
-                if size_static is not None and t.shape[0] == int(size_static):
-                    return t  # the whole batch in one chunk
-            return example_slice(t, start, size)
+            return example_slice(t, start, size)  # the tensor itself for the whole batch
         t = reshape(t, tf.concat([[blocks, n], tf.shape(t)[1:]], 0))[:, start : start + size]
         return reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0))
 
