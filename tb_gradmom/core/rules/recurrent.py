@@ -78,10 +78,12 @@ _CHUNK_ELEMENTS = 1 << 18
 # 4.3M elements, one chunk: with two, its moments step took 174 ms against 94, one 7-round run
 # at load 10; with three, 1.8x too), so the budget is not smaller.
 _COPY_ELEMENTS = 5 << 20
-# A static batch of at most this many chunks is summed without a chunk loop (`sum_over_chunks`,
-# chunks chained by control dependencies): with a tf.while_loop per variable the LSTM(128)'s
-# step took 200-330 ms, unrolled 124 ms (fresh processes alternated, load 10).
-_UNROLL = 16
+# At most this many chunks of per-example gradients are summed unrolled (chunks chained by control
+# dependencies); more go in a tf.while_loop (one chunk's ops traced). Each unrolled chunk is ops to
+# trace and optimise on the first call: with 16 (LSTM(128), batch 64: 16 chunks of 4 examples of
+# its recurrent kernel) the moments step's trace + first call took 2.52x the plain step's, with 2
+# (a loop) 2.08x, its step time unchanged (2.00x against 1.98x, 7 interleaved rounds, load 0.6-1.3).
+_UNROLL = 2
 
 # Ops in a body that would make the copy differ from the loop, or that the copy cannot import.
 _CALL_OPS = frozenset(
@@ -379,14 +381,19 @@ class _Loop:
             tf.zeros(self.variables[k][1], self.variables[k][3]) for k in names for _ in orders
         )
         n_static = tf.get_static_value(n)
+        static = None  # a chunk size that divides a static batch: every chunk's shapes static
         if n_static is not None:  # as even as their number allows: 64 in chunks of 45 -> 32
             chunk = -(-int(n_static) // -(-int(n_static) // chunk))
+            static = next(
+                (d for d in range(chunk, (chunk + 1) // 2 - 1, -1) if int(n_static) % d == 0), None
+            )
+            chunk = chunk if static is None else static
         n_t = tf.convert_to_tensor(n, tf.int32)
         count = (n_t + chunk - 1) // chunk
 
         def body(i, accs):
             start = i * chunk
-            size = tf.minimum(chunk, n_t - start)
+            size = static if static is not None else tf.minimum(chunk, n_t - start)
             inputs = [self._slice_input(k, start, size) for k in range(len(self.inputs))]
             chunk_grads = tuple(
                 None if sd is None else _slice_seed(sd, start, size) for sd in seeds
@@ -413,21 +420,41 @@ class _Loop:
 
     def _variable_sums(self, key, stacks, size, orders, chunk) -> dict:
         """``{p: sum_j g_j ** p}`` over the ``size`` examples of one chunk's stacks, at most
-        `_CHUNK_ELEMENTS` per-example elements at once (sub-chunks past ``size`` are empty)."""
+        `_CHUNK_ELEMENTS` per-example elements at once: in parts unrolled (at most `_UNROLL`,
+        parts past ``size`` empty) or in a ``tf.while_loop`` over the parts (one part's ops
+        traced, not one copy per part)."""
         uses, shape, flat, dtype = self.variables[key]
         own = max(1, _CHUNK_ELEMENTS // max(flat, 1))
         parts = -(-chunk // own)
-        acc: dict = {}
-        for j in range(parts):
-            start = j * own
-            count = size if parts == 1 else tf.clip_by_value(size - start, 0, own)
-            with tf.control_dependencies([acc[p] for p in orders] if acc else []):
-                g = _variable_gradients(uses, stacks, start, count, shape, flat, dtype)
-                sums = power_sums_of(g, orders)
-            acc = {p: acc[p] + sums[p] if acc else sums[p] for p in orders}
-        return acc
+        if parts <= _UNROLL:
+            acc: dict = {}
+            for j in range(parts):
+                start = j * own
+                count = size if parts == 1 else tf.clip_by_value(size - start, 0, own)
+                with tf.control_dependencies([acc[p] for p in orders] if acc else []):
+                    g = _variable_gradients(uses, stacks, start, count, shape, flat, dtype)
+                    sums = power_sums_of(g, orders)
+                acc = {p: acc[p] + sums[p] if acc else sums[p] for p in orders}
+            return acc
+        zeros = tuple(tf.zeros(shape, dtype) for _ in orders)
 
-    def _open_items(self, gdef, nodes) -> None:
+        def body(j, accs):
+            start = j * own
+            count = tf.minimum(own, size - start)
+            g = _variable_gradients(uses, stacks, start, count, shape, flat, dtype)
+            sums = power_sums_of(g, orders)
+            return j + 1, tuple(a + sums[p] for a, p in zip(accs, orders))
+
+        _, accs = tf.while_loop(
+            lambda j, _: j < (size + own - 1) // own,
+            body,
+            (tf.constant(0), zeros),
+            parallel_iterations=1,
+            name="gradmom_parts",
+        )
+        return dict(zip(orders, accs))
+
+    def _open_items(self, gdef, nodes, size=-1) -> None:
         """For a copy on a chunk of the examples: the items read from a sliced list get an
         element shape with the examples' axis open (the body's says the whole batch's size,
         which would pin the shapes of the copy's accumulators to it)."""
@@ -448,7 +475,7 @@ class _Loop:
             if shape is None or np.ndim(shape) != 1:
                 continue
             shape = np.array(shape)
-            shape[lists[src.name]] = -1
+            shape[lists[src.name]] = size
             const = gdef.node.add()
             const.name = o.name + "/gradmom_open_shape"
             const.op = "Const"
@@ -468,13 +495,13 @@ class _Loop:
         src = _list_source(t)
         if kind == "reserve":
             return tf.raw_ops.TensorListReserve(
-                element_shape=_open_axis(src.inputs[0], axis),
+                element_shape=_open_axis(src.inputs[0], axis, size),
                 num_elements=src.inputs[1],
                 element_dtype=src.get_attr("element_dtype"),
             )
         return tf.raw_ops.TensorListFromTensor(
             tensor=_slice_examples(src.inputs[0], axis, start, size),
-            element_shape=_open_axis(src.inputs[1], axis),
+            element_shape=_open_axis(src.inputs[1], axis, size),
         )
 
     # --- the copy --------------------------------------------------------------------------
@@ -494,15 +521,18 @@ class _Loop:
         self.built[key] = (graph, out)
         return out
 
-    def _invariant(self, i: int) -> tf.TensorShape:
-        """Loop variable ``i``'s shape across steps: the body's, with the examples' axis left
-        open (the copy's shape inference may not pin a batch of one down)."""
+    def _invariant(self, i: int, size=None) -> tf.TensorShape:
+        """Loop variable ``i``'s shape across steps: the body's, with the examples' axis set to
+        ``size`` when it is a static number of examples above one, else left open (the copy's
+        shape inference may not pin a batch of one down). Static shapes matter: with the axis
+        open, the copy's gradient accumulates the operands' shapes of every broadcasting op at
+        every step (GRU(128) on chunks of 32 examples: 29 accumulators instead of 13)."""
         shape = self.body.inputs[i].shape
         st = self.sub.of(self.body.inputs[i])
         if shape.rank is None or not isinstance(st, _axes.Axis):
             return shape
         dims = shape.as_list()
-        dims[st.axis] = None
+        dims[st.axis] = size if isinstance(size, int) and size > 1 else None
         return tf.TensorShape(dims)
 
     def _build(self, grads, outputs, n, inputs=None) -> dict:
@@ -515,7 +545,7 @@ class _Loop:
         records = [self.records[k] for k in sorted(self.records)]
         nodes = {nd.name: nd for nd in gdef.node}
         if inputs is not self.inputs:
-            self._open_items(gdef, nodes)
+            self._open_items(gdef, nodes, n if isinstance(n, int) and n > 1 else -1)
         for i, tap in enumerate(taps):
             node_name = tap.name.rsplit(":", 1)[0]
             nodes[node_name].name = node_name + "/gradmom_untapped"
@@ -614,7 +644,7 @@ class _Loop:
                 return new + list(t_lists) + new_records
 
             loop_vars = [inputs[i] for i in self.carried] + tap_lists + rec_lists
-            invariants = [self._invariant(i) for i in self.carried]
+            invariants = [self._invariant(i, n) for i in self.carried]
             invariants += [tf.TensorShape([])] * (len(tap_lists) + len(rec_lists))
             result = tf.while_loop(
                 cond,
@@ -662,8 +692,13 @@ class _Loop:
 def _slice_examples(stack: tf.Tensor, axis: int, start, size) -> tf.Tensor:
     """Examples ``[start, start + size)`` of a ``[T, *element]`` stack whose elements hold the
     examples on ``axis`` (same layout)."""
-    index = (slice(None),) * (axis + 1) + (slice(start, start + size),)
-    return stack[index]
+    if isinstance(start, int) or not isinstance(size, int):
+        index = (slice(None),) * (axis + 1) + (slice(start, start + size),)
+        return stack[index]
+    # a tensor start and a static size: a Slice, whose output keeps the size in its shape
+    rank = stack.shape.rank
+    begin = tf.stack([0] * (axis + 1) + [start] + [0] * (rank - axis - 2))
+    return tf.slice(stack, begin, [-1] * (axis + 1) + [size] + [-1] * (rank - axis - 2))
 
 
 def _chunk_of(stack: tf.Tensor, axis: int, start, size) -> tf.Tensor:
@@ -675,14 +710,16 @@ def _chunk_of(stack: tf.Tensor, axis: int, start, size) -> tf.Tensor:
     return tf.transpose(_slice_examples(stack, axis, start, size), perm)
 
 
-def _open_axis(element_shape: tf.Tensor, axis: int) -> tf.Tensor:
-    """A list's element shape with the examples' ``axis`` left open (-1)."""
+def _open_axis(element_shape: tf.Tensor, axis: int, size=-1) -> tf.Tensor:
+    """A list's element shape with the examples' ``axis`` left open (-1), or set to a static
+    chunk ``size`` (a Python int)."""
     rank = element_shape.shape.num_elements() if element_shape.shape.rank == 1 else None
     if rank is None:  # an unknown rank (-1): nothing to open
         return element_shape
     mask = np.zeros(rank, element_shape.dtype.as_numpy_dtype)
     mask[axis] = 1
-    return element_shape * (1 - mask) - mask
+    value = size if isinstance(size, int) and size > 1 else -1
+    return element_shape * (1 - mask) + value * mask
 
 
 def _slice_seed(seed, start, size):
@@ -692,7 +729,7 @@ def _slice_seed(seed, start, size):
         return _slice_examples(g, axis - 1, start, size)
     return tf.raw_ops.TensorListFromTensor(  # g: the seed list's TensorListFromTensor op
         tensor=_slice_examples(g.inputs[0], axis, start, size),
-        element_shape=_open_axis(g.inputs[1], axis),
+        element_shape=_open_axis(g.inputs[1], axis, size),
     )
 
 
