@@ -42,7 +42,9 @@ is wrapped to read, per variable, the rule that computes it or why it is on the 
 Peak memory and compile time: for each model, plain and moments alternate in fresh processes
 (``--memory-child VARIANT``) with ``TF_CPU_ALLOCATOR_USE_BFC=true`` (every allocation counted by
 ``tf.config.experimental.get_memory_info("CPU:0")``). Each child builds the model, runs one
-eager forward pass (Keras' one-off costs, shared by both variants), then times the trace
+eager forward pass (Keras' one-off costs, shared by both variants), imports tb_gradmom's
+lazily loaded modules (about 0.1 s, a one-off cost that would otherwise fall in the moments
+step's trace), then times the trace
 (``get_concrete_function``) and the first call (graph optimisation, kernels), reads the bytes
 held, resets the peak, runs a few steps and reads the peak. Median over ``--memory-repeats``.
 
@@ -365,6 +367,9 @@ def memory_child(name: str, batch: int, size: int, variant: str, steps: int) -> 
     model, x, y = build(name, batch, size)
     fn = make_steps(model, (variant,))[variant]
     model(x, training=False)  # Keras' one-off costs (shared by every variant)
+    # tb_gradmom imports its modules lazily, on first use: the moments step's trace would
+    # include the import (about 0.1 s), a one-off cost like Keras' and TF's own imports
+    _gradmom().gradients_and_moments  # noqa: B018
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
