@@ -643,6 +643,35 @@ def test_xla_compiled_step_is_refused():
         step(tf.ones([4, 3]))
 
 
+def test_the_rules_caches_keep_no_graph_alive():
+    """The per-graph caches of the rules (shared constants, rearranged operands) hold their
+    tensors weakly: a traced step's graph is freed once its function is gone (a strong hold
+    kept every traced graph for the life of the process)."""
+    import gc
+    import weakref
+
+    import keras
+
+    from tb_gradmom.core.rules import base
+
+    def trace():
+        model = keras.Sequential([keras.Input((5, 3)), keras.layers.Dense(2)])  # on sequences
+        x = tf.constant(np.ones((4, 5, 3), np.float32))
+
+        @tf.function
+        def step(x):
+            loss = tf.reduce_mean(tf.reduce_sum(model(x) ** 2, axis=[1, 2]))
+            return gradmom.gradients_and_moments(loss, model.trainable_variables, orders=(1, 2))
+
+        graph = step.get_concrete_function(x).graph
+        assert graph in base._CONSTANTS and graph in base._EXAMPLES_FIRST, "caches unused"
+        return weakref.ref(graph)
+
+    ref = trace()
+    gc.collect()
+    assert ref() is None, "the traced graph is still alive"
+
+
 def test_the_rules_build_no_idle_ops_and_share_their_constants():
     """The rules' graph holds no reshape that changes nothing, no slice of a whole static
     batch, and one copy of each small constant they ask for, made without control inputs

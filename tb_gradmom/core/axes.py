@@ -1250,18 +1250,36 @@ _HANDLERS.update(
 
 def examples_first(t: tf.Tensor, ax: Axis, n) -> tf.Tensor:
     """``t`` rearranged to ``[n, partners, *other dims]``: the examples first, then the entries of
-    the (folded) example axis that belong to each example, then the remaining axes in order."""
+    the (folded) example axis that belong to each example, then the remaining axes in order.
+
+    Static sizes stay static (a reshape to Python numbers: no shape ops, and the shapes of
+    what follows are known), and an axis laid out ``[n, inner]`` (``outer == 1``: a Dense on
+    sequences) is one reshape, no transpose."""
     rank = t.shape.rank
-    perm = [ax.axis] + [i for i in range(rank) if i != ax.axis]
     if ax.axis != 0:
-        t = tf.transpose(t, perm)
-    rest = tf.shape(t)[1:]
+        t = tf.transpose(t, [ax.axis] + [i for i in range(rank) if i != ax.axis])
     if ax.pure:
         return tf.expand_dims(t, 1)
-    t = tf.reshape(t, tf.concat([[ax.outer, n, ax.inner], rest], 0))
-    inner_perm = [1, 0, 2] + list(range(3, rank + 2))
-    t = tf.transpose(t, inner_perm)
-    return tf.reshape(t, tf.concat([[n, ax.partners], rest], 0))
+    n_static = tf.get_static_value(n)
+    n_dim = int(n_static) if n_static is not None else n
+    rest_shape = t.shape[1:]
+    if rest_shape.is_fully_defined() and n_static is not None:
+        dims = rest_shape.as_list()
+
+        def shape(*lead):
+            return [*lead, *dims]
+
+    else:
+        rest = tf.shape(t)[1:]
+
+        def shape(*lead):
+            return tf.concat([list(lead), rest], 0)
+
+    if ax.outer == 1:  # [n, inner] row-major: already examples first
+        return tf.reshape(t, shape(n_dim, ax.inner))
+    t = tf.reshape(t, shape(ax.outer, n_dim, ax.inner))
+    t = tf.transpose(t, [1, 0, 2] + list(range(3, rank + 2)))
+    return tf.reshape(t, shape(n_dim, ax.partners))
 
 
 def describe(st) -> str:

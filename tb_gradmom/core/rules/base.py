@@ -138,8 +138,19 @@ def example_count(t: tf.Tensor, axis: int, partners: int = 1) -> Count:
     return size if partners == 1 else size // partners
 
 
-# Per graph being built: int32 constants by value (`constant`).
+# Per graph being built: int32 constants by value (`constant`). The tensors are held by weak
+# references: a graph's tensors refer to their graph, so holding them would keep every graph
+# (every traced function) alive for as long as the process.
 _CONSTANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cached(cache: weakref.WeakKeyDictionary, graph: tf.Graph, key: Any) -> tf.Tensor | None:
+    ref = cache.get(graph, {}).get(key)
+    return None if ref is None else ref()
+
+
+def _cache(cache: weakref.WeakKeyDictionary, graph: tf.Graph, key: Any, t: tf.Tensor) -> None:
+    cache.setdefault(graph, {})[key] = weakref.ref(t)
 
 
 def constant(value: Any) -> Any:
@@ -163,13 +174,43 @@ def constant(value: Any) -> Any:
         return value
     array = np.asarray(value, dtype=np.int64)
     key = (array.shape, tuple(array.ravel().tolist()))
-    cache = _CONSTANTS.setdefault(graph, {})
-    t = cache.get(key)
+    t = _cached(_CONSTANTS, graph, key)
     if t is None:
         with tf.control_dependencies(None), tf.name_scope("gradmom_constants/"):
             t = tf.constant(array, tf.int32)
-        cache[key] = t
+        _cache(_CONSTANTS, graph, key, t)
     return t
+
+
+# Per graph being built: `examples_first` of a tensor, by (tensor, axis, static batch).
+_EXAMPLES_FIRST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def examples_first_once(t: tf.Tensor, ax: Axis, n: Count) -> tf.Tensor:
+    """`tb_gradmom.core.axes.examples_first` of ``t``, made once per graph for a static batch:
+    the unrolled chunks of a variable's per-example gradients slice the same rearranged tensor
+    instead of each rearranging all of ``t`` again (ops to trace, and a full copy per chunk where
+    the rearrangement is a transpose). Inside a TF1 control-flow context, eagerly, or for a
+    batch known only at run time, it is made at each call, as before."""
+    from tb_gradmom.core.axes import examples_first
+
+    n_static = tf.get_static_value(n)
+    if n_static is None or tf.executing_eagerly():
+        return examples_first(t, ax, n)
+    graph = tf.compat.v1.get_default_graph()
+    try:
+        if tf_private.control_flow_context(graph) is not None:
+            return examples_first(t, ax, n)
+    except PrivateAPIError:
+        return examples_first(t, ax, n)
+    # by id: the graph holds its tensors (an id is not reused while it lives), and a key that
+    # held ``t`` would hold the graph
+    key = (id(t), ax, int(n_static))
+    found = _cached(_EXAMPLES_FIRST, graph, key)
+    if found is None:
+        found = examples_first(t, ax, int(n_static))
+        _cache(_EXAMPLES_FIRST, graph, key, found)
+    return found
 
 
 def reshape(x: tf.Tensor, shape: Any) -> tf.Tensor:

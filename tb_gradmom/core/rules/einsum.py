@@ -16,7 +16,7 @@ import string
 
 import tensorflow as tf
 
-from tb_gradmom.core.axes import Axis, examples_first
+from tb_gradmom.core.axes import Axis
 from tb_gradmom.core.rules.base import (
     Contribution,
     Count,
@@ -24,6 +24,7 @@ from tb_gradmom.core.rules.base import (
     Site,
     example_count,
     example_slice,
+    examples_first_once,
     reshape,
 )
 
@@ -54,8 +55,10 @@ def batch_matmul_rule(site: Site) -> Contribution:
         x = site.input(0)
         if adj_x:
             x = tf.linalg.matrix_transpose(x)
-        x3 = reshape(example_slice(examples_first(x, ax, n), start, size), [size, -1, d_in])
-        d3 = reshape(example_slice(examples_first(delta, ax, n), start, size), [size, -1, d_out])
+        x3 = reshape(example_slice(examples_first_once(x, ax, n), start, size), [size, -1, d_in])
+        d3 = reshape(
+            example_slice(examples_first_once(delta, ax, n), start, size), [size, -1, d_out]
+        )
         g = tf.einsum("nti,nto->nio", x3, d3)
         return tf.linalg.matrix_transpose(g) if adj_y else g
 
@@ -113,8 +116,10 @@ def einsum_rule(site: Site) -> Contribution:
     grad_eq = f"{z}{q}{other_rest},{z}{q}{out_rest}->{z}{var_subs}"
 
     def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
-        other = example_slice(examples_first(site.input(1 - site.index), other_ax, n), start, size)
-        d = example_slice(examples_first(delta, ax, n), start, size)
+        other = example_slice(
+            examples_first_once(site.input(1 - site.index), other_ax, n), start, size
+        )
+        d = example_slice(examples_first_once(delta, ax, n), start, size)
         return tf.einsum(grad_eq, other, d)
 
     return Contribution(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom.core.axes import Axis, examples_first
+from tb_gradmom.core.axes import Axis
 from tb_gradmom.core.rules.base import (
     Contribution,
     Count,
@@ -22,6 +22,7 @@ from tb_gradmom.core.rules.base import (
     Site,
     example_count,
     example_slice,
+    examples_first_once,
 )
 
 __all__ = ["matmul_rule"]
@@ -114,8 +115,8 @@ def matmul_rule(site: Site) -> Contribution:
 
     # Rows grouped by example: [outer, n, inner] rows -> [n, outer * inner, d].
     def per_example_grouped(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
-        a3 = example_slice(examples_first(rows(), row_axis, n), start, size)
-        d3 = example_slice(examples_first(delta_rows(delta), row_axis, n), start, size)
+        a3 = example_slice(examples_first_once(rows(), row_axis, n), start, size)
+        d3 = example_slice(examples_first_once(delta_rows(delta), row_axis, n), start, size)
         return finish(tf.einsum("nti,nto->nio", a3, d3))
 
     return Contribution(
