@@ -346,6 +346,16 @@ class _Loop:
             width += int(np.prod([d for d in t.dims if d is not None]))
         return 2 * width * (self.steps_static or 128)
 
+    def part_elements(self, examples) -> int:
+        """Per-example gradient elements summed at once, for a copy run on ``examples``
+        examples (a Python int, or None when unknown): `_CHUNK_ELEMENTS`, or a quarter of the
+        copy's stacks when that is less. A small recurrence's step holds a few MB (the LSTM(64)
+        of ``bench_core.py``: 2.2 MB), which a full 1 MiB part (and its square) outgrows."""
+        if examples is None:
+            return _CHUNK_ELEMENTS
+        stacks = self.copy_elements() // 2 * int(examples)
+        return max(1, min(_CHUNK_ELEMENTS, stacks // 4))
+
     def chunk_sums(self, grads: tuple, outputs: tuple, n, orders: tuple, chunk: int):
         """``{variable key: {p: sum_j g_j ** p}}`` (unscaled) for every registered variable,
         from copies of the loop run on chunks of at most ``chunk`` examples, one after the
@@ -424,7 +434,7 @@ class _Loop:
         parts past ``size`` empty) or in a ``tf.while_loop`` over the parts (one part's ops
         traced, not one copy per part)."""
         uses, shape, flat, dtype = self.variables[key]
-        own = max(1, _CHUNK_ELEMENTS // max(flat, 1))
+        own = max(1, self.part_elements(chunk) // max(flat, 1))
         parts = -(-chunk // own)
         if parts <= _UNROLL:
             acc: dict = {}
@@ -1129,8 +1139,9 @@ def recurrent_rule(site: Site) -> Contribution:
                     return dict(sums)
                 return {p: v * tf.cast(factor, dtype) ** p for p, v in sums.items()}
         stacks = loop.stacks(delta.grads, outputs, n)
-        # at most _CHUNK_ELEMENTS per-example elements at once (and at most `chunk` examples)
-        own = max(1, _CHUNK_ELEMENTS // max(size, 1))
+        # at most `part_elements` per-example elements at once (and at most `chunk` examples)
+        budget = loop.part_elements(None if n_static is None else int(n_static))
+        own = max(1, budget // max(size, 1))
         chunk = own if chunk is None else min(int(chunk), own)
 
         def chunk_sums(start, count):
