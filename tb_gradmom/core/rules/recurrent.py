@@ -63,8 +63,9 @@ __all__ = ["LOOP_OPS", "LoopGrads", "loop_outputs", "recurrent_rule"]
 LOOP_OPS = frozenset({"While", "StatelessWhile"})
 
 # The power sums take the per-example gradients of at most this many elements at once (1 MiB in
-# float32; with their squares, 2 MiB): a variable's examples go in chunks of
-# _CHUNK_ELEMENTS // its size. The copy of the loop already holds stacks bigger than that (for
+# float32; with their squares, 2 MiB): a variable's examples go in parts of
+# _CHUNK_ELEMENTS // its size, or fewer where the copy's stacks are small (`_Loop.part_elements`).
+# The copy of the loop already holds stacks bigger than that (for
 # an LSTM(128) at T 50 and batch 64, the output gradients of its gates are 1.6M elements), while
 # the core's default chunk (8M elements) lets the per-example recurrent kernels of the whole
 # batch (4M elements) and their squares dominate the step's memory (peak 50 MB against 13 MB
