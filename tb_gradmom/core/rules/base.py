@@ -144,6 +144,21 @@ def example_count(t: tf.Tensor, axis: int, partners: int = 1) -> Count:
 _CONSTANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _cache_graph() -> tf.Graph | None:
+    """The graph being built, where ops may be shared across its users; None eagerly or inside
+    a TF1 control-flow context (a ``tf.compat.v1`` loop or cond body, XLA), whose ops cannot be
+    used outside it, or where TensorFlow lacks the private method that tells (no sharing)."""
+    if tf.executing_eagerly():
+        return None
+    graph = tf.compat.v1.get_default_graph()
+    try:
+        if tf_private.control_flow_context(graph) is not None:
+            return None
+    except PrivateAPIError:
+        return None
+    return graph
+
+
 def _cached(cache: weakref.WeakKeyDictionary, graph: tf.Graph, key: Any) -> tf.Tensor | None:
     ref = cache.get(graph, {}).get(key)
     return None if ref is None else ref()
@@ -164,13 +179,8 @@ def constant(value: Any) -> Any:
     sharing one adds no ordering between its users. Where ops are being added to a TF1
     control-flow context (a ``tf.compat.v1`` loop or cond body, XLA), or eagerly, ``value`` is
     returned as it is and TensorFlow makes its own constant, as before."""
-    if tf.executing_eagerly():
-        return value
-    graph = tf.compat.v1.get_default_graph()
-    try:
-        if tf_private.control_flow_context(graph) is not None:
-            return value
-    except PrivateAPIError:  # TensorFlow without the method: no sharing, the same numbers
+    graph = _cache_graph()
+    if graph is None:
         return value
     array = np.asarray(value, dtype=np.int64)
     key = (array.shape, tuple(array.ravel().tolist()))
@@ -195,13 +205,8 @@ def examples_first_once(t: tf.Tensor, ax: Axis, n: Count) -> tf.Tensor:
     from tb_gradmom.core.axes import examples_first
 
     n_static = tf.get_static_value(n)
-    if n_static is None or tf.executing_eagerly():
-        return examples_first(t, ax, n)
-    graph = tf.compat.v1.get_default_graph()
-    try:
-        if tf_private.control_flow_context(graph) is not None:
-            return examples_first(t, ax, n)
-    except PrivateAPIError:
+    graph = _cache_graph()
+    if n_static is None or graph is None:
         return examples_first(t, ax, n)
     # by id: the graph holds its tensors (an id is not reused while it lives), and a key that
     # held ``t`` would hold the graph

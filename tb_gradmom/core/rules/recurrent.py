@@ -431,39 +431,20 @@ class _Loop:
 
     def _variable_sums(self, key, stacks, size, orders, chunk) -> dict:
         """``{p: sum_j g_j ** p}`` over the ``size`` examples of one chunk's stacks, at most
-        `_CHUNK_ELEMENTS` per-example elements at once: in parts unrolled (at most `_UNROLL`,
-        parts past ``size`` empty) or in a ``tf.while_loop`` over the parts (one part's ops
-        traced, not one copy per part)."""
+        `part_elements` per-example elements at once (`sum_over_chunks`: up to `_UNROLL`
+        parts unrolled, more in one traced loop)."""
         uses, shape, flat, dtype = self.variables[key]
         own = max(1, self.part_elements(chunk) // max(flat, 1))
-        parts = -(-chunk // own)
-        if parts <= _UNROLL:
-            acc: dict = {}
-            for j in range(parts):
-                start = j * own
-                count = size if parts == 1 else tf.clip_by_value(size - start, 0, own)
-                with tf.control_dependencies([acc[p] for p in orders] if acc else []):
-                    g = _variable_gradients(uses, stacks, start, count, shape, flat, dtype)
-                    sums = power_sums_of(g, orders)
-                acc = {p: acc[p] + sums[p] if acc else sums[p] for p in orders}
-            return acc
-        zeros = tuple(tf.zeros(shape, dtype) for _ in orders)
 
-        def body(j, accs):
-            start = j * own
-            count = tf.minimum(own, size - start)
+        def part_sums(start, count):
             g = _variable_gradients(uses, stacks, start, count, shape, flat, dtype)
-            sums = power_sums_of(g, orders)
-            return j + 1, tuple(a + sums[p] for a, p in zip(accs, orders))
+            return power_sums_of(g, orders)
 
-        _, accs = tf.while_loop(
-            lambda j, _: j < (size + own - 1) // own,
-            body,
-            (tf.constant(0), zeros),
-            parallel_iterations=1,
-            name="gradmom_parts",
+        if own >= chunk:  # the whole chunk in one part, whether its size is static or not
+            return part_sums(0, size)
+        return sum_over_chunks(
+            size, own, orders, shape, dtype, part_sums, name="gradmom_parts", unroll=_UNROLL
         )
-        return dict(zip(orders, accs))
 
     def _open_items(self, gdef, nodes, size=-1) -> None:
         """For a copy on a chunk of the examples: the items read from a sliced list get an
