@@ -643,14 +643,14 @@ def _stats_sums(moms, factor):
         )
         # the group size is an argument, part of the XLA function's trace key
         per_block, bins = _elementwise_xla(*args, _GROUP) if xla else _elementwise(*args, xla=False)
-        bins = bins[0] if len(bins) == 1 else tf.concat(bins, 0)
         parts_sums.append(
             tf.math.unsorted_segment_sum(
                 per_block, tf.constant(var_of_block), num_segments=len(members)
             )
         )
         size = len(members) * _BINS
-        counts = _bincount(bins, size)
+        # one bincount per piece (a concatenation of the pieces would copy them all)
+        counts = tf.add_n([_bincount(b, size) for b in bins])
         parts_counts.append(tf.reshape(counts, [len(members), _BINS]))
         order += members
     if len(parts_sums) == 1:
