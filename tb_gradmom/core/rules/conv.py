@@ -319,10 +319,11 @@ def conv_contribution(
         per_example_elements=int(elements),
         # SpaceToBatch (dilated) convolutions keep the im2col path.
         power_sums=power_sums if blocks == 1 else None,
-        # Per example, an offset's slice and its gradient (two offsets in flight), and the
-        # output gradient regrouped once per chunk.
+        # Per example, an offset's slice and its gradient (two offsets in flight, one for a
+        # 1x1 kernel), and the output gradient regrouped once per chunk.
         power_sums_elements=int(
-            2 * (positions * c_in + c_g * c_out) + (positions * c_out if groups > 1 else 0)
+            min(_IN_FLIGHT, n_off) * (positions * c_in + c_g * c_out)
+            + (positions * c_out if groups > 1 else 0)
         ),
         gradient_from_sums=blocks == 1,
     )
