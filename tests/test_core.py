@@ -147,6 +147,45 @@ def test_static_batch_unrolled_chunks(case_id, chunk_size):
             _assert_close(m[p], expected[p], 1e-10, f"{case_id} {v.path} M{p}")
 
 
+@pytest.mark.parametrize("case_id", ["conv2d-stride2-same", "conv3d-stride2-same", "conv2d-valid"])
+@pytest.mark.parametrize("per_product", [1, 2, 4, 100])
+def test_conv_offsets_in_products_of_any_size(case_id, per_product, monkeypatch):
+    """A convolution's power sums with its kernel offsets in batched products of 1, 2, 4 or all
+    of them (the last product shorter when the count does not divide the offsets)."""
+    from tb_gradmom.core.rules import conv
+
+    monkeypatch.setattr(conv, "_offsets_per_product", lambda n_off, *_: min(per_product, n_off))
+    case = CASES_BY_ID[case_id]
+    variables, grads, moments, ref = _run(case, "float64")
+    for v, g, m, per_ex in zip(variables, grads, moments, ref):
+        expected = reference.moments(per_ex, ORDERS)
+        _assert_close(g, expected[1], 1e-10, f"{case_id} {v.path} grad")
+        for p in ORDERS:
+            _assert_close(m[p], expected[p], 1e-10, f"{case_id} {v.path} M{p}")
+
+
+def test_conv_offsets_per_product_fit_the_chunk_memory():
+    """As many offsets per product as the memory the chunks were sized for allows."""
+    from tb_gradmom.core.rules.conv import _offsets_per_product
+
+    # ResNet50's 7x7 stem at 64x64, batch 16: 1024 positions, 3 -> 64 channels, one chunk of
+    # the 8M-element budget: all 49 offsets in one product (5.0M elements)
+    one = 2 * (1024 * 3 + 3 * 64)  # elements per example with one offset per product
+    chunk = (1 << 23) // one
+    assert _offsets_per_product(49, 16, chunk * one, 1024, 3, 64) == 49
+    # batch 32: 49 offsets would be 9.9M; 24 per product, two in flight, are 9.7M > 8.4M, 20
+    # are 8.1M
+    k = _offsets_per_product(49, 32, chunk * one, 1024, 3, 64)
+    assert k == 20
+    assert 32 * 2 * k * (2 * 1024 * 3 + 3 * 64) <= chunk * one
+    # a 3x3 conv of 512 -> 512 channels on 2x2 positions, chunks of 15 of a batch of 16 (two
+    # chunks of 8): one offset per product, as before
+    one = 2 * (4 * 512 + 512 * 512)
+    assert _offsets_per_product(9, 8, 15 * one, 4, 512, 512) == 1
+    # a budget that fits every offset in one product (one in flight)
+    assert _offsets_per_product(9, 4, 10**9, 4, 8, 8) == 9
+
+
 def test_old_tf1_conv_rule_counterexample():
     """The counter-example of docs/math.md: two positions, inputs [1, 1], output gradients [1, -1].
 

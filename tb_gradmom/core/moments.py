@@ -25,7 +25,9 @@ from tb_gradmom.core.rules.base import (
     Site,
     power_sums_of,
     reshape,
+    scalar,
     sum_over_chunks,
+    times,
 )
 from tb_gradmom.core.rules.recurrent import LoopGrads
 from tb_gradmom.core.sites import VariablePlan
@@ -671,7 +673,7 @@ def _moments_of(
         inv_scale = tf.cast(inv_scale, plan.dtype)
     if 1 in orders and not sums_only:
         g = unscaled(grad, plan.dtype, inv_scale)
-        result[1] = g / nf if mode == "sum" else tf.identity(g)
+        result[1] = g / _number(nf, plan.dtype) if mode == "sum" else g
     if not higher:
         return result
     # For a mean loss delta = n * G. Up to order 2, scale the (small) sums by n**p instead of
@@ -681,8 +683,15 @@ def _moments_of(
     factor = nf if mode == "mean" and not scale_sums else 1.0
     sums = _raw_sums(plan, out_grads, index, n, higher, chunk_size, inv_scale, factor)
     for p in higher:
-        result[p] = sums[p] * nf ** (p - 1) if scale_sums else sums[p] / nf
+        result[p] = (
+            times(sums[p], nf ** (p - 1)) if scale_sums else sums[p] / _number(nf, plan.dtype)
+        )
     return result
+
+
+def _number(x: float | tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """``x``, a tensor, or a number as a constant shared in the graph."""
+    return scalar(x, dtype) if isinstance(x, float) else x
 
 
 def _all_reduce_sum(replica: tf.distribute.ReplicaContext, tensors: list[tf.Tensor]) -> list:

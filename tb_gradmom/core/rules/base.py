@@ -192,6 +192,28 @@ def constant(value: Any) -> Any:
     return t
 
 
+def scalar(value: float, dtype: tf.DType) -> tf.Tensor:
+    """A scalar constant of ``dtype`` (a batch size, a power of it), made once per graph as
+    `constant` is; TensorFlow's own constant where `constant` would not share."""
+    graph = _cache_graph()
+    if graph is None:
+        return tf.constant(value, dtype)
+    key = ("scalar", tf.as_dtype(dtype).name, float(value))
+    t = _cached(_CONSTANTS, graph, key)
+    if t is None:
+        with tf.control_dependencies(None), tf.name_scope("gradmom_constants/"):
+            t = tf.constant(value, dtype)
+        _cache(_CONSTANTS, graph, key, t)
+    return t
+
+
+def times(t: tf.Tensor, factor: float | tf.Tensor) -> tf.Tensor:
+    """``t * factor``: ``t`` itself for a factor of 1, a shared constant for a number."""
+    if isinstance(factor, int | float):
+        return t if factor == 1 else t * scalar(factor, t.dtype)
+    return t * factor
+
+
 # Per graph being built: `examples_first` of a tensor, by (tensor, axis, static batch).
 _EXAMPLES_FIRST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -271,14 +293,17 @@ def power_sum(g_pow: dict[int, tf.Tensor], p: int) -> tf.Tensor:
     return tf.reduce_sum(power(g_pow, p), axis=constant(0))
 
 
-def power_sums_of(g: tf.Tensor, orders: Sequence[int]) -> dict[int, tf.Tensor]:
+def power_sums_of(
+    g: tf.Tensor, orders: Sequence[int], *, unsquared: bool = False
+) -> dict[int, tf.Tensor]:
     """``{p: sum over axis 0 of g ** p}`` for every ``p`` in ``orders``.
 
     When no order above 2 is asked for, ``sum g ** 2`` is the square of TF's Euclidean-norm
     reduction, one pass over ``g`` that squares as it sums: no ``g ** 2`` tensor is written
     (as big as the per-example gradients, e.g. ``[32, 128, 512]`` for a Dense on sequences)
     and read back. Two roundings more than summing the squares (the root and the square:
-    a relative 2.4e-7 in float32).
+    a relative 2.4e-7 in float32). With ``unsquared`` the norm is returned as it is, for the
+    caller to square (once for many pieces; see `norms_squared`).
     """
     orders = tuple(orders)
     if orders and max(orders) == 2:
@@ -287,10 +312,18 @@ def power_sums_of(g: tf.Tensor, orders: Sequence[int]) -> dict[int, tf.Tensor]:
             if p == 1:
                 out[1] = tf.reduce_sum(g, axis=constant(0))
             else:
-                out[2] = tf.square(tf.math.reduce_euclidean_norm(g, axis=constant(0)))
+                norm = tf.math.reduce_euclidean_norm(g, axis=constant(0))
+                out[2] = norm if unsquared else tf.square(norm)
         return out
     g_pow = {1: g}
     return {p: power_sum(g_pow, p) for p in orders}
+
+
+def norms_squared(sums: dict[int, tf.Tensor], orders: Sequence[int]) -> dict[int, tf.Tensor]:
+    """``sums`` from `power_sums_of` with ``unsquared=True``, their order 2 squared."""
+    if orders and max(orders) == 2 and 2 in sums:
+        return {**sums, 2: tf.square(sums[2])}
+    return sums
 
 
 def sum_over_chunks(

@@ -27,6 +27,7 @@ from tb_gradmom.core.rules.base import (
     RuleError,
     constant,
     reshape,
+    times,
 )
 
 __all__ = [
@@ -66,9 +67,9 @@ def derived_contribution(
 
     def scale(g: tf.Tensor, p: int = 1) -> tf.Tensor:
         """``g * factor ** p`` (nothing for a factor of 1)."""
-        if isinstance(factor, float) and factor == 1.0:
-            return g
-        return g * (factor if p == 1 else factor**p)
+        if isinstance(factor, float):
+            return times(g, factor**p)
+        return g * (factor if p == 1 else factor * factor if p == 2 else factor**p)
 
     def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         g = reshape(inner.per_example(delta, n, start, size), [-1, *dshape])
