@@ -11,11 +11,11 @@ that output position ``q`` sees. Each kernel element belongs to one kernel offse
 power sums (a variable with this one consumer) the rule takes a few offsets at a time: the
 strided slices of the input that the offsets meet, side by side, one batched matmul with
 ``delta`` (positions summed inside it, per example), then the powers, summed over examples.
-As many offsets per product as the chunk's memory allows (one for big layers), and at most two
-products in flight, bound memory. With several consumers (or a dilated convolution, which arrives as
-``SpaceToBatchND``) the per-example gradients are built by im2col for a chunk of examples.
-Raising patches and output gradients to the power first (as the TF1 code did) drops every
-cross term between positions and is wrong.
+As many offsets per product as a share of the chunk's memory allows (one for big layers), and
+at most two products in flight, bound memory. With several consumers (or a dilated
+convolution, which arrives as ``SpaceToBatchND``) the per-example gradients are built by
+im2col for a chunk of examples. Raising patches and output gradients to the power first (as
+the TF1 code did) drops every cross term between positions and is wrong.
 
 Groups. A filter ``[*k, c, o]`` on an input of ``G * c`` channels is ``G`` ordinary convolutions:
 group ``h`` maps input channels ``[h c, (h + 1) c)`` to output channels ``[h o/G, (h + 1) o/G)``
@@ -57,7 +57,7 @@ __all__ = ["conv_rule", "ConvSpec", "conv_contribution", "attr_str"]
 _IN_FLIGHT = 2
 # Elements (per chunk) that the products of several kernel offsets may hold at once, at most:
 # a quarter of the moments' 8M-element chunk budget, as several layers' sums run at the same
-# time. ResNet50 (b16, 64x64): with the whole chunk budget, peak 1.51-1.55x the plain step's;
+# time. ResNet50 (b16, 64x64): with the whole chunk budget, peak 1.50-1.59x the plain step's;
 # with a quarter, 1.26-1.30x, as with one offset per product (1.27-1.33x).
 _PRODUCT_ELEMENTS = 1 << 21
 
@@ -244,9 +244,10 @@ def conv_contribution(
         nd == 2 and c_g == 1 and strides[0] == strides[1] and all(d == 1 for d in dilations)
     )
 
-    # The per-offset sums as each case's product leaves them, stacked over the offsets (the
-    # filter's order but for the grouped case's transpose; one reshape at the end, none per
-    # offset): [K, c_in, c_out], [K, G], [K, G, 1, o_g] or [K, G, c_g, o_g].
+    # The per-offset sums as each case's product leaves them, concatenated (groups == 1) or
+    # stacked over the offsets (the filter's order but for the grouped case's transpose; one
+    # reshape at the end, none per offset): [K c_in, c_out], [K, G], [K, G, 1, o_g] or
+    # [K, G, c_g, o_g].
     if groups == 1:  # offsets in products of several (see `offset_sums`): [K * c_in, c_out]
         sums_shape = [n_off * c_in, c_out]
     elif c_g == 1 and o_g == 1:
