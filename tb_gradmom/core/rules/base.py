@@ -183,13 +183,7 @@ def constant(value: Any) -> Any:
     if graph is None:
         return value
     array = np.asarray(value, dtype=np.int64)
-    key = (array.shape, tuple(array.ravel().tolist()))
-    t = _cached(_CONSTANTS, graph, key)
-    if t is None:
-        with tf.control_dependencies(None), tf.name_scope("gradmom_constants/"):
-            t = tf.constant(array, tf.int32)
-        _cache(_CONSTANTS, graph, key, t)
-    return t
+    return _shared_constant(graph, (array.shape, tuple(array.ravel().tolist())), array, tf.int32)
 
 
 def scalar(value: float, dtype: tf.DType) -> tf.Tensor:
@@ -198,7 +192,13 @@ def scalar(value: float, dtype: tf.DType) -> tf.Tensor:
     graph = _cache_graph()
     if graph is None:
         return tf.constant(value, dtype)
-    key = ("scalar", tf.as_dtype(dtype).name, float(value))
+    dtype = tf.as_dtype(dtype)
+    return _shared_constant(graph, ("scalar", dtype.name, float(value)), value, dtype)
+
+
+def _shared_constant(graph: tf.Graph, key: Any, value: Any, dtype: tf.DType) -> tf.Tensor:
+    """The constant cached under ``key`` in ``graph``, made (with no control dependencies)
+    the first time."""
     t = _cached(_CONSTANTS, graph, key)
     if t is None:
         with tf.control_dependencies(None), tf.name_scope("gradmom_constants/"):
