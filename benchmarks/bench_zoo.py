@@ -5,11 +5,14 @@ per-example gradients by `tf.vectorized_map`.
     python benchmarks/bench_zoo.py                           # every model, 11 rounds, 3 memory runs
     python benchmarks/bench_zoo.py --models bert,gpt2 --rounds 21 --json zoo.json
     python benchmarks/bench_zoo.py --models resnet50 --batch 8   # a smaller size, labelled
+    python benchmarks/bench_zoo.py --models DenseNet121,Xception --no-vmap   # other applications
 
 Models (float32, seed 0, no download; see `MODELS`):
 
 - CNNs from `keras.applications` (``weights=None``, 10 classes, logits), batch 16 of 64x64x3:
-  "resnet50", "mobilenetv2" (alpha 1.0), "efficientnetb0", "convnexttiny";
+  "resnet50", "mobilenetv2" (alpha 1.0), "efficientnetb0", "convnexttiny"; any other
+  `keras.applications` model by its class name (``--models DenseNet121,Xception``), built the
+  same way (96x96x3 for the models that need more than 64x64, see `APP_SIDES`);
 - transformer backbones from `keras_hub` configs, 4 layers, width 256, 4 heads, MLP 1024,
   sequence 128, vocabulary 8192, batch 16 (dropout 0.1 as in the presets): "bert" (`BertBackbone`,
   `Dense(10)` on the pooled output) and "gpt2" (`GPT2Backbone`, mean over positions,
@@ -87,6 +90,9 @@ TARGETS = {"cnn": 1.6, "hub": 1.4, "rnn": 2.5}
 VMAP_TARGET = 1.0  # vmap / ours, more than
 MEMORY_TARGET = 1.5  # peak moments / peak plain, at most
 COMPILE_TARGET = 2.0  # (trace + first call) moments / plain, at most
+# Any other `keras.applications` model by its class name (e.g. "DenseNet121"), as a CNN at batch
+# 16 of 64x64x3, or of APP_SIDES' side where the model needs a larger input.
+APP_SIDES = {"Xception": 96, "InceptionV3": 96, "InceptionResNetV2": 96}
 HUB = dict(num_layers=4, num_heads=4, hidden_dim=256, intermediate_dim=1024, dropout=0.1)
 VOCAB = 8192
 RNN_FEATURES = 32
@@ -116,6 +122,22 @@ def _bench_core():
 
 
 # --------------------------------------------------------------------------------------- models
+def model_spec(name: str) -> tuple:
+    """(family, default batch, default size, label) of a model of `MODELS` or of a
+    `keras.applications` model given by its class name; ValueError for anything else."""
+    if name in MODELS:
+        return MODELS[name]
+    import keras
+
+    app = getattr(keras.applications, name, None)
+    if name[:1].isupper() and callable(app):
+        return ("cnn", 16, APP_SIDES.get(name, 64), f"{name} (keras.applications)")
+    raise ValueError(
+        f"unknown model {name!r}; choose from {', '.join(MODELS)}, or a keras.applications "
+        "model by its class name (e.g. DenseNet121)"
+    )
+
+
 def build(name: str, batch: int, size: int):
     """(model, x, y): the model, a synthetic batch (a tensor, or a dict of tensors) and labels."""
     import keras
@@ -124,7 +146,7 @@ def build(name: str, batch: int, size: int):
     tf = _tf()
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
-    family = MODELS[name][0]
+    family = model_spec(name)[0]
     y = tf.constant(rng.integers(0, CLASSES, size=batch).astype(np.int32))
     if family == "cnn":
         shape = (size, size, 3)
@@ -137,6 +159,8 @@ def build(name: str, batch: int, size: int):
             model = keras.applications.EfficientNetB0(**kw)
         elif name == "convnexttiny":
             model = keras.applications.ConvNeXtTiny(**kw)
+        else:
+            model = getattr(keras.applications, name)(**kw)
         x = tf.constant(rng.standard_normal((batch, *shape)).astype(np.float32))
     elif family == "hub":
         import keras_hub
@@ -175,7 +199,7 @@ def build(name: str, batch: int, size: int):
 
 
 def describe(name: str, batch: int, size: int) -> str:
-    family = MODELS[name][0]
+    family = model_spec(name)[0]
     if family == "cnn":
         return f"b{batch} {size}x{size}x3"
     if family == "hub":
@@ -959,7 +983,7 @@ def print_table(results: list[dict]) -> None:
         if "error" in r:
             print(f"{r['model']:<15} FAILED: {r['error'].splitlines()[-1][:150]}")
             continue
-        fam = MODELS[r["model"]][0]
+        fam = model_spec(r["model"])[0]
         ms, ratio, vr = r["ms"], r["moments/plain"], r.get("vmap/moments")
         t = TARGETS[fam]
         mem = r.get("memory")
@@ -1064,8 +1088,8 @@ def main(argv=None) -> int:
         return 0
     if args.timing_child or args.memory_child or args.profile_child or args.trace_child:
         name = args.model
-        batch = args.batch or MODELS[name][1]
-        size = args.size or MODELS[name][2]
+        batch = args.batch or model_spec(name)[1]
+        size = args.size or model_spec(name)[2]
         if args.timing_child:
             res = timing_child(name, batch, size, rounds, budget, not args.no_vmap)
         elif args.trace_child:
@@ -1099,8 +1123,8 @@ def main(argv=None) -> int:
     if args.profile_trace:
         out = []
         for name in [m.strip() for m in args.profile_trace.split(",") if m.strip()]:
-            batch = args.batch or MODELS[name][1]
-            size = args.size or MODELS[name][2]
+            batch = args.batch or model_spec(name)[1]
+            size = args.size or model_spec(name)[2]
             res = _child(
                 ["--trace-child", "--model", name, "--batch", str(batch), "--size", str(size)],
                 bfc=False,
@@ -1114,8 +1138,8 @@ def main(argv=None) -> int:
     if args.profile:
         out = []
         for name in [m.strip() for m in args.profile.split(",") if m.strip()]:
-            batch = args.batch or MODELS[name][1]
-            size = args.size or MODELS[name][2]
+            batch = args.batch or model_spec(name)[1]
+            size = args.size or model_spec(name)[2]
             res = _child(
                 ["--profile-child", "--model", name, "--batch", str(batch), "--size", str(size)]
                 + ["--profile-steps", str(args.profile_steps)],
@@ -1130,8 +1154,10 @@ def main(argv=None) -> int:
         return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
-        if m not in MODELS:
-            ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+        try:
+            model_spec(m)
+        except ValueError as e:
+            ap.error(str(e))
     repeats = args.memory_repeats or (1 if args.quick else 3)
     print(
         f"{os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}, orders {ORDERS}, "
@@ -1140,8 +1166,8 @@ def main(argv=None) -> int:
     )
     results = []
     for name in models:
-        batch = args.batch or MODELS[name][1]
-        size = args.size or MODELS[name][2]
+        batch = args.batch or model_spec(name)[1]
+        size = args.size or model_spec(name)[2]
         t0 = time.perf_counter()
         cargs = ["--timing-child", "--model", name, "--batch", str(batch), "--size", str(size)]
         cargs += ["--rounds", str(rounds), "--budget", str(budget)]
@@ -1153,7 +1179,7 @@ def main(argv=None) -> int:
             print(f"  {name}: {e}", flush=True)
             results.append({"model": name, "error": str(e)})
             continue
-        if batch != MODELS[name][1] or size != MODELS[name][2]:
+        if (batch, size) != model_spec(name)[1:3]:
             res["shape"] += " (SMALLER)"
         t1 = time.perf_counter()
         if not args.no_memory:
