@@ -154,6 +154,7 @@ def test_conv_offsets_in_products_of_any_size(case_id, per_product, monkeypatch)
     of them (the last product shorter when the count does not divide the offsets)."""
     from tb_gradmom.core.rules import conv
 
+    monkeypatch.setattr(conv, "_NATIVE_MAX_EXAMPLES", 0)  # the products, not `native_sums`
     monkeypatch.setattr(conv, "_offsets_per_product", lambda n_off, *_: min(per_product, n_off))
     case = CASES_BY_ID[case_id]
     variables, grads, moments, ref = _run(case, "float64")
@@ -162,6 +163,87 @@ def test_conv_offsets_in_products_of_any_size(case_id, per_product, monkeypatch)
         _assert_close(g, expected[1], 1e-10, f"{case_id} {v.path} grad")
         for p in ORDERS:
             _assert_close(m[p], expected[p], 1e-10, f"{case_id} {v.path} M{p}")
+
+
+_NATIVE_CASES = [
+    "conv1d-valid",
+    "conv1d-stride2-same",
+    "conv2d-valid",
+    "conv2d-stride2-same",
+    "conv2d-stride21-valid",
+    "conv1d-transpose-stride2-same",
+    "conv2d-transpose-stride2-valid",
+    "subclassed-conv",
+]
+
+
+def _filter_gradient_ops(case, dtype, **kwargs):
+    """The library's `Conv2DBackpropFilter` ops in the moments step of ``case``."""
+    forward, variables = case.build(dtype)
+    x, y = case.inputs(np.random.default_rng(0), dtype)
+
+    def step(x, y):
+        loss = _loss(case, forward(x), y)
+        reduction = case.loss if case.loss != "vector" else "mean"
+        return gradmom.gradients_and_moments(
+            loss, variables, orders=ORDERS, reduction=reduction, **kwargs
+        )
+
+    graph = tf.function(step).get_concrete_function(tf.constant(x), tf.constant(y)).graph
+    graphs, ops = [graph], []
+    while graphs:  # the step's graph and the functions it calls (loops, conditions)
+        g = graphs.pop()
+        graphs += [f.graph for f in g._functions.values() if hasattr(f, "graph")]
+        ops += [o for o in g.get_operations() if o.type == "Conv2DBackpropFilter"]
+    # the library's, not the backward pass's own
+    return [o for o in ops if "gradients_and_moments" in o.name and "/gradients/" not in o.name]
+
+
+@pytest.mark.parametrize("case_id", _NATIVE_CASES)
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_conv_native_per_example_filter_gradients(case_id, chunk_size):
+    """A 2-D convolution's power sums from one TF filter gradient per example (`native_sums`):
+    exact against brute force, orders 1-4, in one chunk or in unrolled chunks of 3, strides,
+    padding (SAME, VALID) and transposed convolutions included; and the path is taken (one
+    `Conv2DBackpropFilter` per example and filter). A dilated convolution arrives as
+    ``SpaceToBatchND`` and keeps the im2col path."""
+    case = CASES_BY_ID[case_id]
+    kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
+    variables, grads, moments, ref = _run(case, "float64", **kwargs)
+    n = case.inputs(np.random.default_rng(0), "float64")[0].shape[0]
+    for v, g, m, per_ex in zip(variables, grads, moments, ref):
+        expected = reference.moments(per_ex, ORDERS)
+        # the gradient of a sum of the per-example losses is n times their mean
+        gradient = expected[1] * (n if case.loss == "sum" else 1)
+        _assert_close(g, gradient, 1e-10, f"{case_id} {v.path} grad")
+        for p in ORDERS:
+            _assert_close(m[p], expected[p], 1e-10, f"{case_id} {v.path} M{p}")
+    ops = _filter_gradient_ops(case, "float64", **kwargs)
+    assert len(ops) >= n, f"{case_id}: {len(ops)} per-example filter gradients for {n} examples"
+    assert all(op.inputs[0].shape[0] == 1 for op in ops)
+
+
+def test_conv_native_path_limits(monkeypatch):
+    """Above `_NATIVE_MAX_EXAMPLES` examples, or with a batch unknown at trace time, the
+    offsets' products (a bounded number of ops), exact all the same."""
+    from tb_gradmom.core.rules import conv
+
+    case = CASES_BY_ID["conv2d-stride2-same"]
+    assert _filter_gradient_ops(case, "float64")
+    for variant in ("limit", "dynamic"):
+        with monkeypatch.context() as mp:
+            kwargs = {}
+            if variant == "limit":
+                mp.setattr(conv, "_NATIVE_MAX_EXAMPLES", 2)
+                assert not _filter_gradient_ops(case, "float64")
+            else:
+                kwargs["dynamic_batch"] = True
+            variables, grads, moments, ref = _run(case, "float64", **kwargs)
+        for v, g, m, per_ex in zip(variables, grads, moments, ref):
+            expected = reference.moments(per_ex, ORDERS)
+            _assert_close(g, expected[1], 1e-10, f"{variant} {v.path} grad")
+            for p in ORDERS:
+                _assert_close(m[p], expected[p], 1e-10, f"{variant} {v.path} M{p}")
 
 
 def test_conv_offsets_per_product_fit_the_chunk_memory():
