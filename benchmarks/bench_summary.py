@@ -6,6 +6,7 @@ against the moments step of `gradients_and_moments`.
     python benchmarks/bench_summary.py --quick
     python benchmarks/bench_summary.py --baseline old/summary.py   # also time another version
     python benchmarks/bench_summary.py --ops               # op counts of the logging branch
+    python benchmarks/bench_summary.py --overlap           # the statistics beside the step
 
 Training steps per model in one process, interleaved as in `bench_core.py` (same models, data
 and timing helpers; ResNet50 as in `bench_zoo.py`):
@@ -20,6 +21,13 @@ and timing helpers; ResNet50 as in `bench_zoo.py`):
   compare two versions of the logging in the same interleaved rounds.
 
 Ratios are medians over rounds of the per-round ratio of median step times.
+
+``--overlap`` asks what moving the statistics off the step would buy on this machine: it times,
+interleaved, the moments step alone, the logged step's statistics alone (`summary._stats_fields`
+on fixed moments of the model, the float64 sums and variance histograms of every logged
+variable, without pooling or event writes), the two one after the other, and the two at once
+(the statistics in a second Python thread, started as the step starts: the best case of a
+logging that hands the moments to a background worker).
 Targets: skipped / plain <= 1.05 (issue 4); logged / moments <= 1.15 (the logging issue).
 """
 
@@ -31,6 +39,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -117,6 +126,64 @@ def make_steps(model, logdir, baseline=None):
     return steps, writer
 
 
+def overlap(model, x, y, rounds: int, per_round: int) -> dict:
+    """Step times (ms) and ratios for ``--overlap`` (see the module docstring)."""
+    import threading
+
+    import numpy as np
+
+    from tb_gradmom.writers import summary as gsum
+
+    variables = list(model.trainable_variables)
+    steps, writer = make_steps(model, tempfile.mkdtemp(prefix="bench_summary_"))
+    writer.close()
+    moments = steps["moments"]
+
+    @tf.function(jit_compile=False)
+    def moments_of(x, y):
+        loss = tf.reduce_mean(bench_core.per_example_losses(model(x, training=True), y))
+        _, mom = gradmom.gradients_and_moments(loss, variables, orders=(1, 2))
+        return [(m[1], m[2]) for m in mom]
+
+    fixed = [(None, tf.constant(m1), tf.constant(m2)) for m1, m2 in moments_of(x, y)]
+    n = tf.constant(int(x.shape[0]))
+
+    @tf.function(jit_compile=False)
+    def statistics_only():
+        fields, hist = gsum._stats_fields(fixed, n, tf.constant(1.0, tf.float64), None)
+        return tf.reduce_sum(hist) + tf.add_n([tf.reduce_sum(v) for v in fields.values()])
+
+    def both_at_once():
+        worker = threading.Thread(target=lambda: float(statistics_only()))
+        worker.start()
+        float(moments(x, y))
+        worker.join()
+
+    variants = {
+        "moments": lambda: float(moments(x, y)),
+        "statistics": lambda: float(statistics_only()),
+        "one_then_other": lambda: (float(moments(x, y)), float(statistics_only())),
+        "at_once": both_at_once,
+    }
+    for f in variants.values():
+        f()
+        f()
+    times: dict = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, f in variants.items():
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                f()
+            times[k].append((time.perf_counter() - t0) / per_round)
+    arr = {k: np.array(v) for k, v in times.items()}
+    return {
+        "ms": {k: 1e3 * float(np.median(v)) for k, v in arr.items()},
+        "one_then_other/moments": float(np.median(arr["one_then_other"] / arr["moments"])),
+        "at_once/moments": float(np.median(arr["at_once"] / arr["moments"])),
+        "at_once/one_then_other": float(np.median(arr["at_once"] / arr["one_then_other"])),
+    }
+
+
 def write_branch_ops(step, x, y, files=("summary.py", "summary_before.py")) -> dict:
     """Ops in the logging branch (the taken side of ``gradmom_record``) of a traced step,
     nested function bodies included: ``{"all": ..., "logging": ...}``, where "logging" counts
@@ -165,6 +232,11 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--baseline", default=None, help="a summary.py to time as 'baseline'")
     parser.add_argument("--ops", action="store_true", help="only count the logging ops")
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="only time the statistics beside the moments step, in a second thread",
+    )
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else args.repeats
     baseline = load_summary(args.baseline) if args.baseline else None
@@ -172,6 +244,20 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as logdir:
         for name in args.models.split(","):
             model, x, y = build(name)
+            if args.overlap:
+                load0 = os.getloadavg()[0]
+                out = overlap(model, x, y, rounds, PER_ROUND.get(name, 5))
+                print(
+                    f"\n{name} (load {load0:.1f} -> {os.getloadavg()[0]:.1f}): "
+                    + ", ".join(f"{k} {v:.2f} ms" for k, v in out["ms"].items())
+                )
+                print(
+                    "  moments step, then the statistics: "
+                    f"{out['one_then_other/moments']:.2f}x the moments step; both at once "
+                    f"(the statistics in a second thread): {out['at_once/moments']:.2f}x "
+                    f"({out['at_once/one_then_other']:.2f}x one after the other)"
+                )
+                continue
             steps, writer = make_steps(model, os.path.join(logdir, name), baseline)
             if args.ops:
                 versions = ["logged"] + (["baseline"] if baseline else [])
