@@ -596,6 +596,52 @@ def test_embedding_memory_is_per_token_not_per_vocabulary():
         np.testing.assert_allclose(moments[p].numpy()[touched], want, rtol=2e-4, atol=1e-12)
 
 
+def test_warnings_about_many_variables_name_a_few_and_count_the_rest():
+    """A warning about a big model's normalisation layers (ResNet50: 106 variables) names the
+    layers, at most `plan.LISTED` of them, and counts the rest; the listing helper too."""
+    import warnings
+
+    import keras
+
+    from tb_gradmom.core import plan as plan_lib
+
+    assert plan_lib.listing(["a", "b"]) == "a, b"
+    items = [f"v{i}" for i in range(plan_lib.LISTED + 3)]
+    assert plan_lib.listing(items, sep="; ") == "; ".join(items[: plan_lib.LISTED]) + " and 3 more"
+
+    keras.utils.set_random_seed(1)
+    layers = []
+    for i in range(plan_lib.LISTED + 1):
+        layers += [
+            keras.layers.Dense(3, name=f"d{i}"),
+            keras.layers.BatchNormalization(name=f"bn{i}"),
+        ]
+    model = keras.Sequential([keras.Input((3,)), *layers], name="net")
+    bns = [
+        v
+        for layer in model.layers
+        if layer.name.startswith("bn")
+        for v in layer.trainable_variables
+    ]
+    x = tf.constant(np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32))
+
+    @tf.function
+    def step(x):
+        loss = tf.reduce_mean(tf.square(model(x, training=True)))
+        return gradmom.gradients_and_moments(loss, bns)[1]
+
+    plan_lib.WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step(x)
+    (message,) = [str(w.message) for w in caught if "training mode" in str(w.message)]
+    n = plan_lib.LISTED + 1
+    # layers by their Keras path ('net/bn0' for 'net/bn0/gamma' and 'net/bn0/beta')
+    assert f"{2 * n} variables of {n} layers ('net/bn0', 'net/bn1', " in message, message
+    assert f"/bn{n - 2}' and 1 more)" in message and f"/bn{n - 1}'" not in message, message
+    assert "gamma" not in message, message
+
+
 def test_batchnorm_training_couples_upstream_layers_and_warns_once():
     """Dense -> BatchNorm (training) -> Dense. gamma/beta are exact against the jacobian of the
     per-example losses; the Dense before the normalisation gets the coupled per-example

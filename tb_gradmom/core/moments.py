@@ -18,7 +18,7 @@ import tensorflow as tf
 from tb_gradmom.core import fallback as _fallback
 from tb_gradmom.core import loss as _loss
 from tb_gradmom.core import plan as _plan
-from tb_gradmom.core.plan import WARNED, Options, Plan, check_orders
+from tb_gradmom.core.plan import LISTED, WARNED, Options, Plan, check_orders, listing
 from tb_gradmom.core.rules.base import (
     UNROLL,
     Count,
@@ -58,12 +58,13 @@ def _warn_fallback(plans: Sequence[VariablePlan], ids: Sequence[int]) -> None:
     if key in WARNED:
         return
     WARNED.add(key)
-    lines = "; ".join(f"'{plans[i].name}' ({plans[i].fallback})" for i in ids)
+    lines = listing([f"'{plans[i].name}' ({plans[i].fallback})" for i in ids], sep="; ")
+    more = " (gradmom.plan_moments lists every variable's rule)" if len(ids) > LISTED else ""
     warnings.warn(
-        f"tb_gradmom: no exact rule for {lines}. Their moments come from the exact fallback: "
-        "per-example gradients of the per-example losses, vectorised over the examples "
-        "(slow path, about one backward pass of the batch per example, on the steps that "
-        "compute moments). Pass fallback='error' to raise instead.",
+        f"tb_gradmom: no exact rule for {lines}{more}. Their moments come from the exact "
+        "fallback: per-example gradients of the per-example losses, vectorised over the "
+        "examples (slow path, about one backward pass of the batch per example, on the steps "
+        "that compute moments). Pass fallback='error' to raise instead.",
         stacklevel=4,
     )
 
@@ -87,7 +88,9 @@ def _warn_disconnected(
         return
     WARNED.add(key)
     warnings.warn(
-        "tb_gradmom: " + "; ".join(lines) + " get zero moments and a None gradient. Leave them "
+        "tb_gradmom: "
+        + listing(lines, sep="; ")
+        + " get zero moments and a None gradient. Leave them "
         "out of var_list (e.g. model.trainable_variables holds only what the loss uses).",
         stacklevel=4,
     )

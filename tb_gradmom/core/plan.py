@@ -34,6 +34,7 @@ __all__ = [
     "tf_variable",
     "replica_context",
     "WARNED",
+    "listing",
 ]
 
 MAX_ORDER = 4
@@ -110,14 +111,36 @@ def replica_context():
     return ctx
 
 
+# Warnings name at most this many variables (or layers); the rest are counted.
+LISTED = 8
+
+
+def listing(items: Sequence[str], sep: str = ", ", limit: int = LISTED) -> str:
+    """``items`` joined by ``sep``, or past ``limit`` the first ``limit`` of them and how many
+    more: a warning about a ResNet's 106 normalisation variables stays a few lines long."""
+    items = list(items)
+    if len(items) <= limit:
+        return sep.join(items)
+    return sep.join(items[:limit]) + f" and {len(items) - limit} more"
+
+
 def warn_coupled(plans) -> None:
     names = tuple(p.name for p in plans if p.coupled)
     if not names or names in WARNED:
         return
     WARNED.add(names)
+    if len(names) <= LISTED:
+        what = ", ".join(f"'{n}'" for n in names)
+    else:  # by layer: 'conv1_bn/gamma' and 'conv1_bn/beta' are layer 'conv1_bn'
+        layers = list(dict.fromkeys(n.rsplit("/", 1)[0] for n in names))
+        what = (
+            f"{len(names)} variables of {len(layers)} layers ("
+            + listing([f"'{n}'" for n in layers])
+            + ")"
+        )
     warnings.warn(
         "tb_gradmom: "
-        + ", ".join(f"'{n}'" for n in names)
+        + what
         + " scale or shift a batch normalised with its own statistics (BatchNormalization "
         "in training mode). Their moments are exact, but the examples are coupled through "
         "the batch mean and variance: the per-example gradients of the layers before the "
