@@ -246,6 +246,36 @@ def test_conv_native_path_limits(monkeypatch):
                 _assert_close(m[p], expected[p], 1e-10, f"{variant} {v.path} M{p}")
 
 
+def test_conv_dilated_kernel_keeps_the_offsets_products():
+    """A raw ``tf.nn.conv2d`` with ``dilations=2`` (Keras' dilated Conv2D arrives as
+    SpaceToBatchND instead): TF's CPU ``Conv2DBackpropFilter`` has no dilation, so the native
+    per-example path must not take it. Exact, orders 1-3, against per-example tapes of the same
+    function as ``tf.nn.atrous_conv2d``."""
+    rng = np.random.default_rng(5)
+    x = tf.constant(rng.normal(size=(5, 11, 11, 3)))
+    w = tf.Variable(rng.normal(size=(3, 3, 3, 4)))
+
+    def per_example_losses(xb):
+        z = tf.nn.conv2d(xb, w, strides=1, padding="SAME", dilations=2)
+        return tf.reduce_sum(tf.tanh(z) ** 2, axis=[1, 2, 3])
+
+    @tf.function
+    def step(x):
+        loss = tf.reduce_mean(per_example_losses(x))
+        return gradmom.gradients_and_moments(loss, [w], orders=(1, 2, 3))[1][0]
+
+    moments = step(x)
+    per_ex = []
+    for j in range(5):  # the same function by SpaceToBatchND, which TF can differentiate on CPU
+        with tf.GradientTape() as tape:
+            z = tf.nn.atrous_conv2d(x[j : j + 1], w, rate=2, padding="SAME")
+            loss = tf.reduce_sum(tf.tanh(z) ** 2)
+        per_ex.append(tape.gradient(loss, w).numpy())
+    expected = reference.moments(np.stack(per_ex), (1, 2, 3))
+    for p in (1, 2, 3):
+        _assert_close(moments[p], expected[p], 1e-10, f"dilated conv2d M{p}")
+
+
 def test_conv_offsets_per_product_fit_the_chunk_memory():
     """As many offsets per product as the memory the chunks were sized for allows."""
     from tb_gradmom.core.rules.conv import _offsets_per_product

@@ -15,10 +15,11 @@ As many offsets per product as a share of the chunk's memory allows (one for big
 at most two products in flight, bound memory. A 2-D convolution with one group, several kernel
 offsets and a filter of at most `_NATIVE_MAX_ELEMENTS` elements, on a static batch, instead
 takes each example's gradient from TensorFlow's own ``Conv2DBackpropFilter`` of that example
-alone (`native_sums`): the same sum over positions, formed by the op's own kernel. With
-several consumers (or a dilated convolution, which arrives as ``SpaceToBatchND``) the
-per-example gradients are built by im2col for a chunk of examples. Raising patches and output gradients to the power first (as
-the TF1 code did) drops every cross term between positions and is wrong.
+alone (`native_sums`): the same sum over positions, formed by the op's own kernel (not for a
+dilated kernel: TF's CPU kernel has no dilation). With several consumers (or a dilated
+convolution, which arrives as ``SpaceToBatchND``) the per-example gradients are built by im2col
+for a chunk of examples. Raising patches and output gradients to the power first (as the TF1
+code did) drops every cross term between positions and is wrong.
 
 Groups. A filter ``[*k, c, o]`` on an input of ``G * c`` channels is ``G`` ordinary convolutions:
 group ``h`` maps input channels ``[h c, (h + 1) c)`` to output channels ``[h o/G, (h + 1) o/G)``
@@ -272,6 +273,9 @@ def conv_contribution(
         and blocks == 1
         and n_off > 1
         and native_elements <= _NATIVE_MAX_ELEMENTS
+        # TF's CPU kernel has no dilation (a raw tf.nn.conv2d with dilations=2 reaches here;
+        # Keras' dilated Conv2D arrives as SpaceToBatchND, blocks > 1)
+        and all(dl == 1 for dl in dilations)
     )
 
     def native_sums(x, d, orders):
