@@ -11,6 +11,9 @@ use of an attribute that needs it.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
 
 __version__ = "0.1.0"  # the one place: setup.py reads this line (a regex, no import)
 
@@ -21,6 +24,7 @@ __all__ = [
     "UnsupportedOpError",
     "BatchSizeError",
     "PerExampleLossError",
+    "GradientTape",
     "summary",
     "keras",
     "data",
@@ -37,6 +41,7 @@ _LAZY = {
     "UnsupportedOpError": ("tb_gradmom.core.errors", "UnsupportedOpError"),
     "BatchSizeError": ("tb_gradmom.core.errors", "BatchSizeError"),
     "PerExampleLossError": ("tb_gradmom.core.errors", "PerExampleLossError"),
+    "GradientTape": ("tb_gradmom.writers.tape", "GradientTape"),
     "summary": ("tb_gradmom.writers.summary", None),
     "keras": ("tb_gradmom.writers.keras", None),
     "data": ("tb_gradmom.analysis.data", None),
@@ -44,6 +49,37 @@ _LAZY = {
     "metadata": ("tb_gradmom.metadata", None),
     "plot": ("tb_gradmom.viz.plot", None),
 }
+
+
+# Documented submodule names that live elsewhere: `import tb_gradmom.keras` and
+# `from tb_gradmom.data import load` give the module behind the public name.
+_ALIASES = {f"{__name__}.{name}": module for name, (module, attr) in _LAZY.items() if attr is None}
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        module = importlib.import_module(_ALIASES[spec.name])
+        self.spec = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        # the target module ran when it was imported; the import system has just set its
+        # __spec__ to the alias's: give it back its own
+        module.__spec__ = self.spec
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    """Finds the public aliases (``tb_gradmom.keras`` -> ``tb_gradmom.writers.keras``): the
+    import system then binds the real module under both names."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _ALIASES or fullname == _ALIASES[fullname]:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader())
+
+
+if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AliasFinder())
 
 
 def __getattr__(name: str):

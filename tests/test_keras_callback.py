@@ -229,15 +229,25 @@ def test_callback_multi_output_loss_weights(tmp_path):
             assert err <= 2e-5 * max(np.max(np.abs(ref)), 1e-6), (v.path, p, err)
 
 
-def test_callback_refuses_a_max_loss(tmp_path):
-    """A loss that is not a mean or a sum of per-example losses: an error, not a number."""
-    keras.utils.set_random_seed(14)
-    model = _sequential()
-    model.compile(optimizer="sgd", loss=_max_loss)
+def test_callback_refuses_a_max_loss_and_training_goes_on(tmp_path):
+    """A loss that is not a mean or a sum of per-example losses: no number is logged, a
+    warning gives the error, and training goes on as without the callback."""
     x, y = _data()
-    cb = gradmom.keras.GradMoments(str(tmp_path), every_n_steps=1)
-    with pytest.raises(gradmom.PerExampleLossError, match=r"maximum.*\[n\] vector"):
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+    models = []
+    for cb in (gradmom.keras.GradMoments(str(tmp_path), every_n_steps=1), None):
+        keras.utils.set_random_seed(14)
+        model = _sequential()
+        model.compile(optimizer="sgd", loss=_max_loss)
+        if cb is None:
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        else:
+            with pytest.warns(UserWarning, match=r"training goes on.*PerExampleLossError.*max"):
+                model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+        models.append(model)
+    for a, b in zip(models[0].weights, models[1].weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(ValueError, match="no Grad Moments data"):
+        data.load(tmp_path)
 
 
 def test_callback_arguments_are_checked_at_construction(tmp_path):

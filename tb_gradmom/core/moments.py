@@ -243,6 +243,15 @@ def gradients_and_moments(
     return list(backward.grads), backward.moments().values
 
 
+def _shaped(moments_i: dict[int, tf.Tensor], vplan: VariablePlan) -> dict[int, tf.Tensor]:
+    """The moments with the variable's static shape: an embedding's gradient arrives as
+    ``IndexedSlices`` whose dense form has an unknown number of rows, and the writers size their
+    statistics from static shapes."""
+    for t in moments_i.values():
+        t.set_shape(vplan.variable.shape)
+    return moments_i
+
+
 def unscaled(grad, dtype: tf.DType, inv_scale: tf.Tensor | None) -> tf.Tensor:
     """A gradient in the moments' ``dtype``, times the loss scale's inverse if there is one
     (mixed precision: the cast comes first, so nothing is unscaled in float16)."""
@@ -347,7 +356,7 @@ class Backward:
         """
         orders = self.plan.options.orders if orders is None else check_orders(orders)
         chunk_size = self.plan.options.chunk_size
-        indices = range(len(self.plan.variables)) if indices is None else indices
+        indices = list(range(len(self.plan.variables)) if indices is None else indices)
         if self.plan.replica is not None:
             return self._distributed_moments(orders, chunk_size, list(indices), gate)
         out = []
@@ -375,7 +384,9 @@ class Backward:
                         inv_scale=self.inv_scale,
                     )
                 )
-        return Moments(out, self.plan.n)
+        return Moments(
+            [_shaped(m, self.plan.variables[i]) for m, i in zip(out, indices)], self.plan.n
+        )
 
     def _distributed_moments(
         self,
@@ -424,7 +435,9 @@ class Backward:
         for (i, p), t in zip(layout, reduced[:-1]):
             nt = tf.maximum(tf.cast(total, t.dtype), 1.0)
             result[i][p] = t * nt ** (p - 1) if scalar_mean else t / nt
-        return Moments([result[i] for i in indices], tf.cast(total, tf.int32))
+        return Moments(
+            [_shaped(result[i], self.plan.variables[i]) for i in indices], tf.cast(total, tf.int32)
+        )
 
     def _local_sums(
         self, i: int, orders: Sequence[int], chunk_size: int | None

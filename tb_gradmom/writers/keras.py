@@ -2,18 +2,28 @@
 
     model.fit(x, y, callbacks=[gradmom.keras.GradMoments("runs/exp1", every_n_steps=100)])
 
-Keras callbacks never see gradients, so the callback swaps the model's ``train_step`` for one
-that computes the loss exactly as Keras does, gets the gradients and the moments from one
-backward pass (`tb_gradmom.writers.summary.moments`), and applies the gradients with the model's
-optimizer. Training is unchanged: same losses, same weights. The original ``train_step`` is
-put back when training ends.
+Keras callbacks never see gradients. The callback leaves the model alone (its ``train_step``,
+``jit_compile`` and train function) and builds, beside Keras' own train function, a second one
+for the steps it logs: the same step under a context that a `tb_gradmom.GradientTape` reads.
+
+* A model that keeps Keras' default ``train_step`` runs, on logged steps, a copy of that step
+  with `tb_gradmom.GradientTape` in place of ``tf.GradientTape``: the same loss, the same
+  gradients (bit for bit) and the moments from the same backward pass.
+* A model whose ``train_step`` was written by the user (GANs, VAEs, contrastive learning,
+  custom losses) runs that step on every step, unchanged. Its ``gradmom.GradientTape`` calls
+  log with the callback's writer, step and interval; with ``tf.GradientTape`` nothing is logged
+  and the callback says, once, the one-line change that logs it.
+
+The steps that do not log run Keras' own train function. Everything is put back at the end of
+``fit``, and also at the start of the next ``fit`` after one that raised or was interrupted.
 """
 
 from __future__ import annotations
 
 import os
-import types
+import sys
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +33,7 @@ import tensorflow as tf
 from tb_gradmom.core import validate as _validate
 from tb_gradmom.core.plan import check_orders
 from tb_gradmom.writers import summary as _summary
+from tb_gradmom.writers import tape as _tape
 
 __all__ = ["GradMoments"]
 
@@ -32,20 +43,22 @@ class GradMoments(keras.callbacks.Callback):
 
     A step is logged when the optimizer's iteration count *before* the update is a multiple of
     ``every_n_steps``: steps 0, N, 2N, ... (the step written is that count). The other steps run
-    no moment ops and cost the same as plain training.
+    Keras' own train function, untouched. With gradient accumulation the count is of updates,
+    and the last micro-batch of a logged update is logged.
 
     Args:
       log_dir: the run directory to write event files to (``tensorboard --logdir`` its parent,
-        or the directory itself).
+        or the directory itself). When a ``keras.callbacks.TensorBoard`` of the same ``fit``
+        writes to the same directory, the moments go to its ``train`` run beside its scalars.
       every_n_steps: how often to log.
       orders: moment orders (1 and 2 are always logged).
-      variables: the variables to log (default: all of ``model.trainable_weights``). Gradients
-        of every trainable weight still come from the same backward pass.
+      variables: the variables to log (default: every variable a step differentiates). Their
+        gradients come from the same backward pass as the others'.
       max_elements: see `tb_gradmom.writers.summary.moments`.
       per_variable_scalars: also write per-variable scalars for the Scalars dashboard.
       log_learning_rate: pass the optimizer's learning rate so the CABS batch size is logged.
-      fallback: ``"exact"`` or ``"error"`` for layers without an exact rule (LSTM, GRU, custom
-        ops; see `tb_gradmom.gradients_and_moments`).
+      fallback: ``"exact"`` or ``"error"`` for layers without an exact rule (see
+        `tb_gradmom.gradients_and_moments`).
 
     Under mixed precision the optimizer's loss scale is taken out of the moments; under a
     ``tf.distribute`` strategy the moments are over the global batch, written by replica 0.
@@ -79,9 +92,9 @@ class GradMoments(keras.callbacks.Callback):
             raise ValueError(f"fallback must be 'exact' or 'error', got {fallback!r}")
         self.fallback = fallback
         self._writer: tf.summary.SummaryWriter | None = None  # while training
-        self._had_instance_step = False
-        self._instance_step: Callable[..., Any] | None = None
-        self._jit: bool | str | None = None
+        self._context: _tape.CallbackContext | None = None
+        self._switch: _Switch | None = None
+        self._warned_tape = False
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         model = self.model
@@ -90,90 +103,203 @@ class GradMoments(keras.callbacks.Callback):
                 "gradmom.keras.GradMoments needs the TensorFlow backend of Keras "
                 f"(KERAS_BACKEND=tensorflow); this Keras runs on {keras.backend.backend()!r}"
             )
-        if model.optimizer is None:
-            raise RuntimeError("GradMoments: compile the model with an optimizer before fit")
-        self._writer = tf.summary.create_file_writer(self.log_dir)
-        self._had_instance_step = "train_step" in model.__dict__
-        self._instance_step = model.__dict__.get("train_step")
-        if getattr(model, "jit_compile", False):
+        if getattr(model, "optimizer", None) is None:
+            raise RuntimeError(
+                "gradmom.keras.GradMoments: the model has no optimizer; call "
+                "model.compile(optimizer=..., loss=...) before model.fit"
+            )
+        _restore(model)  # what an earlier fit that raised left behind
+        optimizer = model.optimizer
+        accumulation = int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
+        if accumulation > 1:
             warnings.warn(
-                "GradMoments turns off jit_compile while it is attached: summary writes cannot "
-                "run inside XLA.",
+                f"GradMoments: the optimizer accumulates gradients over {accumulation} "
+                "micro-batches; a logged update logs the moments of its last micro-batch, "
+                "once, at the update's step.",
                 stacklevel=2,
             )
-            self._jit = model.jit_compile
+        run_dir = _run_dir(self.log_dir, _fit_callbacks())
+        self._writer = tf.summary.create_file_writer(run_dir)
+        self._context = _tape.CallbackContext(
+            writer=self._writer,
+            every_n_steps=self.every_n_steps,
+            orders=self.orders,
+            variables=self.variables,
+            max_elements=self.max_elements,
+            per_variable_scalars=self.per_variable_scalars,
+            log_learning_rate=self.log_learning_rate,
+            fallback=self.fallback,
+            optimizer=optimizer,
+            accumulation=accumulation,
+        )
+        from tb_gradmom._compat import keras_private
+
+        user_step = _user_train_step(model)
+        step = _default_train_step(model) if user_step is None else user_step
+        context = self._context
+
+        def logged_step(data: Any) -> Any:
+            with _tape.callback_context(context):
+                return step(data)
+
+        model.make_train_function()
+        plain = model.train_function
+        jit = model.jit_compile
+        try:
+            # the summary writes cannot run inside XLA: the logged steps' function is built
+            # without it; the other steps keep the model's own (see the README, "XLA")
             model.jit_compile = False
-        model.train_step = types.MethodType(_make_train_step(self), model)
-        model.make_train_function(force=True)
+            logged = keras_private.make_function(model, logged_step)
+        finally:
+            model.jit_compile = jit
+        self._switch = _Switch(self, plain, logged)
+        model.train_function = self._switch
+        _ATTACHED[model] = self
+        # the next fit calls make_train_function before any callback: put the model back there
+        # if this fit never reaches on_train_end (an error, an interrupt)
+        original = model.__dict__.get("make_train_function")
+
+        def make_train_function(force: bool = False) -> Any:
+            _restore(model)
+            return model.make_train_function(force=force)
+
+        self._made = original
+        model.make_train_function = make_train_function
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        ctx = self._context
+        if ctx is None or self._warned_tape or self._switch is None or not self._switch.logged:
+            return
+        self._warned_tape = True
+        if not ctx.used:
+            warnings.warn(
+                "GradMoments logged nothing: the model's train_step takes its gradients with "
+                "tf.GradientTape. To log them, replace `tf.GradientTape()` with "
+                "`gradmom.GradientTape()` in that train_step (import tb_gradmom as gradmom); "
+                "it returns the same gradients. Training is unchanged either way.",
+                stacklevel=2,
+            )
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        _restore(self.model)
+
+    def _detach(self) -> None:
         model = self.model
-        if self._had_instance_step:
-            model.train_step = self._instance_step
-        else:
-            model.__dict__.pop("train_step", None)
-        if self._jit is not None:
-            model.jit_compile = self._jit
-            self._jit = None
-        model.train_function = None  # the next fit builds a plain train function again
+        if self._switch is not None and model.__dict__.get("train_function") is self._switch:
+            model.train_function = self._switch.plain
+        self._switch = None
+        made = model.__dict__.get("make_train_function")
+        if made is not None and getattr(made, "__name__", "") == "make_train_function":
+            del model.__dict__["make_train_function"]
+            if self._made is not None:
+                model.make_train_function = self._made
+        self._context = None
+        self._warned_tape = False
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()
             self._writer = None
 
 
-def _loss_scale(optimizer: keras.optimizers.Optimizer) -> tf.Variable | float | None:
-    """The dynamic loss scale of a ``LossScaleOptimizer`` (mixed precision), else None: the
-    gradients stay scaled for the optimizer, the moments are unscaled."""
-    from keras.optimizers import LossScaleOptimizer
-
-    if isinstance(optimizer, LossScaleOptimizer):
-        # what LossScaleOptimizer.scale_loss multiplies by
-        return optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
-    return None
+# model -> the GradMoments attached to it, until its fit ends or the next fit starts
+_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _make_train_step(cb: GradMoments) -> Callable[[keras.Model, Any], dict[str, Any]]:
-    # Mirrors keras/src/backend/tensorflow/trainer.py `train_step` (Keras 3), with the gradients
-    # taken by gradmom.summary.moments instead of a GradientTape.
-    # Keras' private API, behind tb_gradmom._compat.keras_private.
+def _restore(model: keras.Model) -> None:
+    """Detaches the GradMoments attached to ``model``, if any."""
+    cb = _ATTACHED.pop(model, None)
+    if cb is not None:
+        cb._detach()
+
+
+class _Switch:
+    """The model's train function while the callback is attached: per call (one execution of
+    ``steps_per_execution`` steps), the logged steps' function when a step of the execution is
+    due, Keras' own otherwise."""
+
+    def __init__(self, cb: GradMoments, plain: Callable, logged: Callable) -> None:
+        self.cb = cb
+        self.plain = plain
+        self.logged_fn = logged
+        self.logged = False  # a logged execution has run
+
+    def __call__(self, iterator: Any) -> Any:
+        model = self.cb.model
+        ctx = self.cb._context
+        if ctx is None:
+            return self.plain(iterator)
+        first = int(model.optimizer.iterations.numpy())
+        count = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        updates = -(-count // ctx.accumulation) + 1  # the updates this execution may reach
+        due = any((first + k) % ctx.every_n_steps == 0 for k in range(updates))
+        if not due:
+            return self.plain(iterator)
+        out = self.logged_fn(iterator)
+        self.logged = True
+        return out
+
+
+def _user_train_step(model: keras.Model) -> Callable[[Any], Any] | None:
+    """The model's ``train_step`` when the user wrote it (on the model's class or instance),
+    None when it is Keras' own."""
     from tb_gradmom._compat import keras_private
 
-    def train_step(self: keras.Model, data: Any) -> dict[str, Any]:
+    if "train_step" in model.__dict__:
+        return model.__dict__["train_step"]
+    if type(model).train_step is keras_private.default_train_step():
+        return None
+    return model.train_step
+
+
+def _fit_callbacks() -> list[Any]:
+    """The callbacks of the ``fit`` calling ``on_train_begin`` (Keras' ``CallbackList``, found
+    on the call stack), or [] when it cannot be found."""
+    frame: Any = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, keras.callbacks.CallbackList):
+            return list(owner.callbacks)
+        frame = frame.f_back
+    return []
+
+
+def _run_dir(log_dir: str, callbacks: Sequence[Any]) -> str:
+    """``log_dir``, or its ``train`` run when a ``keras.callbacks.TensorBoard`` of the same fit
+    writes there (its scalars go to ``<log_dir>/train``)."""
+    for cb in callbacks:
+        if isinstance(cb, keras.callbacks.TensorBoard):
+            if os.path.abspath(str(cb.log_dir)) == os.path.abspath(log_dir):
+                return os.path.join(log_dir, "train")
+    return log_dir
+
+
+def _default_train_step(model: keras.Model) -> Callable[[Any], Any]:
+    """Keras' default ``train_step`` (``keras/src/backend/tensorflow/trainer.py``,
+    ``TensorFlowTrainer.train_step``), line for line, with `tb_gradmom.GradientTape` in place of
+    ``tf.GradientTape``. Keras' private API, behind `tb_gradmom._compat.keras_private`."""
+    from tb_gradmom._compat import keras_private
+
+    def train_step(data: Any) -> Any:
+        self = model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if keras_private.call_has_training_arg(self):
-            y_pred = self(x, training=True)
-        else:
-            y_pred = self(x)
-        loss = keras_private.compute_loss(self, x, y, y_pred, sample_weight)
-        keras_private.loss_tracker(self).update_state(
-            keras_private.unscale_loss_for_distribution(loss),
-            sample_weight=tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0],
-        )
-        scaled = self.optimizer.scale_loss(loss)
+        with _tape.GradientTape() as tape:
+            if keras_private.call_has_training_arg(self):
+                y_pred = self(x, training=True)
+            else:
+                y_pred = self(x)
+            loss = keras_private.compute_loss(self, x, y, y_pred, sample_weight)
+            keras_private.loss_tracker(self).update_state(
+                keras_private.unscale_loss_for_distribution(loss),
+                sample_weight=tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0],
+            )
+            if self.optimizer is not None:
+                loss = self.optimizer.scale_loss(loss)
         if self.trainable_weights:
-            assert cb._writer is not None  # created by on_train_begin
-            weights = self.trainable_weights
-            step = tf.cast(self.optimizer.iterations, tf.int64)
-            lr = None
-            if cb.log_learning_rate:
-                lr = tf.cast(self.optimizer.learning_rate, tf.float64)
-            with (
-                cb._writer.as_default(step=step),
-                tf.summary.record_if(tf.equal(step % cb.every_n_steps, 0)),
-            ):
-                grads = _summary.moments(
-                    scaled,
-                    weights,
-                    orders=cb.orders,
-                    max_elements=cb.max_elements,
-                    per_variable_scalars=cb.per_variable_scalars,
-                    learning_rate=lr,
-                    log_only=cb.variables,
-                    loss_scale=_loss_scale(self.optimizer),
-                    fallback=cb.fallback,
-                )
-            self.optimizer.apply_gradients(zip(grads, weights))
+            trainable_weights = self.trainable_weights
+            gradients = tape.gradient(loss, trainable_weights)
+            self.optimizer.apply_gradients(zip(gradients, trainable_weights))
         else:
             warnings.warn("The model does not have any trainable weights.", stacklevel=2)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

@@ -65,6 +65,7 @@ def moments(
     log_only=None,
     fallback: str = "exact",
     loss_scale=None,
+    exact_gradients: bool = True,
 ):
     """Computes gradients and logs the moments of the per-example gradients.
 
@@ -115,6 +116,11 @@ def moments(
       loss_scale: the factor ``loss`` was multiplied by (mixed precision; see
         `gradients_and_moments`): the returned gradients are of the scaled loss, the logged
         moments and statistics of the unscaled one.
+      exact_gradients: True (default): the returned gradients are TensorFlow's own, the ones
+        ``tf.gradients``/``tf.GradientTape`` give, bit for bit, on every step, so training is
+        unchanged. False: on logged steps a convolution kernel's gradient is the order-1 sum
+        of the per-example work the moments already do (no separate filter gradient; equal to
+        TensorFlow's up to float rounding).
 
     Returns:
       In a ``tf.function``: the gradients, aligned with ``var_list`` (``None`` where the loss
@@ -122,6 +128,8 @@ def moments(
       ``Summary``.
     """
     orders = tuple(sorted(set(_plan.check_orders(orders)) | {1, 2}))
+    if not isinstance(exact_gradients, bool):
+        raise TypeError(f"exact_gradients must be True or False, got {exact_gradients!r}")
     max_elements = _validate.positive_int("max_elements", max_elements)
     step = _validate.int_tensor_or_int("step", step)
     learning_rate = _validate.float_scalar("learning_rate", learning_rate)
@@ -150,7 +158,7 @@ def moments(
         # in a tf.function: the logged variables whose gradient their rule's sums can give
         # (convolutions) take it from those sums inside the cond below, on both sides, instead
         # of TF's filter gradient outside it plus the sums on logged steps
-        defer=indices if inside and not off else (),
+        defer=indices if inside and not off and not exact_gradients else (),
     )
     group = _group(name, var_list, inside)
     tags = _unique_tags(_tag_names([plan.names[i] for i in indices], group))

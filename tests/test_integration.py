@@ -1,0 +1,438 @@
+"""Where users train: the Keras callback and `gradmom.GradientTape` on the models users build,
+with their own train steps, and training never changed by them.
+
+Every test trains the same model twice, with and without Grad Moments attached, and compares
+losses, weights and optimizer variables bit for bit; where moments are logged, they are read
+back with `gradmom.data.load` and compared with one gradient per example.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tb_gradmom as gradmom
+from tb_gradmom.analysis import data
+from tests import archgen, reference
+
+
+def _same_training(a: keras.Model, b: keras.Model, ha=None, hb=None) -> None:
+    if ha is not None:
+        assert ha.history == hb.history
+    for u, v in zip(a.weights, b.weights):
+        np.testing.assert_array_equal(u.numpy(), v.numpy(), err_msg=u.path)
+    for u, v in zip(a.optimizer.variables, b.optimizer.variables):
+        np.testing.assert_array_equal(u.numpy(), v.numpy(), err_msg=u.path)
+
+
+def _check_logged(run, model, weights, x, y, per_example_loss, tags=None, rtol=1e-4):
+    """The step-0 records of ``run`` against brute force at ``weights`` on batch ``(x, y)``."""
+    for w, value in zip(model.trainable_weights, weights):
+        w.assign(value)
+    per_ex = reference.per_example_gradients(
+        lambda t: model(t, training=True), model.trainable_weights, per_example_loss, x, y
+    )
+    tags = tags or gradmom.summary.tag_names(model.trainable_weights)
+    for tag, g in zip(tags, per_ex):
+        rec = run[tag][0]
+        assert rec.step == 0 and rec.batch_size == len(x), tag
+        want = reference.moments(g, (1, 2))
+        scale = max(np.abs(want[2]).max(), 1e-12)
+        np.testing.assert_allclose(rec.moments[1], want[1], rtol=rtol, atol=1e-6, err_msg=tag)
+        np.testing.assert_allclose(
+            rec.moments[2], want[2], rtol=rtol, atol=1e-6 * scale, err_msg=tag
+        )
+
+
+def _sce(out, y):
+    return keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True)
+
+
+# -- the public module names ----------------------------------------------------------------
+
+
+def test_documented_module_names_import():
+    import tb_gradmom.plot
+    import tb_gradmom.stats
+    from tb_gradmom.data import load
+    from tb_gradmom.keras import GradMoments
+    from tb_gradmom.summary import moments
+
+    from tb_gradmom.analysis import data as data_module
+    from tb_gradmom.writers import keras as keras_module
+    from tb_gradmom.writers import summary as summary_module
+
+    assert load is data_module.load and GradMoments is keras_module.GradMoments
+    assert moments is summary_module.moments
+    assert tb_gradmom.stats is gradmom.stats and tb_gradmom.plot is gradmom.plot
+    assert tb_gradmom.stats.__name__ == "tb_gradmom.analysis.stats"
+    assert tb_gradmom.stats.__spec__.name == "tb_gradmom.analysis.stats"
+
+
+# -- models with an Embedding ---------------------------------------------------------------
+
+_EMBEDDING_HEADS = {
+    "pool": lambda: [keras.layers.GlobalAveragePooling1D()],
+    "flatten": lambda: [keras.layers.Flatten()],
+    "conv1d": lambda: [keras.layers.Conv1D(4, 3), keras.layers.GlobalMaxPooling1D()],
+    "lstm": lambda: [keras.layers.LSTM(5)],
+}
+
+
+@pytest.mark.parametrize("head", sorted(_EMBEDDING_HEADS))
+@pytest.mark.parametrize("ids", ["int32", "int64"])
+def test_embedding_models_log_exact_moments_through_the_callback(head, ids, tmp_path):
+    def build():
+        keras.utils.set_random_seed(5)
+        m = keras.Sequential(
+            [keras.Input((6,), dtype=ids), keras.layers.Embedding(50, 8)]
+            + _EMBEDDING_HEADS[head]()
+            + [keras.layers.Dense(3)]
+        )
+        m.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(True))
+        return m
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 50, (24, 6)).astype(ids)
+    x[:, 1] = x[:, 0]  # a repeated id in every example
+    y = rng.integers(0, 3, 24)
+    a, b = build(), build()
+    initial = [w.numpy() for w in a.trainable_weights]
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=2)
+    ha = a.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[cb])
+    hb = b.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    _same_training(a, b, ha, hb)
+    run = data.load(tmp_path)["."]
+    tags = gradmom.summary.tag_names(a.trainable_weights)
+    assert [r.step for r in run[tags[0]]] == [0, 2, 4]
+    _check_logged(run, build(), initial, x[:8], y[:8], _sce, tags)
+
+
+def test_embedding_model_logs_through_summary_moments(tmp_path):
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential(
+        [keras.Input((5,), dtype="int64"), keras.layers.Embedding(30, 4), keras.layers.Flatten()]
+        + [keras.layers.Dense(2)]
+    )
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 30, (6, 5))
+    y = rng.integers(0, 2, 6)
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function
+    def step(x, y):
+        loss = tf.reduce_mean(_sce(model(x), y))
+        with writer.as_default(step=0):
+            return gradmom.summary.moments(loss, model.trainable_variables)
+
+    step(x, y)
+    writer.close()
+    initial = [w.numpy() for w in model.trainable_weights]
+    _check_logged(data.load(tmp_path)["."], model, initial, x, y, _sce)
+
+
+# -- a train_step the user wrote ------------------------------------------------------------
+
+
+class ClippedL1(keras.Model):
+    """A user's train_step: gradient clipping and an L1 term (not Keras' default step)."""
+
+    tape = tf.GradientTape
+
+    def __init__(self):
+        super().__init__()
+        self.d1 = keras.layers.Dense(8, activation="tanh")
+        self.d2 = keras.layers.Dense(3)
+        self.runs = tf.Variable(0, trainable=False)
+
+    def call(self, x):
+        return self.d2(self.d1(x))
+
+    def train_step(self, data):
+        x, y = data
+        self.runs.assign_add(1)
+        with self.tape() as tape:
+            loss = tf.reduce_mean(_sce(self(x, training=True), y))
+        grads = tape.gradient(loss, self.trainable_weights)
+        l1 = [0.01 * tf.sign(w) for w in self.trainable_weights]
+        grads, _ = tf.clip_by_global_norm([g + r for g, r in zip(grads, l1)], 0.5)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+        return {"loss": loss}
+
+
+def _clipped(tape):
+    keras.utils.set_random_seed(1)
+    m = ClippedL1()
+    m.tape = tape
+    m.compile(keras.optimizers.SGD(0.5, momentum=0.9))
+    m(np.zeros((1, 5), "float32"))
+    return m
+
+
+def _xy(n=48, d=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, d)).astype("float32"), rng.integers(0, 3, n)
+
+
+def test_a_users_train_step_with_tf_tape_runs_unchanged_and_says_how_to_log(tmp_path):
+    x, y = _xy()
+    a, b = _clipped(tf.GradientTape), _clipped(tf.GradientTape)
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=2)
+    with pytest.warns(UserWarning, match=r"replace `tf.GradientTape\(\)` with `gradmom.Grad"):
+        ha = a.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0, callbacks=[cb])
+    hb = b.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    assert int(a.runs.numpy()) == 18  # the user's step ran on every step
+    _same_training(a, b, ha, hb)
+
+
+def test_a_users_train_step_with_gradmom_tape_logs_exact_moments(tmp_path):
+    x, y = _xy()
+    a, b = _clipped(gradmom.GradientTape), _clipped(tf.GradientTape)
+    initial = [w.numpy() for w in a.trainable_weights]
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: the tape logs
+        ha = a.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0, callbacks=[cb])
+    hb = b.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    assert int(a.runs.numpy()) == 18
+    _same_training(a, b, ha, hb)
+    run = data.load(tmp_path)["."]
+    tags = gradmom.summary.tag_names(a.trainable_weights)
+    assert [r.step for r in run[tags[0]]] == [0, 4, 8, 12, 16]
+    _check_logged(run, _clipped(tf.GradientTape), initial, x[:8], y[:8], _sce, tags)
+
+
+class _Boom(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 2:
+            raise KeyboardInterrupt("interrupted")
+
+
+def test_an_interrupted_fit_leaves_nothing_behind(tmp_path):
+    x, y = _xy()
+    a, b = _clipped(tf.GradientTape), _clipped(tf.GradientTape)
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=1)
+    with pytest.raises(KeyboardInterrupt), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a.fit(x, y, batch_size=8, verbose=0, shuffle=False, callbacks=[cb, _Boom()])
+    b.fit(x[:24], y[:24], batch_size=8, verbose=0, shuffle=False)
+    # the next fit, without the callback, runs the user's step through Keras' own function
+    ha = a.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    hb = b.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert "make_train_function" not in a.__dict__
+    assert "Switch" not in type(a.train_function).__name__
+    _same_training(a, b, ha, hb)
+
+
+# -- Keras' default train_step on many models ------------------------------------------------
+
+
+def _family(kind):
+    keras.utils.set_random_seed(7)
+    if kind == "cnn_bn":
+        layers = [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.BatchNormalization(),
+            keras.layers.DepthwiseConv2D(3),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(3),
+        ]
+        shape = (8, 8, 3)
+    elif kind == "lstm":
+        layers = [keras.Input((5, 4)), keras.layers.LSTM(6), keras.layers.Dense(3)]
+        shape = (5, 4)
+    elif kind == "attention":
+        inp = keras.Input((6, 8))
+        h = keras.layers.MultiHeadAttention(2, 4)(inp, inp)
+        h = keras.layers.LayerNormalization()(h + inp)
+        out = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(h))
+        return keras.Model(inp, out), (6, 8)
+    else:  # shared: one Dense called twice
+        dense = keras.layers.Dense(6, activation="tanh")
+        inp = keras.Input((6,))
+        return keras.Model(inp, keras.layers.Dense(3)(dense(dense(inp)))), (6,)
+    return keras.Sequential(layers), shape
+
+
+@pytest.mark.parametrize("kind", ["cnn_bn", "lstm", "attention", "shared"])
+def test_default_train_step_trains_bit_identically_and_logs(kind, tmp_path):
+    def build():
+        m, shape = _family(kind)
+        m.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(True))
+        return m, shape
+
+    (a, shape), (b, _) = build(), build()
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(24, *shape)).astype("float32")
+    y = rng.integers(0, 3, 24)
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # batch normalisation and the LSTM's fallback
+        ha = a.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[cb])
+    hb = b.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    _same_training(a, b, ha, hb)
+    run = data.load(tmp_path)["."]
+    assert {r.step for t in run for r in run[t]} == set(range(6))
+
+
+@pytest.mark.parametrize("seed", [3, 11, 23])
+def test_generated_models_train_bit_identically_and_log_exact_moments(seed, tmp_path):
+    arch = archgen.generate(seed)
+
+    def build():
+        m = archgen.build_model(arch, "float32")
+        m.compile(keras.optimizers.SGD(0.05, momentum=0.5), "mse")
+        return m
+
+    a, b = build(), build()
+    forward, _, (x, y), _ = archgen.entry(arch).build("float32")
+    initial = [w.numpy() for w in a.trainable_weights]
+    batch = max(1, len(x) // 2)
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ha = a.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[cb])
+    hb = b.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)
+    _same_training(a, b, ha, hb)
+
+    def mse(out, t):  # Keras' "mse": the mean over every non-batch axis
+        return tf.reduce_mean(tf.reshape(tf.square(out - t), [tf.shape(out)[0], -1]), axis=1)
+
+    run = data.load(tmp_path)["."]
+    tags = gradmom.summary.tag_names(a.trainable_weights)
+    _check_logged(run, build(), initial, x[:batch], y[:batch], mse, tags, rtol=2e-3)
+
+
+# -- fit's options ---------------------------------------------------------------------------
+
+
+def test_steps_per_execution_and_validation(tmp_path):
+    def build():
+        keras.utils.set_random_seed(3)
+        m = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4), keras.layers.Dense(3)])
+        m.compile("adam", keras.losses.SparseCategoricalCrossentropy(True), steps_per_execution=3)
+        return m
+
+    x, y = _xy(n=64)
+    a, b = build(), build()
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=2)
+    kw = dict(batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=(x[:16], y[:16]))
+    ha = a.fit(x, y, callbacks=[cb], **kw)
+    hb = b.fit(x, y, **kw)
+    _same_training(a, b, ha, hb)
+    tag = gradmom.summary.tag_names(a.trainable_weights)[0]
+    steps = [r.step for r in data.load(tmp_path)["."][tag]]
+    assert steps == list(range(0, 16, 2))
+
+
+def test_shares_the_train_run_of_keras_tensorboard(tmp_path):
+    keras.utils.set_random_seed(3)
+    m = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+    m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(True))
+    x, y = _xy(n=16)
+    callbacks = [
+        keras.callbacks.TensorBoard(str(tmp_path)),
+        gradmom.keras.GradMoments(str(tmp_path), every_n_steps=1),
+    ]
+    m.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=callbacks, validation_data=(x, y))
+    runs = data.list_runs(tmp_path)
+    assert "." not in runs and "train" in runs
+    assert gradmom.summary.tag_names(m.trainable_weights)[0] in data.load(tmp_path)["train"]
+
+
+def test_jit_compile_is_kept_on_the_steps_that_do_not_log(tmp_path):
+    def build():
+        keras.utils.set_random_seed(3)
+        m = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4), keras.layers.Dense(3)])
+        m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(True), jit_compile=True)
+        return m
+
+    x, y = _xy(n=32)
+    a = build()
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=3)
+    a.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[cb])
+    assert a.jit_compile is True
+    tag = gradmom.summary.tag_names(a.trainable_weights)[0]
+    assert [r.step for r in data.load(tmp_path)["."][tag]] == [0, 3, 6]
+
+
+# -- gradmom.GradientTape ---------------------------------------------------------------------
+
+
+def test_gradient_tape_returns_what_tf_gradient_tape_returns(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(5, "tanh"), keras.layers.Dense(2)]
+    )
+    extra = tf.Variable(tf.ones([2]))
+    x, y = _xy(n=8, d=4)
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    def grads(tape_cls, **kw):
+        @tf.function
+        def f(x, y):
+            with writer.as_default(step=0):
+                with tape_cls(persistent=True, **kw) as tape:
+                    out = model(x) * extra
+                    loss = tf.reduce_mean(_sce(out, y % 2))
+                    per_example = _sce(out, y % 2)
+                g1 = tape.gradient(loss, {"w": model.trainable_variables, "e": extra})
+                g2 = tape.gradient(per_example, model.trainable_variables)
+                g3 = tape.gradient(loss, [extra, model.trainable_variables[0]])
+                return g1, g2, g3
+
+        return f(x, y)
+
+    want = grads(tf.GradientTape)
+    got = grads(gradmom.GradientTape)
+    for w, g in zip(tf.nest.flatten(want), tf.nest.flatten(got)):
+        np.testing.assert_array_equal(w.numpy(), g.numpy())
+    writer.close()
+    tags = gradmom.summary.tag_names([*model.trainable_variables, extra])
+    assert set(tags) <= set(data.load(tmp_path)["."])
+
+    @tf.function
+    def unwatched(x):
+        with gradmom.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(extra)
+            loss = tf.reduce_mean(model(x) * extra)
+        return tape.gradient(loss, [extra, model.trainable_variables[0]])
+
+    g = unwatched(x)
+    assert g[1] is None and g[0] is not None
+
+
+def test_gan_two_tapes_two_groups(tmp_path):
+    keras.utils.set_random_seed(0)
+    gen = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="g")], name="gen")
+    disc = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="d")], name="disc")
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    real = np.random.default_rng(0).normal(size=(6, 4)).astype("float32")
+
+    @tf.function
+    def step(real, z):
+        with writer.as_default(step=0):
+            with gradmom.GradientTape(name="discriminator") as tape:
+                # example j: the pair (real_j, z_j)
+                d_loss = tf.reduce_mean(
+                    keras.losses.binary_crossentropy(tf.ones([6, 1]), disc(real), True)
+                    + keras.losses.binary_crossentropy(tf.zeros([6, 1]), disc(gen(z)), True)
+                )
+            tape.gradient(d_loss, disc.trainable_variables)
+            with gradmom.GradientTape(name="generator") as tape:
+                g_loss = tf.reduce_mean(
+                    keras.losses.binary_crossentropy(tf.ones([6, 1]), disc(gen(z)), True)
+                )
+            return tape.gradient(g_loss, gen.trainable_variables)
+
+    z = np.random.default_rng(1).normal(size=(6, 3)).astype("float32")
+    step(real, z)
+    writer.close()
+    run = data.load(tmp_path)["."]
+    assert {"discriminator/d/kernel", "generator/g/kernel"} <= set(run)
+    assert run["generator/g/kernel"][0].batch_size == 6
