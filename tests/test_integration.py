@@ -252,6 +252,14 @@ def _family(kind):
         h = keras.layers.LayerNormalization()(h + inp)
         out = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(h))
         return keras.Model(inp, out), (6, 8)
+    elif kind == "dropout":
+        layers = [
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dropout(0.5),
+            keras.layers.Dense(3),
+        ]
+        shape = (6,)
     else:  # shared: one Dense called twice
         dense = keras.layers.Dense(6, activation="tanh")
         inp = keras.Input((6,))
@@ -259,7 +267,7 @@ def _family(kind):
     return keras.Sequential(layers), shape
 
 
-@pytest.mark.parametrize("kind", ["cnn_bn", "lstm", "attention", "shared"])
+@pytest.mark.parametrize("kind", ["cnn_bn", "lstm", "attention", "shared", "dropout"])
 def test_default_train_step_trains_bit_identically_and_logs(kind, tmp_path):
     def build():
         m, shape = _family(kind)
@@ -280,7 +288,7 @@ def test_default_train_step_trains_bit_identically_and_logs(kind, tmp_path):
     assert {r.step for t in run for r in run[t]} == set(range(6))
 
 
-@pytest.mark.parametrize("seed", [3, 11, 23])
+@pytest.mark.parametrize("seed", [3, 11, 19, 23])
 def test_generated_models_train_bit_identically_and_log_exact_moments(seed, tmp_path):
     arch = archgen.generate(seed)
 
@@ -436,3 +444,160 @@ def test_gan_two_tapes_two_groups(tmp_path):
     run = data.load(tmp_path)["."]
     assert {"discriminator/d/kernel", "generator/g/kernel"} <= set(run)
     assert run["generator/g/kernel"][0].batch_size == 6
+
+
+def _small(seed=3, **compile_kwargs):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, "tanh"), keras.layers.Dense(3)])
+    compile_kwargs.setdefault("optimizer", keras.optimizers.SGD(0.1, momentum=0.5))
+    m.compile(loss=keras.losses.SparseCategoricalCrossentropy(True), **compile_kwargs)
+    return m
+
+
+def test_gradient_accumulation_logs_once_per_update_over_the_whole_batch(tmp_path):
+    def build():
+        opt = keras.optimizers.SGD(0.1, gradient_accumulation_steps=4)
+        return _small(optimizer=opt)
+
+    x, y = _xy(n=64)
+    a, b = build(), build()
+    initial = [w.numpy() for w in a.trainable_weights]
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=2)
+    ha = a.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    hb = b.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    _same_training(a, b, ha, hb)
+    run = data.load(tmp_path)["."]
+    tags = gradmom.summary.tag_names(a.trainable_weights)
+    # 16 micro-batches of 4, 4 updates: updates 0 and 2 logged, each over 16 examples
+    assert [(r.step, r.batch_size) for r in run[tags[0]]] == [(0, 16), (2, 16)]
+    _check_logged(run, build(), initial, x[:16], y[:16], _sce, tags)
+
+
+def test_sample_and_class_weights_multi_output_and_resumed_fit(tmp_path):
+    def build():
+        keras.utils.set_random_seed(4)
+        inp = keras.Input((5,))
+        h = keras.layers.Dense(6, "tanh")(inp)
+        out1 = keras.layers.Dense(3, name="a")(h)
+        out2 = keras.layers.Dense(1, name="b")(h)
+        m = keras.Model(inp, [out1, out2])
+        m.compile(
+            "adam",
+            loss=[keras.losses.SparseCategoricalCrossentropy(True), "mse"],
+            loss_weights=[1.0, 0.3],
+        )
+        return m
+
+    x, y = _xy(n=32)
+    y2 = np.random.default_rng(5).normal(size=(32, 1)).astype("float32")
+    sw = np.random.default_rng(6).uniform(0.5, 2.0, size=32).astype("float32")
+    a, b = build(), build()
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=3)
+    kw = dict(batch_size=8, shuffle=False, verbose=0, sample_weight=sw)
+    a.fit(x, [y, y2], epochs=1, callbacks=[cb], **kw)
+    ha = a.fit(x, [y, y2], epochs=3, initial_epoch=1, callbacks=[cb], **kw)  # resumed
+    b.fit(x, [y, y2], epochs=1, **kw)
+    hb = b.fit(x, [y, y2], epochs=3, initial_epoch=1, **kw)
+    _same_training(a, b, ha, hb)
+    tag = gradmom.summary.tag_names(a.trainable_weights)[0]
+    assert [r.step for r in data.load(tmp_path)["."][tag]] == [0, 3, 6, 9]
+
+    def build_cw():
+        return _small(seed=8)
+
+    c, d = build_cw(), build_cw()
+    cw = {0: 1.0, 1: 3.0, 2: 0.5}
+    c.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=2,
+        class_weight=cw,
+        verbose=0,
+        shuffle=False,
+        callbacks=[gradmom.keras.GradMoments(tmp_path / "cw", every_n_steps=1)],
+    )
+    d.fit(x, y, batch_size=8, epochs=2, class_weight=cw, verbose=0, shuffle=False)
+    _same_training(c, d)
+
+
+def test_mixed_precision_loss_scale_optimizer(tmp_path):
+    def build():
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            keras.utils.set_random_seed(9)
+            m = keras.Sequential(
+                [keras.Input((5,)), keras.layers.Dense(6, "tanh"), keras.layers.Dense(3)]
+            )
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        m.compile(
+            keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=256.0),
+            keras.losses.SparseCategoricalCrossentropy(True),
+        )
+        return m
+
+    x, y = _xy(n=32)
+    a, b = build(), build()
+    initial = [w.numpy() for w in a.trainable_weights]
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=2)
+    ha = a.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[cb])
+    hb = b.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    _same_training(a, b, ha, hb)
+    run = data.load(tmp_path)["."]
+    tags = gradmom.summary.tag_names(a.trainable_weights)
+    rec = run[tags[0]][0]
+    ref = build()
+    for w, v in zip(ref.trainable_weights, initial):
+        w.assign(v)
+    per_ex = reference.per_example_gradients(
+        lambda t: tf.cast(ref(t), tf.float32), ref.trainable_weights, _sce, x[:8], y[:8]
+    )
+    want = reference.moments(per_ex[0], (1, 2))
+    # float16 compute: the loss scale is out of the moments (not 32768x)
+    np.testing.assert_allclose(rec.moments[2], want[2], rtol=0.05, atol=1e-4)
+
+
+def test_summary_write_outside_an_xla_step_logs_what_moments_logs(tmp_path):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.Input((5,)), keras.layers.Dense(4, "tanh"), keras.layers.Dense(3)]
+    )
+    x, y = _xy(n=8)
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(x, y):
+        loss = tf.reduce_mean(_sce(model(x), y))
+        grads, moments = gradmom.gradients_and_moments(loss, variables)
+        return loss, moments
+
+    loss, moments = step(x, y)
+    eager = tf.summary.create_file_writer(str(tmp_path / "eager"))
+    with eager.as_default(step=5):
+        gradmom.summary.write(moments, variables, n=8, loss=loss)
+    eager.close()
+    ref = tf.summary.create_file_writer(str(tmp_path / "ref"))
+
+    @tf.function
+    def logged(x, y):
+        loss = tf.reduce_mean(_sce(model(x), y))
+        with ref.as_default(step=5):
+            return gradmom.summary.moments(loss, variables)
+
+    logged(x, y)
+    ref.close()
+    got, want = data.load(tmp_path / "eager")["."], data.load(tmp_path / "ref")["."]
+    assert set(got) == set(want)
+    for tag in want:
+        g, w = got[tag][0], want[tag][0]
+        assert g.step == w.step == 5
+        for p in w.moments:
+            np.testing.assert_allclose(g.moments[p], w.moments[p], rtol=1e-6, atol=1e-9)
+        assert set(g.stats) == set(w.stats)
+        for k in w.stats:
+            np.testing.assert_allclose(g.stats[k], w.stats[k], rtol=1e-5, err_msg=k)
+    with pytest.raises(ValueError, match="same orders, 1 and 2"):
+        gradmom.summary.write([{1: moments[0][1]}], variables[:1], n=8, step=0)
+    with pytest.raises(ValueError, match="moments has 1 entries and var_list 2"):
+        gradmom.summary.write(moments[:1], variables[:2], n=8, step=0)

@@ -2,8 +2,7 @@
 
 `tb_gradmom.writers.keras.GradMoments` runs, on the steps it logs, a copy of Keras' own
 ``train_step`` (``keras/src/backend/tensorflow/trainer.py``, ``TensorFlowTrainer.train_step``)
-that takes its gradients with `tb_gradmom.GradientTape`, in a train function built as Keras
-builds its own. Mirroring it needs what that ``train_step`` uses. Where Keras exports the same object publicly it is used instead
+that takes its gradients with `tb_gradmom.GradientTape`, , in a dry run before the step. Mirroring it needs what that ``train_step`` uses. Where Keras exports the same object publicly it is used instead
 (``keras.utils.unpack_x_y_sample_weight``, ``keras.tree.flatten``; ``tests/test_compat.py``
 checks that they are the objects Keras' trainer uses). The private symbols (`SYMBOLS`), each
 looked up when first used; a missing one raises `tb_gradmom._compat.PrivateAPIError`, which
@@ -25,10 +24,6 @@ names the symbol, the installed Keras and the feature that is unavailable:
 ``default_train_step`` - ``TensorFlowTrainer.train_step`` (``keras.src.backend.tensorflow.trainer``)
     Keras' own ``train_step``: a model whose ``train_step`` is another one was written by the
     user, and the callback runs that one unchanged.
-``make_function`` - ``TensorFlowTrainer._make_function``
-    Builds a train function from a step function as ``make_train_function`` does
-    (``steps_per_execution``, ``tf.distribute``, ``jit_compile``): the callback's function for
-    the steps it logs.
 
 All of them are needed by the callback only; without any of them
 ``gradmom.keras.GradMoments`` is unavailable (``tb_gradmom.writers.summary.moments`` in a custom
@@ -48,7 +43,6 @@ __all__ = [
     "loss_tracker",
     "call_has_training_arg",
     "default_train_step",
-    "make_function",
 ]
 
 _FEATURE = "gradmom.keras.GradMoments (its train_step mirrors Keras' own)"
@@ -66,11 +60,6 @@ SYMBOLS: dict[str, tuple[str, str, str]] = {
     "default_train_step": (
         "keras.src.backend.tensorflow.trainer",
         "TensorFlowTrainer.train_step",
-        _FEATURE,
-    ),
-    "make_function": (
-        "keras.src.backend.tensorflow.trainer",
-        "TensorFlowTrainer._make_function",
         _FEATURE,
     ),
 }
@@ -117,9 +106,3 @@ def call_has_training_arg(model: Any) -> bool:
 def default_train_step() -> Any:
     """Keras' own ``train_step`` (the function on its TensorFlow trainer class)."""
     return _get("default_train_step")
-
-
-def make_function(model: Any, step_function: Any) -> Any:
-    """A train function of ``model`` around ``step_function``, built as Keras builds its own."""
-    _get("make_function")
-    return model._make_function(step_function)

@@ -110,14 +110,6 @@ class GradMoments(keras.callbacks.Callback):
             )
         _restore(model)  # what an earlier fit that raised left behind
         optimizer = model.optimizer
-        accumulation = int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
-        if accumulation > 1:
-            warnings.warn(
-                f"GradMoments: the optimizer accumulates gradients over {accumulation} "
-                "micro-batches; a logged update logs the moments of its last micro-batch, "
-                "once, at the update's step.",
-                stacklevel=2,
-            )
         run_dir = _run_dir(self.log_dir, _fit_callbacks())
         self._writer = tf.summary.create_file_writer(run_dir)
         self._context = _tape.CallbackContext(
@@ -130,55 +122,44 @@ class GradMoments(keras.callbacks.Callback):
             log_learning_rate=self.log_learning_rate,
             fallback=self.fallback,
             optimizer=optimizer,
-            accumulation=accumulation,
         )
-        from tb_gradmom._compat import keras_private
-
         user_step = _user_train_step(model)
         step = _default_train_step(model) if user_step is None else user_step
         context = self._context
 
         def logged_step(data: Any) -> Any:
             with _tape.callback_context(context):
-                return step(data)
+                context.collected = []
+                out = step(data)
+                collected = [(c.values, c.n, c.loss) for c in context.collected]
+                context.layout = [(c.group, c.variables) for c in context.collected]
+            return out, collected
 
         model.make_train_function()
         plain = model.train_function
-        jit = model.jit_compile
-        try:
-            # the summary writes cannot run inside XLA: the logged steps' function is built
-            # without it; the other steps keep the model's own (see the README, "XLA")
-            model.jit_compile = False
-            logged = keras_private.make_function(model, logged_step)
-        finally:
-            model.jit_compile = jit
+        strategy = model.distribute_strategy
+
+        # the logged steps' dry run only computes moments (its updates are undone): it runs
+        # without XLA, and the training step itself keeps the model's own jit_compile
+        @tf.function(reduce_retracing=True, autograph=False)
+        def logged(data: Any) -> Any:
+            out, collected = strategy.run(logged_step, args=(data,))
+            # all-reduced moments: every replica holds the same, take the first's
+            first = strategy.experimental_local_results
+            return tf.nest.map_structure(lambda t: first(t)[0], collected)
+
         self._switch = _Switch(self, plain, logged)
         model.train_function = self._switch
         _ATTACHED[model] = self
         # the next fit calls make_train_function before any callback: put the model back there
         # if this fit never reaches on_train_end (an error, an interrupt)
-        original = model.__dict__.get("make_train_function")
+        self._made = model.__dict__.get("make_train_function")
 
         def make_train_function(force: bool = False) -> Any:
             _restore(model)
             return model.make_train_function(force=force)
 
-        self._made = original
         model.make_train_function = make_train_function
-
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        ctx = self._context
-        if ctx is None or self._warned_tape or self._switch is None or not self._switch.logged:
-            return
-        self._warned_tape = True
-        if not ctx.used:
-            warnings.warn(
-                "GradMoments logged nothing: the model's train_step takes its gradients with "
-                "tf.GradientTape. To log them, replace `tf.GradientTape()` with "
-                "`gradmom.GradientTape()` in that train_step (import tb_gradmom as gradmom); "
-                "it returns the same gradients. Training is unchanged either way.",
-                stacklevel=2,
-            )
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         _restore(self.model)
@@ -194,11 +175,22 @@ class GradMoments(keras.callbacks.Callback):
             if self._made is not None:
                 model.make_train_function = self._made
         self._context = None
-        self._warned_tape = False
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()
             self._writer = None
+
+    def _warn_unused(self) -> None:
+        if self._warned_tape:
+            return
+        self._warned_tape = True
+        warnings.warn(
+            "GradMoments logged nothing: the model's train_step takes its gradients with "
+            "tf.GradientTape. To log them, replace `tf.GradientTape()` with "
+            "`gradmom.GradientTape()` in that train_step (import tb_gradmom as gradmom); it "
+            "returns the same gradients. Training is unchanged either way.",
+            stacklevel=3,
+        )
 
 
 # model -> the GradMoments attached to it, until its fit ends or the next fit starts
@@ -212,31 +204,170 @@ def _restore(model: keras.Model) -> None:
         cb._detach()
 
 
-class _Switch:
-    """The model's train function while the callback is attached: per call (one execution of
-    ``steps_per_execution`` steps), the logged steps' function when a step of the execution is
-    due, Keras' own otherwise."""
+class _Accumulated:
+    """The moments of one logged update, summed over its micro-batches (one without gradient
+    accumulation): ``sum_j g_j ** p`` over all their examples."""
 
-    def __init__(self, cb: GradMoments, plain: Callable, logged: Callable) -> None:
+    def __init__(self) -> None:
+        self.groups: list[Any] = []  # (group, variables) per tape call
+        self.sums: list[list[dict[int, tf.Tensor]]] = []
+        self.n: list[tf.Tensor] = []
+        self.loss: list[tf.Tensor] = []
+
+    def add(self, layout: list[Any], collected: list[Any]) -> None:
+        if not self.sums:
+            self.groups = list(layout)
+            self.sums = [[{} for _ in values] for values, _, _ in collected]
+            self.n = [tf.zeros([], tf.int64) for _ in collected]
+            self.loss = [tf.zeros([], tf.float64) for _ in collected]
+        for k, (values, n, loss) in enumerate(collected):
+            nf = tf.cast(n, tf.float64)
+            for sums, m in zip(self.sums[k], values):
+                for p, t in m.items():
+                    s = t * tf.cast(nf, t.dtype)
+                    sums[p] = sums[p] + s if p in sums else s
+            self.n[k] = self.n[k] + n
+            self.loss[k] = self.loss[k] + loss * nf
+
+
+class _Switch:
+    """The model's train function while the callback is attached.
+
+    Per call (one execution of up to ``steps_per_execution`` batches): when no step of it is
+    due, Keras' own function on the iterator. Otherwise the batches are taken one at a time;
+    before a due step, the logged step runs on its batch as a dry run (every variable its
+    traced graph captures - weights, normalisation statistics, random seeds' states, the
+    optimizer's and the metrics' - saved before and put back after: the moments are of that
+    step, at the weights it starts from), then Keras' own function runs the step. Training
+    is therefore the same, bit for bit, with or without the callback. With gradient
+    accumulation, the micro-batches of a due update are summed and written once, at the
+    update's step, over all their examples.
+    """
+
+    def __init__(self, cb: GradMoments, plain: Callable, logged: Any) -> None:
         self.cb = cb
         self.plain = plain
         self.logged_fn = logged
-        self.logged = False  # a logged execution has run
+        self.keepers: dict[Any, tuple[Callable, Callable]] = {}
+        self.writes: dict[Any, Callable] = {}
+        self.acc: _Accumulated | None = None
+        self.failed = False
+
+    def _counts(self) -> tuple[int, int]:
+        """(micro-batches applied, micro-batches per update) of the optimizer."""
+        optimizer = self.cb.model.optimizer
+        # a LossScaleOptimizer counts with its inner optimizer's variables
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        per_update = int(getattr(inner, "gradient_accumulation_steps", None) or 1)
+        if per_update == 1:
+            return int(optimizer.iterations.numpy()), 1
+        # Keras' private count of micro-batches (``iterations`` counts the updates)
+        return int(inner._iterations.numpy()), per_update
 
     def __call__(self, iterator: Any) -> Any:
         model = self.cb.model
         ctx = self.cb._context
-        if ctx is None:
+        if ctx is None or self.failed:
             return self.plain(iterator)
-        first = int(model.optimizer.iterations.numpy())
+        applied, per_update = self._counts()
         count = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
-        updates = -(-count // ctx.accumulation) + 1  # the updates this execution may reach
-        due = any((first + k) % ctx.every_n_steps == 0 for k in range(updates))
-        if not due:
+        due = [((applied + k) // per_update) % ctx.every_n_steps == 0 for k in range(count)]
+        if not any(due):
             return self.plain(iterator)
-        out = self.logged_fn(iterator)
-        self.logged = True
+        batches = []
+        for _ in range(count):
+            try:
+                batches.append(next(iterator))
+            except (StopIteration, tf.errors.OutOfRangeError):
+                break
+        if not batches:
+            raise StopIteration
+        out = None
+        for k, batch in enumerate(batches):
+            if due[k]:
+                self._log(batch, applied + k, per_update)
+            out = self.plain(iter([batch]))
         return out
+
+    def _log(self, batch: Any, applied: int, per_update: int) -> None:
+        ctx = self.cb._context
+        assert ctx is not None
+        lr = None
+        if ctx.log_learning_rate:
+            lr = tf.cast(self.cb.model.optimizer.learning_rate, tf.float64)
+        try:
+            concrete = self.logged_fn.get_concrete_function(batch)
+        except _tape._LOG_ERRORS as e:
+            self.failed = True
+            warnings.warn(
+                "GradMoments cannot log this model's moments, and training goes on without "
+                f"them: {type(e).__name__}: {e}",
+                stacklevel=3,
+            )
+            return
+        save, put_back = self._keeper(concrete.variables)
+        saved = save()
+        try:
+            collected = self.logged_fn(batch)
+        finally:
+            put_back(saved)
+        if not ctx.used:
+            self.failed = True  # no more dry runs: there is nothing to log
+            self.cb._warn_unused()
+            return
+        if self.acc is None:
+            self.acc = _Accumulated()
+        self.acc.add(ctx.layout, collected)
+        if applied % per_update == per_update - 1 or per_update == 1:
+            self._write(self.acc, applied // per_update, lr)
+            self.acc = None
+
+    def _keeper(self, variables: Sequence[Any]) -> tuple[Callable, Callable]:
+        """Functions that save and put back ``variables`` (one copy of each)."""
+        key = tuple(id(v) for v in variables)
+        if key not in self.keepers:
+            state = list(variables)
+
+            def put_back(values: list) -> None:
+                for v, value in zip(state, values):
+                    v.assign(value)
+
+            self.keepers[key] = (
+                tf.function(lambda: [tf.identity(v) for v in state], autograph=False),
+                tf.function(put_back, autograph=False),
+            )
+        return self.keepers[key]
+
+    def _write(self, acc: _Accumulated, step: int, lr: Any) -> None:
+        writer = self.cb._writer
+        ctx = self.cb._context
+        assert writer is not None and ctx is not None
+        for k, (group, variables) in enumerate(acc.groups):
+            key = (k, group, tuple(id(v) for v in variables))
+            if key not in self.writes:
+                self.writes[key] = _write_function(writer, ctx, group, variables)
+            self.writes[key](acc.sums[k], acc.n[k], acc.loss[k], lr, tf.constant(step, tf.int64))
+
+
+def _write_function(writer: Any, ctx: Any, group: str | None, variables: list) -> Callable:
+    """A ``tf.function`` writing one group's summed moments at a step."""
+
+    def write(sums: list, n: Any, loss: Any, lr: Any, step: Any) -> Any:
+        nf = tf.cast(n, tf.float64)
+        moments = [{p: t / tf.cast(nf, t.dtype) for p, t in m.items()} for m in sums]
+        with writer.as_default(step=step):
+            return _summary.write(
+                moments,
+                variables,
+                n,
+                loss=loss / nf,
+                learning_rate=lr,
+                name=group,
+                max_elements=ctx.max_elements,
+                per_variable_scalars=ctx.per_variable_scalars,
+            )
+
+    return tf.function(write, autograph=False)
 
 
 def _user_train_step(model: keras.Model) -> Callable[[Any], Any] | None:

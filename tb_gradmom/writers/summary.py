@@ -30,7 +30,7 @@ from tb_gradmom.core import moments as _moments
 from tb_gradmom.core import plan as _plan
 from tb_gradmom.core import validate as _validate
 
-__all__ = ["moments", "tag_names", "DEFAULT_MAX_ELEMENTS", "SCALARS"]
+__all__ = ["moments", "write", "tag_names", "DEFAULT_MAX_ELEMENTS", "SCALARS"]
 
 # Largest number of cells stored per moment array; bigger variables are block-pooled to at most
 # this many cells (256 x 256), with exact sums and a variance histogram beside them.
@@ -221,6 +221,119 @@ def moments(
     return grads
 
 
+@tf.autograph.experimental.do_not_convert
+def write(
+    moments,
+    var_list: Sequence,
+    n,
+    *,
+    step=None,
+    loss=None,
+    learning_rate=None,
+    name: str | None = None,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    per_variable_scalars: bool = True,
+):
+    """Writes moments computed elsewhere (an XLA-compiled step) to the default summary writer.
+
+    Summary ops cannot run inside XLA (``tf.function(jit_compile=True)``): compute the moments
+    there with `gradients_and_moments`, return them, and write them outside::
+
+        @tf.function(jit_compile=True)
+        def logged_step(x, y):
+            loss = loss_fn(y, model(x, training=True))
+            grads, moments = gradmom.gradients_and_moments(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss, moments
+
+        loss, moments = logged_step(x, y)
+        with writer.as_default(step=step):
+            gradmom.summary.write(moments, model.trainable_variables, n=len(x), loss=loss)
+
+    Eagerly or in a ``tf.function`` without XLA. The tags, tensors and statistics are those
+    `moments` writes (the op of each variable is not known here and is left empty).
+
+    Args:
+      moments: ``moments[i]`` a dict from order to ``M_p`` of ``var_list[i]`` (orders 1 and 2
+        at least), as `gradients_and_moments` returns them.
+      var_list: the variables, aligned with ``moments``.
+      n: the number of examples the moments average over.
+      step: the step; default ``tf.summary.experimental.get_step()``.
+      loss: the mean loss of the batch (for the CABS batch size; NaN if not given).
+      learning_rate: with it the CABS batch size is logged.
+      name, max_elements, per_variable_scalars: as for `moments`.
+
+    Returns:
+      True when the default writer recorded (a bool tensor), as ``tf.summary.write``.
+    """
+    var_list = list(var_list)
+    moments = list(moments)
+    if len(moments) != len(var_list):
+        raise ValueError(
+            f"moments has {len(moments)} entries and var_list {len(var_list)}: pass the "
+            "moments gradients_and_moments returned for the same var_list"
+        )
+    orders_seen = {tuple(sorted(m)) for m in moments}
+    if len(orders_seen) != 1 or not {1, 2} <= set(next(iter(orders_seen), ())):
+        raise ValueError(
+            "every entry of moments must hold the same orders, 1 and 2 included (pass "
+            "orders=(1, 2, ...) to gradients_and_moments); got "
+            f"{sorted(orders_seen)}"
+        )
+    orders = tuple(_plan.check_orders(next(iter(orders_seen))))
+    max_elements = _validate.positive_int("max_elements", max_elements)
+    step = _validate.int_tensor_or_int("step", step)
+    learning_rate = _validate.float_scalar("learning_rate", learning_rate)
+    if step is None:
+        step = tf.summary.experimental.get_step()
+        if step is None:
+            raise ValueError(
+                "gradmom.summary.write needs a step: pass step= or use "
+                "writer.as_default(step=...) / tf.summary.experimental.set_step(...)"
+            )
+    if tf.inside_function():
+        from tb_gradmom.core.plan import in_xla_context
+
+        if in_xla_context():
+            raise RuntimeError(
+                "gradmom.summary.write cannot run inside an XLA-compiled function: return the "
+                "moments from the compiled step and call it outside (see its docstring)"
+            )
+    variables = [_plan.tf_variable(v, i) for i, v in enumerate(var_list)]
+    names = [_plan.variable_name(v) for v in var_list]
+    group = _group(name, var_list, tf.inside_function())
+    tags = _unique_tags(_tag_names(names, group))
+    contents = [
+        _content_of(v, nm, tag, orders, "", max_elements)
+        for v, nm, tag in zip(variables, names, tags)
+    ]
+    moms = [
+        {
+            p: tf.convert_to_tensor(m[p], v.dtype if v.dtype.is_floating else tf.float32)
+            for p in orders
+        }
+        for m, v in zip(moments, variables)
+    ]
+    for m, v in zip(moms, variables):
+        for p in orders:
+            m[p].shape.assert_is_compatible_with(v.shape)
+            m[p] = tf.reshape(m[p], v.shape)
+    loss64 = None if loss is None else tf.cast(loss, tf.float64)
+    lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
+
+    def record():
+        tensors, scalar_values = _records_of(moms, n, loss64, tags, contents, orders, lr, group)
+        ok = [tf.summary.write(tag, t, step=step, metadata=md) for tag, t, md in tensors]
+        for stag, value in _selected_scalars(scalar_values, per_variable_scalars):
+            ok.append(tf.summary.write(stag, tf.cast(value, tf.float32), step, _SCALAR_MD))
+        return tf.reduce_all(tf.stack(ok))
+
+    should = tf.summary.should_record_summaries()
+    if not tf.inside_function():
+        return record() if bool(should) else tf.constant(False)
+    return tf.cond(should, record, lambda: tf.constant(False), name="gradmom_write")
+
+
 def _recording_any_replica():
     """``tf.summary``'s recording condition, without its "replica 0 only" part."""
     from tb_gradmom._compat import tf_private  # PrivateAPIError if TensorFlow lacks it
@@ -358,7 +471,11 @@ def _unique_tags(names: list[str]) -> list[str]:
 
 
 def _moments_content(plan, tag, orders, op_type, max_elements) -> metadata.MomentsContent:
-    shape = tuple(int(s) for s in plan.variable.shape)
+    return _content_of(plan.variable, plan.name, tag, orders, op_type, max_elements)
+
+
+def _content_of(variable, name, tag, orders, op_type, max_elements) -> metadata.MomentsContent:
+    shape = tuple(int(s) for s in variable.shape)
     block = metadata.pool_block(shape, int(max_elements))
     pooled = block != (1, 1)
     stored: tuple[int, ...]
@@ -374,10 +491,10 @@ def _moments_content(plan, tag, orders, op_type, max_elements) -> metadata.Momen
         stored_shape=stored,
         pooled=pooled,
         block=block,
-        dtype=plan.variable.dtype.base_dtype.name,
+        dtype=variable.dtype.base_dtype.name,
         op=op_type,
         layer=layer,
-        variable=plan.name,
+        variable=name,
     )
 
 
@@ -731,13 +848,17 @@ def _records(backward, indices, tags, contents, orders, lr, moms=None, group=Non
     The statistics of every variable and of the model are computed together (`_stats_fields`)
     as ``[V + 1]`` vectors, and split into the per-tag tensors and scalars by one ``Unpack``
     each: the number of ops does not grow with the statistics per variable."""
-    model_tag = metadata.model_tag(group)
     computed = backward.moments(orders, indices) if moms is None else moms
-    moms = computed.values
     loss = tf.cast(backward.plan.loss, tf.float64)
     if backward.inv_scale is not None:
         loss = loss * tf.cast(backward.inv_scale, tf.float64)
-    fields, hist = _stats_fields(moms, computed.n, loss, lr)
+    return _records_of(computed.values, computed.n, loss, tags, contents, orders, lr, group)
+
+
+def _records_of(moms, n, loss, tags, contents, orders, lr, group):
+    """`_records` from the moments ``moms`` (``moms[k][p]``) over ``n`` examples."""
+    model_tag = metadata.model_tag(group)
+    fields, hist = _stats_fields(moms, n, loss, lr)
     head = tf.stack([fields[k] for k in metadata.STATS_FIELDS], axis=1)
     packed = tf.unstack(tf.cast(tf.concat([head, hist], 1), tf.float32))  # V + 1 stats tensors
     pooled = [i for i, c in enumerate(contents) if c.pooled]

@@ -9,7 +9,8 @@
 gradients of that call (`tb_gradmom.writers.summary.moments`, one backward pass for both):
 
 * a `tb_gradmom.keras.GradMoments` callback is attached to the ``fit`` this step runs in: its
-  writer, step (the optimizer's iteration count) and interval;
+  writer, step (the optimizer's iteration count) and interval (the callback runs the steps it
+  logs once more, beforehand, with their updates undone, and writes what the tapes computed);
 * else the tape's own ``writer=`` (at ``step=``, or ``tf.summary``'s default step);
 * else the default summary writer, when it records (``writer.as_default()`` and
   ``tf.summary.record_if``, as for any ``tf.summary`` op).
@@ -29,6 +30,7 @@ from typing import Any
 import tensorflow as tf
 
 from tb_gradmom.core import graph as _graph
+from tb_gradmom.core import moments as _moments
 from tb_gradmom.core import plan as _plan
 from tb_gradmom.core.errors import BatchSizeError, PerExampleLossError, UnsupportedOpError
 from tb_gradmom.writers import summary as _summary
@@ -49,10 +51,24 @@ class CallbackContext:
     log_learning_rate: bool
     fallback: str
     optimizer: Any
-    # the optimizer's micro-steps per update (gradient accumulation), 1 without
-    accumulation: int = 1
     # set when a tape of the traced step logged: the callback warns when none did
     used: bool = False
+    # what the tapes of the traced step computed, in order: returned by the logged step
+    collected: list = dataclasses.field(default_factory=list)
+    # (group, variables) of each entry of `collected`, from the step's trace
+    layout: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Collected:
+    """The moments one tape call computed under a callback: ``values[k][p]`` of
+    ``variables[k]``, over ``n`` examples, with the loss (unscaled, float64)."""
+
+    group: str | None
+    variables: list
+    values: list
+    n: Any
+    loss: Any
 
 
 _LOCAL = threading.local()
@@ -168,19 +184,8 @@ class GradientTape(tf.GradientTape):
         if not keep:
             return plain(target, sources, output_gradients, unconnected_gradients)
         loss = tf.reduce_sum(target) if target.shape.rank == 1 else target
-        try:
-            with self.stop_recording() if self._recording else contextlib.nullcontext():
-                grads = self._logged_gradients(loss, [flat[i] for i in keep], ctx, log_only)
-        except _LOG_ERRORS as e:
-            if ctx is None:
-                raise
-            # under a callback, training goes on whatever the logging can do
-            _warn_once(
-                f"callback-error:{type(e).__name__}:{e}",
-                f"GradMoments cannot log this step's moments, and training goes on without "
-                f"them: {type(e).__name__}: {e}",
-            )
-            return plain(target, sources, output_gradients, unconnected_gradients)
+        with self.stop_recording() if self._recording else contextlib.nullcontext():
+            grads = self._logged_gradients(loss, [flat[i] for i in keep], ctx, log_only)
         out: list[Any] = [None] * len(flat)
         for i, g in zip(keep, grads):
             out[i] = g
@@ -194,34 +199,38 @@ class GradientTape(tf.GradientTape):
     def _logged_gradients(self, loss, variables: Sequence, ctx, log_only):
         kwargs = dict(self._gm_kwargs)
         if ctx is not None:
-            ctx.used = True
-            optimizer = ctx.optimizer
-            step = tf.cast(optimizer.iterations, tf.int64)
-            kwargs.update(
-                orders=ctx.orders,
-                max_elements=ctx.max_elements,
-                per_variable_scalars=ctx.per_variable_scalars,
-                fallback=ctx.fallback,
-                log_only=log_only,
-            )
-            if ctx.log_learning_rate:
-                kwargs["learning_rate"] = tf.cast(optimizer.learning_rate, tf.float64)
-            scale = _loss_scale_of(loss, optimizer)
-            if scale is not None:
-                kwargs["loss_scale"] = scale
-            due = tf.equal(step % ctx.every_n_steps, 0)
-            if ctx.accumulation > 1:
-                # the last micro-batch of an update that is due (see GradMoments)
-                micro = tf.cast(_micro_steps(optimizer), tf.int64) % ctx.accumulation
-                due = tf.logical_and(due, tf.equal(micro, ctx.accumulation - 1))
-            with ctx.writer.as_default(step=step), tf.summary.record_if(due):
-                return _summary.moments(loss, variables, name=self._gm_name, **kwargs)
+            return self._collect(loss, variables, ctx, log_only)
         if self._gm_writer is not None:
             with self._gm_writer.as_default():
                 return _summary.moments(
                     loss, variables, name=self._gm_name, step=self._gm_step, **kwargs
                 )
         return _summary.moments(loss, variables, name=self._gm_name, step=self._gm_step, **kwargs)
+
+    def _collect(self, loss, variables: Sequence, ctx: CallbackContext, log_only):
+        """Under a callback (its logged step, a dry run whose updates are undone): the moments
+        go to ``ctx.collected``, to be returned by the step and written outside it."""
+        ctx.used = True
+        scale = _loss_scale_of(loss, ctx.optimizer)
+        options = _plan.Options.check(ctx.orders, None, None, None, ctx.fallback, scale)
+        plan = _plan.make_plan(loss, variables, options, name="gradmom_callback")
+        backward = _moments.run_backward(plan, fused=True)
+        ids = {id(_plan.tf_variable(v, i)) for i, v in enumerate(log_only or variables)}
+        indices = [i for i, v in enumerate(variables) if id(_plan.tf_variable(v, i)) in ids]
+        computed = backward.moments(ctx.orders, indices)
+        value = tf.cast(plan.loss, tf.float64)
+        if backward.inv_scale is not None:
+            value = value * tf.cast(backward.inv_scale, tf.float64)
+        ctx.collected.append(
+            Collected(
+                group=self._gm_name,
+                variables=[variables[i] for i in indices],
+                values=computed.values,
+                n=tf.cast(computed.n, tf.int64),
+                loss=value,
+            )
+        )
+        return backward.grads
 
 
 _LOG_ERRORS = (PerExampleLossError, UnsupportedOpError, BatchSizeError)
@@ -239,12 +248,6 @@ _SUMMARY_KWARGS = frozenset(
         "loss_scale",
     }
 )
-
-
-def _micro_steps(optimizer: Any):
-    """The optimizer's count of ``apply`` calls (micro-batches under gradient accumulation;
-    ``optimizer.iterations`` counts the updates)."""
-    return getattr(optimizer, "_iterations", optimizer.iterations)
 
 
 def _is_variable(v: Any) -> bool:
