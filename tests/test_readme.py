@@ -25,6 +25,12 @@ def test_readme_python_examples_run(tmp_path):
     # The training-step example logged real moments to runs/exp1, the callback to runs/exp2.
     from tb_gradmom.analysis import data
 
-    for run in ("exp1", "exp2"):
+    for run in ("exp1", "exp2", "exp3"):
         logged = data.load(tmp_path / "runs" / run)["."]
         assert "dense/kernel" in logged, sorted(logged)
+    gan = data.load(tmp_path / "runs" / "gan")["."]
+    assert {"discriminator/d/kernel", "generator/g/kernel"} <= set(gan), sorted(gan)
+    assert [r.step for r in gan["generator/g/kernel"]] == [0]
+    vae = data.load(tmp_path / "runs" / "vae")["."]
+    kernels = [t for t in vae if t.endswith("/kernel")]
+    assert len(kernels) == 4 and all([r.step for r in vae[t]] == [0, 2] for t in kernels), vae

@@ -140,6 +140,7 @@ class GradientTape(tf.GradientTape):
         self._gm_name = name
         self._gm_kwargs = kwargs
 
+    @tf.autograph.experimental.do_not_convert
     def gradient(
         self,
         target,
