@@ -70,58 +70,116 @@ class LossForm:
         return self.terms[0].values
 
 
-def _fail(scalar: tf.Tensor, op: tf.Operation, what: str) -> PerExampleLossError:
+def _fail(
+    scalar: tf.Tensor, op: tf.Operation, what: str, term: tf.Tensor | None = None
+) -> PerExampleLossError:
+    """The error for a loss whose walk stopped at ``op`` (``what`` it is); ``term``: the
+    addend of the loss being followed, when the loss is a sum of several terms."""
+    if term is None or term is scalar:
+        return PerExampleLossError(
+            f"the scalar loss '{scalar.name}' is not a mean or a sum of per-example losses: it "
+            f"goes through {what} (op '{op.name}', {op.type}), so its gradient has no "
+            "per-example split. Pass the [n] vector of per-example losses as `loss` instead "
+            "(for example keras.losses.*(reduction=None)(y, y_pred), or "
+            "tf.nn.softmax_cross_entropy_with_logits(...) before any reduction over the batch)."
+        )
     return PerExampleLossError(
-        f"the scalar loss '{scalar.name}' is not a mean or a sum of per-example losses: it "
-        f"goes through {what} (op '{op.name}', {op.type}), so its gradient has no per-example "
-        "split. Pass the [n] vector of per-example losses as `loss` instead (for example "
-        "keras.losses.*(reduction=None)(y, y_pred), or "
-        "tf.nn.softmax_cross_entropy_with_logits(...) before any reduction over the batch)."
+        f"the scalar loss '{scalar.name}' is not a mean or a sum of per-example losses: its "
+        f"term '{term.name}', added to the loss, goes through {what} (op '{op.name}', "
+        f"{op.type}), so that term's gradient has no per-example split. A term like this is "
+        "usually an auxiliary loss computed over the whole batch (a mixture-of-experts "
+        "load-balancing loss added with add_loss, a penalty on batch statistics). Compute the "
+        "moments of a loss without that term (the compiled loss alone, without "
+        "model.losses), or pass the [n] vector of per-example losses as `loss`."
     )
 
 
 def _scalar_factor(t: tf.Tensor, ex: _axes.Examples) -> bool:
-    return t.shape.rank == 0 and ex.of(t) in (_axes.FREE, _axes.REDUCED)
+    """Whether ``t`` can be a constant factor of the per-example losses: a scalar that holds no
+    example, or a batch statistic that no gradient flows through (a count of valid entries
+    computed from the labels). A statistic of the batch that depends on the variables (the mean
+    of an activation, a load-balancing loss) is not: its gradient mixes the examples."""
+    if t.shape.rank != 0:
+        return False
+    st = ex.of(t)
+    return st == _axes.FREE or (st == _axes.REDUCED and not _reads_variables(t))
+
+
+def _reads_variables(t: tf.Tensor, limit: int = 100_000) -> bool:
+    """Whether a gradient can flow from ``t`` back to a variable: a path of floating-point
+    tensors (no gradient passes an integer or boolean tensor, or a ``StopGradient``) from an
+    op that reads a resource (a variable's ``ReadVariableOp``, a call that captures one) to
+    ``t``. Conservative: past ``limit`` ops it says yes."""
+    seen: set[tf.Operation] = set()
+    stack = [t]
+    while stack:
+        x = stack.pop()
+        op = x.op
+        if op in seen or op.type == "StopGradient":
+            continue
+        seen.add(op)
+        if len(seen) > limit:
+            return True
+        for inp in op.inputs:
+            if inp.dtype == tf.resource:
+                return True
+            if inp.dtype.is_floating or inp.dtype.is_complex:
+                stack.append(inp)
+    return False
 
 
 def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossForm:
     """The form of a scalar loss; raises `PerExampleLossError` when it is not a mean or a sum
     of per-example losses."""
     terms: list[Term] = []
-    # (tensor, factors, exponent of n, divisors) still to follow
-    stack: list[tuple[tf.Tensor, list[Factor], int, list[int]]] = [(scalar, [], 0, [])]
+    # (tensor, factors, divisions by counts that hold n, divisors, the addend it belongs to)
+    # still to follow
+    stack: list[_Item] = [(scalar, [], 0, [], None)]
     steps = 0
     while stack:
-        t, factors, n_power, divisors = stack.pop()
+        t, factors, n_power, divisors, term = stack.pop()
         steps += 1
         if steps > 10_000:
             raise _fail(scalar, t.op, "a graph too deep to follow")
         op = t.op
         ty = op.type
         if ty in _VIEWS and op.inputs and t.shape.rank == 0:
-            stack.append((op.inputs[0], factors, n_power, divisors))
+            stack.append((op.inputs[0], factors, n_power, divisors, term))
             continue
         if ty in ("Identity", "Cast") and op.inputs:
-            stack.append((op.inputs[0], factors, n_power, divisors))
+            stack.append((op.inputs[0], factors, n_power, divisors, term))
             continue
         if ty == "Neg":
-            stack.append((op.inputs[0], factors + [-1.0], n_power, divisors))
+            stack.append((op.inputs[0], factors + [-1.0], n_power, divisors, term))
             continue
         if ty in ("Mul", "MulNoNan"):
             a, b = op.inputs
             for f, rest in ((b, a), (a, b)):
                 if _scalar_factor(f, ex) and t.shape.rank == 0:
-                    stack.append((rest, factors + [f], n_power, divisors + _replicas(f, replicas)))
+                    divs = divisors + _replicas(f, replicas)
+                    stack.append((rest, factors + [f], n_power, divs, term))
                     break
             else:
-                raise _fail(scalar, op, "a product of terms that depend on the examples")
+                raise _fail(
+                    scalar,
+                    op,
+                    "a product of two values that depend on the examples (a factor must hold "
+                    "no example: a batch statistic that depends on the variables mixes them)",
+                    term,
+                )
             continue
         if ty in ("RealDiv", "DivNoNan", "Div"):
             a, b = op.inputs
             if not _scalar_factor(b, ex):
-                raise _fail(scalar, op, "a division by a value that depends on the examples")
+                raise _fail(
+                    scalar,
+                    op,
+                    "a division by a value that depends on the examples (a divisor must hold "
+                    "no example, or be a count no gradient flows through)",
+                    term,
+                )
             holds, divs = _count_in(b, ex)
-            stack.append((a, factors + [_Reciprocal(b)], n_power + holds, divisors + divs))
+            stack.append((a, factors + [_Reciprocal(b)], n_power + holds, divisors + divs, term))
             continue
         if ty in ("AddV2", "Add", "AddN", "Sub"):
             for i, x in enumerate(op.inputs):
@@ -129,23 +187,23 @@ def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossFor
                 if st == _axes.FREE:
                     continue  # regularisation: the same for every example, left out
                 sign = [-1.0] if ty == "Sub" and i == 1 else []
-                stack.append((x, factors + sign, n_power, divisors))
+                stack.append((x, factors + sign, n_power, divisors, x))
             continue
         if ty in _LINEAR_REDUCTIONS:
             values = op.inputs[0]
             if t.shape.rank != 0 and t.shape.num_elements() != 1:
-                raise _fail(scalar, op, "a reduction that keeps axes")
+                raise _fail(scalar, op, "a reduction that keeps axes", term)
             factors = list(factors)
             if ty == "Mean":
                 factors.append(_Reciprocal(tf.size(values)))
-            term = _term(scalar, values, op, factors, n_power, divisors, ex)
-            if term is not None:
-                terms.append(term)
+            found = _term(scalar, values, op, factors, n_power, divisors, ex, term)
+            if found is not None:
+                terms.append(found)
             continue
         if ex.of(t) == _axes.FREE:
             continue
         what = _NOT_SUMS.get(ty, f"an op gradmom cannot see through ({ty})")
-        raise _fail(scalar, op, what)
+        raise _fail(scalar, op, what, term)
     if not terms:
         raise PerExampleLossError(
             f"the scalar loss '{scalar.name}' does not depend on the examples: gradmom found "
@@ -163,6 +221,9 @@ class _Reciprocal:
 
 # A factor of a term: a scalar tensor, a sign, or a reciprocal.
 Factor: TypeAlias = "tf.Tensor | float | _Reciprocal"
+# An entry of `analyse`'s walk: (tensor, factors, divisions by counts that hold the batch size,
+# static divisors, the addend of the loss it belongs to or None)
+_Item: TypeAlias = "tuple[tf.Tensor, list[Factor], int, list[int], tf.Tensor | None]"
 
 
 def _count_in(b: tf.Tensor, ex: _axes.Examples) -> tuple[int, list[int]]:
@@ -206,6 +267,7 @@ def _term(
     count: int,
     divisors: list[int],
     ex: _axes.Examples,
+    addend: tf.Tensor | None = None,
 ) -> Term | None:
     """The term ``factors * sum(values)``, after following linear reductions over the examples
     (``reduce_sum(x, axis=0)`` before the total) back to values that hold them. ``op``: the
@@ -235,8 +297,9 @@ def _term(
             inner,
             f"values that mix the examples ('{values.name}' is {_axes.describe(st)}: a "
             "maximum, norm or statistic over the batch)",
+            addend,
         )
-    raise _fail(scalar, op, "reductions too deep to follow")
+    raise _fail(scalar, op, "reductions too deep to follow", addend)
 
 
 def _ratio(big: tf.Tensor, small: tf.Tensor) -> tf.Tensor:
