@@ -16,6 +16,9 @@ Every case is float64 and small; the reference takes one gradient per example
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -173,3 +176,229 @@ def test_a_a_count_no_gradient_flows_through_still_divides():
     want = reference.moments(ref, ORDERS)
     _assert_moments(moments[0], want, "masked sum")
     np.testing.assert_allclose(grads[0], ref.sum(axis=0), rtol=1e-12)
+
+
+# --- B: an example-free term is part of every example's loss ------------------------------------
+
+
+def _mse(out, y):
+    """Keras' mean squared error per example: ``[n]``."""
+    return tf.reduce_mean(tf.square(out - y), axis=-1)
+
+
+def _keras_dense(dtype="float64"):
+    import keras
+
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((D,), dtype=dtype)
+    h = keras.layers.Dense(
+        4, activation="tanh", kernel_regularizer=keras.regularizers.L2(0.1), dtype=dtype
+    )(inp)
+    out = keras.layers.Dense(
+        K,
+        kernel_regularizer=keras.regularizers.L1(0.05),
+        bias_regularizer=keras.regularizers.L2(0.2),
+        bias_initializer="random_normal",
+        dtype=dtype,
+    )(h)
+    return keras.Model(inp, out)
+
+
+def _keras_conv():
+    import keras
+
+    keras.utils.set_random_seed(4)
+    inp = keras.Input((4, 4, 2), dtype="float64")
+    h = keras.layers.Conv2D(
+        3, 2, activation="tanh", kernel_regularizer=keras.regularizers.L2(0.1), dtype="float64"
+    )(inp)
+    out = keras.layers.Dense(K, dtype="float64")(keras.layers.Flatten(dtype="float64")(h))
+    return keras.Model(inp, out)
+
+
+@dataclass
+class Penalised:
+    """A model whose loss has example-free terms: ``total(out, y)`` is the scalar loss,
+    ``per_example(out, y)`` the ``[n]`` per-example part, ``penalty()`` the free part ``R``
+    (read inside the reference's tape), ``mode`` the reduction, ``ruled`` the variables that
+    must keep their rule."""
+
+    forward: Callable
+    variables: list
+    per_example: Callable
+    penalty: Callable
+    total: Callable
+    mode: str
+    ruled: list
+    x: np.ndarray
+    y: np.ndarray
+
+
+def _keras_case(make_model, reduction: str, x_shape) -> Callable[[], Penalised]:
+    def build() -> Penalised:
+        import keras
+
+        model = make_model()
+        rng = np.random.default_rng(7)
+        x = rng.normal(size=(N, *x_shape))
+        y = rng.normal(size=(N, K))
+        loss_fn = keras.losses.MeanSquaredError(reduction=reduction, dtype="float64")
+
+        def penalty():
+            return tf.add_n(model.losses)
+
+        def total(out, y):
+            return loss_fn(y, out) + tf.add_n(model.losses)
+
+        variables = model.trainable_variables
+        mode = "sum" if reduction == "sum" else "mean"
+        return Penalised(lambda x: model(x), variables, _mse, penalty, total, mode, variables, x, y)
+
+    return build
+
+
+def _raw_case(kind: str) -> Callable[[], Penalised]:
+    """Raw TensorFlow: ``W`` (a matmul), ``b`` (an add) and the penalties of ``kind``."""
+
+    def build() -> Penalised:
+        x, y = _data(11)
+        rng = np.random.default_rng(12)
+        w = tf.Variable(rng.normal(size=(D, K)), name="w")
+        b = tf.Variable(rng.normal(size=(K,)), name="b")
+        u = tf.Variable(rng.normal(size=(2,)), name="penalty_only")
+        s = tf.Variable(0.3, dtype=tf.float64, name="log_sigma")
+        g = tf.Variable(rng.uniform(0.5, 1.5, size=(K,)), name="norm_g")
+
+        def kernel():
+            if kind == "weight-norm":  # derived: K = g * W / |W|, penalised as well
+                # (not tf.norm: its Mul(w, w) is issue 26's cause D, another fix)
+                return g * w / tf.sqrt(tf.reduce_sum(tf.square(w), axis=0))
+            return w
+
+        def forward(x):
+            return tf.tanh(x @ kernel() + b)
+
+        def per_example(out, y):
+            scale = tf.exp(-s) if kind == "uncertainty" else 1.0
+            return scale * 0.5 * tf.reduce_sum(tf.square(out - y), axis=1)
+
+        def penalty():
+            if kind in ("l2-mean", "l2-sum"):
+                return 0.1 * tf.nn.l2_loss(w) - 0.05 * tf.reduce_sum(tf.abs(b))
+            if kind == "penalty-only":
+                return 0.1 * tf.nn.l2_loss(w) + 0.3 * tf.reduce_sum(tf.square(u))
+            if kind == "uncertainty":  # exp(-s) * mean(l) + s (multi-task uncertainty weights)
+                return s
+            return 0.2 * tf.reduce_sum(tf.square(kernel()))  # weight-norm
+
+        def total(out, y):
+            per = 0.5 * tf.reduce_sum(tf.square(out - y), axis=1)
+            if kind == "l2-sum":
+                return tf.reduce_sum(per) + 0.1 * tf.nn.l2_loss(w) - 0.05 * tf.reduce_sum(tf.abs(b))
+            if kind == "uncertainty":
+                return tf.exp(-s) * tf.reduce_mean(per) + s
+            return tf.reduce_mean(per) + penalty()
+
+        variables = {
+            "l2-mean": [w, b],
+            "l2-sum": [w, b],
+            "penalty-only": [w, b, u],
+            "uncertainty": [w, b, s],
+            "weight-norm": [w, b, g],
+        }[kind]
+        ruled = [w, b] if kind != "weight-norm" else [w, b, g]
+        mode = "sum" if kind == "l2-sum" else "mean"
+        return Penalised(forward, variables, per_example, penalty, total, mode, ruled, x, y)
+
+    return build
+
+
+PENALISED = [
+    ("keras-l2-l1-regularizers-mean", _keras_case(_keras_dense, "sum_over_batch_size", (D,))),
+    ("keras-l2-l1-regularizers-sum", _keras_case(_keras_dense, "sum", (D,))),
+    ("keras-conv-l2-regularizer", _keras_case(_keras_conv, "sum_over_batch_size", (4, 4, 2))),
+    ("l2-loss-and-l1-mean", _raw_case("l2-mean")),
+    ("l2-loss-and-l1-sum", _raw_case("l2-sum")),
+    ("variable-only-in-the-penalty", _raw_case("penalty-only")),
+    ("uncertainty-weighting", _raw_case("uncertainty")),
+    ("weight-norm-kernel-penalised", _raw_case("weight-norm")),
+]
+
+
+def _reference(case: Penalised, orders=ORDERS):
+    """``M_p`` of ``g_j = grad(l_j + R)`` (mean) or ``grad(l_j + R / n)`` (sum), one tape
+    gradient per example."""
+    n = case.x.shape[0]
+    share = 1.0 if case.mode == "mean" else 1.0 / n
+
+    def per_example(out, y):
+        return case.per_example(out, y) + share * case.penalty()
+
+    # the tf.Variables behind Keras variables (a tape's zeros need a tf.DType)
+    tf_vars = [v if isinstance(v, tf.Variable) else v.value for v in case.variables]
+    rows = reference.per_example_gradients(case.forward, tf_vars, per_example, case.x, case.y)
+    return [reference.moments(r, orders) for r in rows]
+
+
+@pytest.mark.filterwarnings("ignore:tb_gradmom. no exact rule")  # log_sigma: the fallback
+@pytest.mark.parametrize("build", [c[1] for c in PENALISED], ids=[c[0] for c in PENALISED])
+def test_b_penalties_are_part_of_every_examples_loss(build):
+    """``M_1`` is the gradient and ``M_2..M_4`` are of the same per-example gradients
+    ``grad(l_j + R)``: exact against one gradient per example, orders 1-4, mean and sum; the
+    penalised variables keep their rule (they took the fallback, with ``M_1`` inconsistent
+    with ``M_2``)."""
+    case = build()
+    seen = {}
+
+    @tf.function
+    def step(x, y):
+        loss = case.total(case.forward(x), y)
+        seen["plan"] = gradmom.plan_moments(loss, case.variables, orders=ORDERS)
+        return gradmom.gradients_and_moments(loss, case.variables, orders=ORDERS)
+
+    grads, moments = step(case.x, case.y)
+    want = _reference(case)
+    n = case.x.shape[0]
+    plan = seen["plan"]
+    ruled = {id(v) for v in case.ruled}
+    for k, v in enumerate(case.variables):
+        name = plan.variables[k].name
+        _assert_moments(moments[k], want[k], name)
+        scale = 1.0 if case.mode == "mean" else float(n)
+        np.testing.assert_allclose(grads[k], want[k][1] * scale, rtol=1e-9, atol=1e-12)
+        if id(v) in ruled:
+            assert plan.variables[k].path.startswith("rule: "), (name, plan.variables[k].path)
+    assert plan.mode == case.mode
+    text = str(plan)
+    assert "+ the gradient of the loss's example-free terms" in text, text
+
+
+def test_b_the_logged_step_and_the_plain_step_both_add_the_penalty(tmp_path):
+    """`summary.moments` gates the moments in a ``tf.cond`` and takes a convolution's gradient
+    from its rule's sums where it logs and from TF's filter gradient where it does not: both
+    gradients hold the penalty's, and the logged moments are those of ``grad(l_j + R)``."""
+    from tb_gradmom.analysis import data
+
+    case = _keras_case(_keras_conv, "sum_over_batch_size", (4, 4, 2))()
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function
+    def step(x, y, s):
+        loss = case.total(case.forward(x), y)
+        with writer.as_default(step=s), tf.summary.record_if(s % 2 == 0):
+            grads = gradmom.summary.moments(loss, case.variables, orders=(1, 2))
+        return grads, tf.gradients(loss, case.variables)
+
+    for s in range(2):  # step 0 logs, step 1 does not
+        grads, plain = step(case.x, case.y, tf.constant(s, tf.int64))
+        for v, g, want in zip(case.variables, grads, plain):
+            np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-13, err_msg=f"{v.path} {s}")
+    writer.close()
+    logged = data.load(str(tmp_path))["."]
+    ref = _reference(case, (1, 2))
+    tags = gradmom.summary.tag_names(case.variables)
+    for v, tag, want in zip(case.variables, tags, ref):
+        (record,) = logged[tag]
+        for p in (1, 2):  # stored in float32
+            err = np.max(np.abs(record.moments[p] - want[p])) / np.max(np.abs(want[p]))
+            assert err < 1e-6, (v.path, p, err)

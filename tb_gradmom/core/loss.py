@@ -2,11 +2,18 @@
 
 Every moment rests on ``L = (1/n) sum_j l_j`` (a mean) or ``L = sum_j l_j`` (a sum) with ``l_j``
 depending on example ``j`` alone. `analyse` proves that from the graph: it follows the scalar
-down through constant factors (``0.5 *``, Keras' ``sum / size``, a loss scale, ``1/replicas``),
-sums of terms (several outputs with loss weights; regularisation terms, which hold no example
-and are left out of the per-example losses) to ``Sum``/``Mean`` reductions of tensors whose
-examples' axis `tb_gradmom.core.axes` proves. A ``Max``, a norm, a product, or a reduction of values
-that mix the examples is refused with an error that says which vector to pass.
+down through constant factors (``0.5 *``, Keras' ``sum / size``, a loss scale, ``1/replicas``;
+a factor holds no example) and sums of terms (several outputs with loss weights) to
+``Sum``/``Mean`` reductions of tensors whose examples' axis `tb_gradmom.core.axes` proves. A
+``Max``, a norm, a product, or a reduction of values that mix the examples is refused with an
+error that names the op and says which vector to pass.
+
+A term that holds no example (a weight penalty ``lam * ||W||^2``, an ``add_loss`` of the
+parameters) is a `FreeTerm`: their sum ``R`` is part of every example's loss, ``l_j + R`` for a
+mean (``mean_j (l_j + R) == L``) and ``l_j + R / n`` for a sum (``sum_j (l_j + R / n) == L``).
+Its gradient is the same for every example: `tb_gradmom.core.moments` adds it to the
+per-example gradients of the rest (`example_path` is where those are taken) by the binomial
+expansion, so that ``M_1`` is the gradient and the variance does not move.
 
 The reduction is read off the same walk: a ``Mean`` over the examples or a division by a count
 that holds the batch size makes a mean; no such division makes a sum.
@@ -23,7 +30,7 @@ import tensorflow as tf
 from tb_gradmom.core import axes as _axes
 from tb_gradmom.core.errors import PerExampleLossError
 
-__all__ = ["LossForm", "analyse", "per_example_losses"]
+__all__ = ["LossForm", "FreeTerm", "analyse", "per_example_losses", "example_path"]
 
 _VIEWS = frozenset({"Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "EnsureShape"})
 _LINEAR_REDUCTIONS = frozenset({"Sum", "Mean"})
@@ -55,15 +62,26 @@ class Term:
     proven: bool = True  # False: the examples' axis is not proven, and assumed 0
 
 
+@dataclass(frozen=True)
+class FreeTerm:
+    """``factor * value``, a term of the loss that holds no example; ``into`` is the op that
+    adds it to the rest of the loss (``value`` is its input there)."""
+
+    value: tf.Tensor
+    factors: list[Factor]
+    into: tf.Operation
+
+
 @dataclass
 class LossForm:
-    """``scalar == sum_k factor_k * sum(values_k)`` up to terms that hold no examples."""
+    """``scalar == sum_k factor_k * sum(values_k) + R``, ``R`` the sum of the `free` terms."""
 
     terms: list[Term]
     mode: str  # "mean" or "sum"
     structural: bool  # the mode follows from the graph's structure (not from a constant's value)
     proven: bool  # every term's examples' axis is proven
     note: str = ""  # why not proven
+    free: list[FreeTerm] = field(default_factory=list)  # the terms that hold no example
 
     @property
     def values(self) -> tf.Tensor:
@@ -132,32 +150,34 @@ def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossFor
     """The form of a scalar loss; raises `PerExampleLossError` when it is not a mean or a sum
     of per-example losses."""
     terms: list[Term] = []
-    # (tensor, factors, divisions by counts that hold n, divisors, the addend it belongs to)
-    # still to follow
-    stack: list[_Item] = [(scalar, [], 0, [], None)]
+    free: list[FreeTerm] = []
+    stack: list[_Item] = [(scalar, [], 0, [], None, None)]
     steps = 0
     while stack:
-        t, factors, n_power, divisors, term = stack.pop()
+        t, factors, n_power, divisors, term, into = stack.pop()
         steps += 1
         if steps > 10_000:
             raise _fail(scalar, t.op, "a graph too deep to follow")
         op = t.op
         ty = op.type
+        if into is not None and ex.of(t) == _axes.FREE:
+            free.append(FreeTerm(t, factors, into))  # R: the same for every example
+            continue
         if ty in _VIEWS and op.inputs and t.shape.rank == 0:
-            stack.append((op.inputs[0], factors, n_power, divisors, term))
+            stack.append((op.inputs[0], factors, n_power, divisors, term, op))
             continue
         if ty in ("Identity", "Cast") and op.inputs:
-            stack.append((op.inputs[0], factors, n_power, divisors, term))
+            stack.append((op.inputs[0], factors, n_power, divisors, term, op))
             continue
         if ty == "Neg":
-            stack.append((op.inputs[0], factors + [-1.0], n_power, divisors, term))
+            stack.append((op.inputs[0], factors + [-1.0], n_power, divisors, term, op))
             continue
         if ty in ("Mul", "MulNoNan"):
             a, b = op.inputs
             for f, rest in ((b, a), (a, b)):
                 if _scalar_factor(f, ex) and t.shape.rank == 0:
                     divs = divisors + _replicas(f, replicas)
-                    stack.append((rest, factors + [f], n_power, divs, term))
+                    stack.append((rest, factors + [f], n_power, divs, term, op))
                     break
             else:
                 raise _fail(
@@ -179,15 +199,14 @@ def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossFor
                     term,
                 )
             holds, divs = _count_in(b, ex)
-            stack.append((a, factors + [_Reciprocal(b)], n_power + holds, divisors + divs, term))
+            stack.append(
+                (a, factors + [_Reciprocal(b)], n_power + holds, divisors + divs, term, op)
+            )
             continue
         if ty in ("AddV2", "Add", "AddN", "Sub"):
             for i, x in enumerate(op.inputs):
-                st = ex.of(x)
-                if st == _axes.FREE:
-                    continue  # regularisation: the same for every example, left out
                 sign = [-1.0] if ty == "Sub" and i == 1 else []
-                stack.append((x, factors + sign, n_power, divisors, x))
+                stack.append((x, factors + sign, n_power, divisors, x, op))
             continue
         if ty in _LINEAR_REDUCTIONS:
             values = op.inputs[0]
@@ -200,8 +219,6 @@ def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossFor
             if found is not None:
                 terms.append(found)
             continue
-        if ex.of(t) == _axes.FREE:
-            continue
         what = _NOT_SUMS.get(ty, f"an op gradmom cannot see through ({ty})")
         raise _fail(scalar, op, what, term)
     if not terms:
@@ -209,7 +226,9 @@ def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossFor
             f"the scalar loss '{scalar.name}' does not depend on the examples: gradmom found "
             "no mean or sum over a batch in it. Pass the [n] vector of per-example losses."
         )
-    return _form(scalar, terms, ex, replicas)
+    form = _form(scalar, terms, ex, replicas)
+    form.free = free
+    return form
 
 
 @dataclass(frozen=True)
@@ -222,8 +241,10 @@ class _Reciprocal:
 # A factor of a term: a scalar tensor, a sign, or a reciprocal.
 Factor: TypeAlias = "tf.Tensor | float | _Reciprocal"
 # An entry of `analyse`'s walk: (tensor, factors, divisions by counts that hold the batch size,
-# static divisors, the addend of the loss it belongs to or None)
-_Item: TypeAlias = "tuple[tf.Tensor, list[Factor], int, list[int], tf.Tensor | None]"
+# static divisors, the addend of the loss it belongs to or None, the op it was reached from)
+_Item: TypeAlias = (
+    "tuple[tf.Tensor, list[Factor], int, list[int], tf.Tensor | None, tf.Operation | None]"
+)
 
 
 def _count_in(b: tf.Tensor, ex: _axes.Examples) -> tuple[int, list[int]]:
@@ -358,9 +379,26 @@ def _factor_value(f: Factor, dtype: tf.DType) -> tf.Tensor:
     return tf.cast(f, dtype)
 
 
+def example_path(scalar: tf.Tensor, form: LossForm) -> set[tf.Operation]:
+    """The ops the loss depends on other than through its example-free terms: where the
+    per-example gradients of the rest are taken. A variable read only by a weight penalty has
+    no use there; one read by a layer too has that use alone (its penalty's gradient, the same
+    for every example, is added by `tb_gradmom.core.moments`)."""
+    cut = {(f.into, f.value.ref()) for f in form.free}
+    seen: set[tf.Operation] = set()
+    stack = [scalar.op]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(x.op for x in op.inputs if (op, x.ref()) not in cut)
+    return seen
+
+
 def per_example_losses(form: LossForm, n: int | tf.Tensor, mode: str | None = None) -> tf.Tensor:
-    """The ``[n]`` vector ``l`` with ``mean(l)`` (``mode="mean"``) or ``sum(l)`` equal to the
-    scalar loss (up to the terms that hold no examples)."""
+    """The ``[n]`` vector ``l`` of the per-example part of the loss: ``mean(l)`` (``mode="mean"``)
+    or ``sum(l)`` is the scalar loss without its example-free terms (`LossForm.free`)."""
     mode = mode or form.mode
     total: tf.Tensor | None = None
     for term in form.terms:
