@@ -402,3 +402,211 @@ def test_b_the_logged_step_and_the_plain_step_both_add_the_penalty(tmp_path):
         for p in (1, 2):  # stored in float32
             err = np.max(np.abs(record.moments[p] - want[p])) / np.max(np.abs(want[p]))
             assert err < 1e-6, (v.path, p, err)
+
+
+# --- C: Keras' loss total and other sums of terms -----------------------------------------------
+
+
+class _WeightPenalty:
+    """A Keras layer ``x * w`` that adds ``0.05 * sum(w**2)`` with ``add_loss`` (no example)."""
+
+    @staticmethod
+    def make():
+        import keras
+
+        class WeightPenalty(keras.layers.Layer):
+            def build(self, shape):
+                self.w = self.add_weight(
+                    shape=(shape[-1],), initializer="random_normal", dtype="float64"
+                )
+
+            def call(self, x):
+                self.add_loss(0.05 * tf.reduce_sum(tf.square(self.w)))
+                return x * self.w
+
+        return WeightPenalty(dtype="float64")
+
+
+def _keras_compiled(with_add_loss: bool):
+    import keras
+
+    keras.utils.set_random_seed(9)
+    inp = keras.Input((D,), dtype="float64")
+    h = keras.layers.Dense(
+        4,
+        activation="tanh",
+        kernel_regularizer=keras.regularizers.L2(0.1),
+        bias_regularizer=keras.regularizers.L1(0.02),
+        bias_initializer="random_normal",
+        dtype="float64",
+    )(inp)
+    if with_add_loss:
+        h = _WeightPenalty.make()(h)
+    out = keras.layers.Dense(K, dtype="float64")(h)
+    model = keras.Model(inp, out)
+    model.compile(loss=keras.losses.MeanSquaredError(dtype="float64"), optimizer="sgd")
+    return model
+
+
+@pytest.fixture
+def keras_float64():
+    """Keras' floatx float64 while the test builds and traces (``compute_loss`` stacks its
+    terms in floatx)."""
+    from tests import zoo
+
+    with zoo.dtype_policy("float64"):
+        yield
+
+
+@pytest.mark.usefixtures("keras_float64")
+@pytest.mark.parametrize("with_add_loss", [False, True], ids=["regularizers", "add-loss"])
+def test_c_keras_compute_loss_is_a_sum_of_terms(with_add_loss):
+    """``model.compute_loss`` as ``model.fit`` calls it: ``Sum(Pack([loss, *model.losses]))``.
+    It raised PerExampleLossError ("values that mix the examples ... Pack")."""
+    model = _keras_compiled(with_add_loss)
+    x, y = _data(21)
+    variables = model.trainable_variables
+    seen = {}
+
+    @tf.function
+    def step(x, y):
+        y_pred = model(x, training=True)
+        loss = model.compute_loss(x, y, y_pred)
+        seen["plan"] = gradmom.plan_moments(loss, variables, orders=ORDERS)
+        return gradmom.gradients_and_moments(loss, variables, orders=ORDERS)
+
+    grads, moments = step(x, y)
+    case = Penalised(
+        lambda x: model(x),
+        variables,
+        _mse,
+        lambda: tf.add_n(model.losses),
+        None,
+        "mean",
+        variables,
+        x,
+        y,
+    )
+    want = _reference(case)
+    for k, v in enumerate(variables):
+        _assert_moments(moments[k], want[k], v.path)
+        np.testing.assert_allclose(grads[k], want[k][1], rtol=1e-9, atol=1e-12)
+        path = seen["plan"].variables[k].path
+        assert path.startswith("rule: "), (v.path, path)
+
+
+# (id, scalar loss from (mean loss, penalties p1 p2), the same as a sum)
+SUMS = [
+    ("sum-of-stack", lambda m, p1, p2: tf.reduce_sum(tf.stack([m, p1, p2])), 1.0),
+    ("mean-of-stack", lambda m, p1, p2: tf.reduce_mean(tf.stack([m, p1, p2])), 1.0 / 3.0),
+    (
+        "nested-stacks",
+        lambda m, p1, p2: tf.reduce_sum(tf.stack([tf.stack([m, p1]), tf.stack([p2, 0.0 * p2])])),
+        1.0,
+    ),
+    (
+        "stack-of-sums-and-add-n",
+        lambda m, p1, p2: tf.add_n([tf.reduce_sum(tf.stack([m, p1])), p2]),
+        1.0,
+    ),
+    ("add-n", lambda m, p1, p2: tf.add_n([p1, m, p2]), 1.0),
+]
+
+
+@pytest.mark.parametrize("combine, scale", [c[1:] for c in SUMS], ids=[c[0] for c in SUMS])
+def test_c_sums_of_terms_in_any_form(combine, scale):
+    """``tf.stack`` then ``reduce_sum``/``reduce_mean`` (``1/k`` times the sum), nested, and
+    ``tf.add_n``: the scalar is ``scale * (mean_j l_j + R)``, each example's loss
+    ``scale * (l_j + R)``."""
+    x, y = _data(31)
+    w, v = _variables(32)
+    forward, loss = _per_example(w)
+
+    def penalties():
+        return 0.1 * tf.nn.l2_loss(w), 0.2 * tf.reduce_sum(tf.abs(v))
+
+    @tf.function
+    def step(x, y):
+        p1, p2 = penalties()
+        total = combine(tf.reduce_mean(loss(forward(x), y)), p1, p2)
+        return gradmom.gradients_and_moments(total, [w, v], orders=ORDERS)
+
+    grads, moments = step(x, y)
+    case = Penalised(
+        forward,
+        [w, v],
+        lambda out, y: scale * loss(out, y),
+        lambda: scale * tf.add_n(penalties()),
+        None,
+        "mean",
+        [w],
+        x,
+        y,
+    )
+    want = _reference(case)
+    for k, name in enumerate(("w", "v")):
+        _assert_moments(moments[k], want[k], name)
+
+
+@pytest.mark.usefixtures("keras_float64")
+def test_c_a_keras_aux_loss_over_the_batch_is_refused_by_name():
+    """keras_hub Mixtral's ``add_loss(router_aux_loss_coef * aux_loss)`` where ``aux_loss`` is
+    a load-balancing loss over the batch: no per-example split, an error naming the term (the
+    layer's op) and what to do instead of a number 0.1-20 % off."""
+    import keras
+
+    class Router(keras.layers.Layer):
+        def build(self, shape):
+            self.w = self.add_weight(shape=(shape[-1], K), dtype="float64")
+
+        def call(self, x):
+            aux = _load_balancing(x, self.w)
+            self.add_loss(tf.multiply(tf.constant(0.01, tf.float64), aux, name="aux_term"))
+            return x
+
+    keras.utils.set_random_seed(13)
+    inp = keras.Input((D,), dtype="float64")
+    out = keras.layers.Dense(K, dtype="float64")(Router(name="router", dtype="float64")(inp))
+    model = keras.Model(inp, out)
+    model.compile(loss=keras.losses.MeanSquaredError(dtype="float64"), optimizer="sgd")
+    x, y = _data(41)
+
+    @tf.function
+    def step(x, y):
+        loss = model.compute_loss(x, y, model(x, training=True))
+        return gradmom.gradients_and_moments(loss, model.trainable_variables)
+
+    with pytest.raises(gradmom.PerExampleLossError) as info:
+        step(x, y)
+    msg = str(info.value)
+    assert "its term '" in msg and "router" in msg and "aux_term" in msg, msg
+    assert "without that term" in msg and "model.losses" in msg, msg
+
+
+@pytest.mark.usefixtures("keras_float64")
+def test_c_the_keras_callback_logs_a_regularised_model(tmp_path):
+    """``model.fit`` with the callback on a model with regularisers and an ``add_loss``: it
+    stopped with PerExampleLossError; the logged moments are those of ``grad(l_j + R)``."""
+    import keras
+
+    from tb_gradmom.analysis import data
+
+    model = _keras_compiled(with_add_loss=True)
+    model.compile(loss=keras.losses.MeanSquaredError(dtype="float64"), optimizer="sgd")
+    x, y = _data(51)
+    case = Penalised(
+        lambda x: model(x), model.trainable_variables, _mse, lambda: tf.add_n(model.losses),
+        None, "mean", [], x, y,
+    )  # fmt: skip
+    want = _reference(case, (1, 2))  # before fit: the callback logs the first step's moments
+    model.optimizer.learning_rate = 0.0
+    cb = gradmom.keras.GradMoments(str(tmp_path), every_n_steps=1)
+    model.fit(x, y, batch_size=N, epochs=1, verbose=0, shuffle=False, callbacks=[cb])
+    logged = data.load(str(tmp_path))["."]
+    for v, tag, w in zip(
+        model.trainable_variables, gradmom.summary.tag_names(case.variables), want
+    ):
+        (record,) = logged[tag]
+        for p in (1, 2):  # stored in float32
+            err = np.max(np.abs(record.moments[p] - w[p])) / np.max(np.abs(w[p]))
+            assert err < 1e-6, (v.path, p, err)

@@ -3,7 +3,8 @@
 Every moment rests on ``L = (1/n) sum_j l_j`` (a mean) or ``L = sum_j l_j`` (a sum) with ``l_j``
 depending on example ``j`` alone. `analyse` proves that from the graph: it follows the scalar
 down through constant factors (``0.5 *``, Keras' ``sum / size``, a loss scale, ``1/replicas``;
-a factor holds no example) and sums of terms (several outputs with loss weights) to
+a factor holds no example) and sums of terms (several outputs with loss weights; Keras' total
+``ops.sum([loss, *model.losses])``, a ``Sum``/``Mean`` of stacked scalars; ``tf.add_n``) to
 ``Sum``/``Mean`` reductions of tensors whose examples' axis `tb_gradmom.core.axes` proves. A
 ``Max``, a norm, a product, or a reduction of values that mix the examples is refused with an
 error that names the op and says which vector to pass.
@@ -163,11 +164,12 @@ def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossFor
         if into is not None and ex.of(t) == _axes.FREE:
             free.append(FreeTerm(t, factors, into))  # R: the same for every example
             continue
-        if ty in _VIEWS and op.inputs and t.shape.rank == 0:
-            stack.append((op.inputs[0], factors, n_power, divisors, term, op))
-            continue
-        if ty in ("Identity", "Cast") and op.inputs:
-            stack.append((op.inputs[0], factors, n_power, divisors, term, op))
+        scalar_sum = ty in _LINEAR_REDUCTIONS and op.inputs[0].shape.rank == 0
+        if (ty in _VIEWS and t.shape.rank == 0) or ty in ("Identity", "Cast") or scalar_sum:
+            # the same value (Keras' sum of an add_loss value over no axes): an addend is
+            # named by what it passes on
+            x = op.inputs[0]
+            stack.append((x, factors, n_power, divisors, x if term is t else term, op))
             continue
         if ty == "Neg":
             stack.append((op.inputs[0], factors + [-1.0], n_power, divisors, term, op))
@@ -212,6 +214,14 @@ def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossFor
             values = op.inputs[0]
             if t.shape.rank != 0 and t.shape.num_elements() != 1:
                 raise _fail(scalar, op, "a reduction that keeps axes", term)
+            leaves = _packed_scalars(values, ex)
+            if leaves is not None:
+                # Keras' total ops.sum([loss, *model.losses]): a sum of terms (a mean of k of
+                # them is 1/k times their sum), each an addend of the loss
+                extra = [1.0 / len(leaves)] if ty == "Mean" else []
+                for x, into in leaves:
+                    stack.append((x, factors + extra, n_power, divisors, x, into))
+                continue
             factors = list(factors)
             if ty == "Mean":
                 factors.append(_Reciprocal(tf.size(values)))
@@ -229,6 +239,33 @@ def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossFor
     form = _form(scalar, terms, ex, replicas)
     form.free = free
     return form
+
+
+def _packed_scalars(
+    values: tf.Tensor, ex: _axes.Examples, limit: int = 1024
+) -> list[tuple[tf.Tensor, tf.Operation]] | None:
+    """The scalars whose sum is the sum of ``values``, each with the op it enters there, when
+    ``values`` stacks scalars (``tf.stack``/``Pack``, nested, through reshapes) into a batch
+    statistic; else None (a tensor that holds the examples is a term of its own)."""
+    if ex.of(values) != _axes.REDUCED:
+        return None
+    leaves: list[tuple[tf.Tensor, tf.Operation]] = []
+    stack = [values]
+    while stack:
+        t = stack.pop()
+        op = t.op
+        if op.type == "Pack" or (op.type in _VIEWS and op.inputs):
+            inputs = list(op.inputs) if op.type == "Pack" else [op.inputs[0]]
+            for x in reversed(inputs):
+                if x.shape.rank == 0:
+                    leaves.append((x, op))
+                else:
+                    stack.append(x)
+            if len(leaves) > limit:
+                return None
+            continue
+        return None  # a tensor of several entries that is not a stack of scalars
+    return leaves or None
 
 
 @dataclass(frozen=True)
