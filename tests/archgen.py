@@ -26,6 +26,12 @@ Layer kinds (`KINDS`):
 - heads: ``flatten`` or ``pool`` (global average/max pooling) then ``dense``, or for sequences
   ``dense_seq`` (a per-token output, no pooling), or for tokens ``tied`` (per-token logits
   ``Dense(h) @ E.T`` with the token embedding table ``E``: one variable, a gather and a matmul).
+- loss forms (`LOSS_KINDS`), around the squared error's mean over the examples: ``loss_sum``
+  (its sum instead), ``loss_const`` (a constant on either side of the product, or dividing),
+  ``penalty`` (an L2, L1 or ``tf.nn.l2_loss`` penalty on every kernel, and an L2 on the last
+  variable: terms that hold no example, part of every example's loss), ``stacked_total``
+  (the terms added as Keras adds ``model.losses``, ``reduce_sum``/``reduce_mean`` of a
+  ``tf.stack``, or by ``tf.add_n``).
 
 `UNSUPPORTED` lists the kinds (and batch coincidences) the current core fails on, with the
 failure seen; the test excludes them so the rest runs green. Reproduce one model with
@@ -88,6 +94,7 @@ IMAGE_BLOCKS = (
     "groupnorm",
 )
 HEADS = ("flatten", "pool", "dense_seq", "tied")
+LOSS_KINDS = ("loss_sum", "loss_const", "penalty", "stacked_total")
 # The batch size: equal to the sequence length T, to the width (D for sequences, W for images),
 # to the vocabulary size V (tokens), to the channels C (images), 1, or a small unrelated batch.
 BATCH_RULES = ("seq", "width", "vocab", "channels", "one", "small")
@@ -98,6 +105,7 @@ KINDS = tuple(
         + SEQ_BLOCKS
         + IMAGE_BLOCKS
         + ("flatten", "pool", "dense", "tied")
+        + LOSS_KINDS
     )
 )
 
@@ -119,6 +127,8 @@ class Arch:
     blocks: list = field(default_factory=list)  # [(kind, {params})]
     head: tuple = ("flatten", {})
     excluded: tuple = ()
+    # the loss form (`draw_loss`): {} is the mean of the squared errors
+    loss: dict = field(default_factory=dict)
 
     def describe(self) -> str:
         d = " ".join(f"{k}={v}" for k, v in self.dims.items())
@@ -128,6 +138,8 @@ class Arch:
             parts.append(f"{kind}({args})" if args else kind)
         hk, hp = self.head
         parts.append(hk + (f"({','.join(f'{k}={v}' for k, v in hp.items())})" if hp else ""))
+        if self.loss:
+            parts.append("loss(" + ",".join(f"{k}={v}" for k, v in self.loss.items()) + ")")
         return f"seed={self.seed} n={self.n} (batch={self.batch_rule}): " + " -> ".join(parts)
 
     def kinds(self) -> set:
@@ -137,6 +149,15 @@ class Arch:
         out.update(k for k, _ in self.blocks)
         hk = self.head[0]
         out.update({"flatten": ("flatten", "dense"), "pool": ("pool", "dense")}.get(hk, (hk,)))
+        loss = self.loss
+        if loss.get("reduction") == "sum":
+            out.add("loss_sum")
+        if loss.get("const"):
+            out.add("loss_const")
+        if loss.get("penalty"):
+            out.add("penalty")
+        if loss.get("total") not in (None, "add"):
+            out.add("stacked_total")
         return out
 
 
@@ -153,10 +174,13 @@ def _pick(rng, options):
     return options[int(rng.integers(len(options)))]
 
 
-def generate(seed: int, exclude=None, *, stem=None, blocks=None, batch_rule=None) -> Arch:
+def generate(
+    seed: int, exclude=None, *, stem=None, blocks=None, batch_rule=None, loss=None
+) -> Arch:
     """The architecture of ``seed`` (deterministic for a given ``exclude`` set).
 
-    ``stem``, ``blocks`` (a list of kinds) and ``batch_rule`` force those choices (the probe).
+    ``stem``, ``blocks`` (a list of kinds), ``batch_rule`` and ``loss`` (a `draw_loss` dict)
+    force those choices (the probe, the tests).
     """
     exclude = frozenset(UNSUPPORTED if exclude is None else exclude)
     rng = np.random.default_rng(seed)
@@ -271,7 +295,25 @@ def generate(seed: int, exclude=None, *, stem=None, blocks=None, batch_rule=None
     hp = {"units": int(rng.integers(2, 4))}
     if head == "pool":
         hp["op"] = _pick(rng, ("avg", "max"))
-    return Arch(seed, stem, batch_rule, int(n), dims, drawn, (head, hp), tuple(sorted(exclude)))
+    drawn_loss = draw_loss(rng, exclude)
+    loss = drawn_loss if loss is None else dict(loss)
+    arch = Arch(seed, stem, batch_rule, int(n), dims, drawn, (head, hp), tuple(sorted(exclude)))
+    arch.loss = loss
+    return arch
+
+
+def draw_loss(rng, exclude) -> dict:
+    """A loss form (drawn last: the architecture of a seed does not depend on it)."""
+    loss = {}
+    if "loss_sum" not in exclude and rng.random() < 0.3:
+        loss["reduction"] = "sum"
+    if "loss_const" not in exclude and rng.random() < 0.5:
+        loss["const"] = _pick(rng, ("left", "right", "div"))
+    if "penalty" not in exclude and rng.random() < 0.5:
+        loss["penalty"] = _pick(rng, ("l2", "l1", "l2_loss"))
+        if "stacked_total" not in exclude:
+            loss["total"] = _pick(rng, ("add", "stack_sum", "stack_mean", "add_n"))
+    return loss
 
 
 class TokenAndPosition(keras.layers.Layer):
@@ -456,9 +498,70 @@ def entry(arch: Arch) -> zoo.Entry:
         def forward(x):
             return model(x, training=False)
 
-        return forward, model.trainable_variables, (x, y), zoo.squared_error
+        variables = model.trainable_variables
+        loss = zoo.squared_error if not arch.loss else loss_form(arch.loss, variables, arch.n)
+        return forward, variables, (x, y), loss
 
     return zoo.Entry(f"archgen-{arch.seed}", "archgen", build, note=arch.describe())
+
+
+def loss_form(spec: dict, variables, n: int) -> zoo.ScalarLoss:
+    """The scalar loss of ``spec`` (`draw_loss`) on the squared errors ``l_j``, and its
+    per-example losses: ``scale * (c * l_j + share * R)`` with ``R`` the penalties, ``share``
+    1 for a mean and ``1 / n`` for a sum, ``scale`` 1 or (``stack_mean``) one over the number of
+    stacked terms."""
+    import tensorflow as tf
+
+    # (a division by an integer equal to the batch size would read as a mean: documented as
+    # ambiguous, for reduction= to settle; 2.5 is not a count)
+    c = {"left": 3.0, "right": 0.5, "div": 0.4}.get(spec.get("const"), 1.0)
+    kernels = [v for v in variables if len(v.shape) >= 2]
+
+    def penalties():
+        kind = spec.get("penalty")
+        if kind is None:
+            return []
+        if kind == "l2":
+            first = 0.05 * tf.add_n([tf.reduce_sum(tf.square(v)) for v in kernels])
+        elif kind == "l1":
+            first = 0.02 * tf.add_n([tf.reduce_sum(tf.abs(v)) for v in kernels])
+        else:
+            first = 0.1 * tf.add_n([tf.nn.l2_loss(v) for v in kernels])
+        return [first, 0.3 * tf.reduce_sum(tf.square(variables[-1]))]
+
+    def scalar(out, y):
+        per = zoo.squared_error(out, y)
+        red = tf.reduce_sum(per) if spec.get("reduction") == "sum" else tf.reduce_mean(per)
+        const = spec.get("const")
+        if const == "left":
+            red = 3.0 * red
+        elif const == "right":
+            red = red * 0.5
+        elif const == "div":
+            red = red / 2.5
+        terms = [red, *penalties()]
+        total = spec.get("total", "add")
+        if len(terms) == 1 or total == "add":
+            out_ = terms[0]
+            for t in terms[1:]:
+                out_ = out_ + t
+            return out_
+        if total == "add_n":
+            return tf.add_n(terms)
+        stacked = tf.stack(terms)
+        return tf.reduce_mean(stacked) if total == "stack_mean" else tf.reduce_sum(stacked)
+
+    def per_example(out, y):
+        pens = penalties()
+        share = 1.0 / n if spec.get("reduction") == "sum" else 1.0
+        per = c * zoo.squared_error(out, y)
+        if pens:
+            per = per + share * tf.add_n(pens)
+        if spec.get("total") == "stack_mean" and pens:
+            per = per / (1.0 + len(pens))
+        return per
+
+    return zoo.ScalarLoss(scalar, per_example, spec.get("reduction", "mean"))
 
 
 def check(arch: Arch) -> dict:

@@ -70,7 +70,15 @@ def close(a, b, what, tol=1e-10):
     assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol} * {scale:.3g}"
 
 
+def penalty(variables):
+    """A weight penalty ``R``: part of every example's loss (``l_j + R`` for a mean,
+    ``l_j + R / n`` for a sum)."""
+    return 0.05 * tf.add_n([tf.reduce_sum(tf.square(v)) for v in variables])
+
+
 def run(build, x_shape, n, loss_kind):
+    """``loss_kind``: "mean", "sum", "vector", or "mean+penalty"/"sum+penalty" (each replica
+    adds its share ``R / replicas`` of a weight penalty)."""
     strategy = STRATEGY
     assert strategy.num_replicas_in_sync == 2
     keras.utils.set_random_seed(3)
@@ -92,11 +100,13 @@ def run(build, x_shape, n, loss_kind):
             losses = per_example(x, y)
             if loss_kind == "vector":
                 loss = losses
-            elif loss_kind == "sum":
+            elif loss_kind.startswith("sum"):
                 loss = tf.reduce_sum(losses)
             else:
                 loss = tf.nn.compute_average_loss(losses, global_batch_size=n)
-            reduction = "sum" if loss_kind == "sum" else "mean"
+            if loss_kind.endswith("+penalty"):
+                loss += penalty(variables) / strategy.num_replicas_in_sync
+            reduction = "sum" if loss_kind.startswith("sum") else "mean"
             _, moments = gradmom.gradients_and_moments(
                 loss, variables, orders=ORDERS, reduction=reduction
             )
@@ -116,13 +126,21 @@ def run(build, x_shape, n, loss_kind):
         return gradmom.gradients_and_moments(loss, single.trainable_variables, orders=ORDERS)[1]
 
     want = one_device(tf.constant(x), tf.constant(y))
-    brute = reference.per_example_gradients(single, single.trainable_variables, sparse_ce, x, y)
+    loss_fn = sparse_ce
+    if loss_kind.endswith("+penalty"):
+        share = 1.0 if loss_kind.startswith("mean") else 1.0 / n
+
+        def loss_fn(out, y):
+            return sparse_ce(out, y) + share * penalty(single.trainable_variables)
+
+    brute = reference.per_example_gradients(single, single.trainable_variables, loss_fn, x, y)
     for r, moments in enumerate(per_replica):
         for v, m, w, g in zip(variables, moments, want, brute):
             ref = reference.moments(g, ORDERS)
             for p in ORDERS:
                 what = f"{build.__name__} {loss_kind} n={n} {sizes} replica {r} {v.path} M{p}"
-                close(m[p], w[p], what)
+                if not loss_kind.endswith("+penalty"):
+                    close(m[p], w[p], what)
                 close(m[p], ref[p], what + " (brute force)")
     print(f"ok {build.__name__} {loss_kind} n={n} split {sizes}")
 
@@ -206,5 +224,8 @@ if __name__ == "__main__":
         for kind in ("mean", "sum", "vector"):
             run(build, shape, 8, kind)
         run(build, shape, 7, "mean")  # the replicas see 4 and 3 examples
+    for build, shape in ((conv_net, (5, 5, 2)), (sin_rnn_net, (4, 3))):  # a rule, the fallback
+        for kind in ("mean+penalty", "sum+penalty"):
+            run(build, shape, 7, kind)
     summary(sys.argv[1])
     keras_fit(sys.argv[1])

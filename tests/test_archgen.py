@@ -61,6 +61,29 @@ def test_generator_covers_every_kind_and_batch_rule():
     assert want_rules <= rules, want_rules - rules
 
 
+# Loss forms at a batch that is not 1 (where R and R / n differ), one small model each.
+LOSS_FORMS = [
+    ("sequence", {"reduction": "sum", "const": "left", "penalty": "l2", "total": "stack_mean"}),
+    ("image", {"const": "right", "penalty": "l1", "total": "add_n"}),
+    ("tokens", {"reduction": "sum", "const": "div", "penalty": "l2_loss", "total": "stack_sum"}),
+    ("sequence", {"penalty": "l2", "total": "add"}),
+]
+
+
+@pytest.mark.parametrize(
+    "stem, loss", LOSS_FORMS, ids=["-".join(map(str, f[1].values())) for f in LOSS_FORMS]
+)
+def test_loss_forms_match_brute_force(stem, loss):
+    """Constants on either side, penalties on every kernel and the last variable, Keras'
+    stacked total, sums: exact against one gradient per example of ``l_j + R`` (or
+    ``l_j + R / n``), every variable on its rule."""
+    blocks = ["dense_seq"] if stem != "image" else ["conv2d"]
+    arch = archgen.generate(7, (), stem=stem, blocks=blocks, batch_rule="small", loss=loss)
+    assert arch.n > 1 and {"penalty"} <= arch.kinds(), arch.describe()
+    r = archgen.check(arch)
+    assert r["ok"], f"{r['desc']}: {r['problems']}"
+
+
 @pytest.mark.slow
 def test_generated_models_match_brute_force():
     n = int(os.environ.get("GRADMOM_ARCHGEN_N", "200"))

@@ -474,9 +474,10 @@ class _FusedNorm(tf.Module):
         return y
 
 
-def test_fallback_finds_keras_losses_and_ignores_regularisation():
-    """Keras' sum / size reduction, a loss scale, and an L2 term (no examples in it), in front
-    of a variable on the exact fallback."""
+def test_fallback_finds_keras_losses_and_adds_regularisation():
+    """Keras' sum / size reduction, a loss scale, and an L2 term ``R`` (no examples in it, part
+    of every example's loss: ``g_j = grad(l_j + R)``), in front of a variable on the exact
+    fallback."""
     import keras
 
     keras.utils.set_random_seed(5)
@@ -493,20 +494,24 @@ def test_fallback_finds_keras_losses_and_ignores_regularisation():
     y = rng.normal(size=(5, 2)).astype("float32")
     mse = keras.losses.MeanSquaredError()
 
+    def penalty():
+        return 0.01 * tf.add_n([tf.reduce_sum(v**2) for v in variables])
+
     @tf.function
     def step(x, y):
-        loss = mse(y, model(x)) * 3.0 + 0.01 * tf.add_n([tf.reduce_sum(v**2) for v in variables])
+        loss = mse(y, model(x)) * 3.0 + penalty()
         return gradmom.gradients_and_moments(loss, variables, orders=(1, 2))[1]
 
     with pytest.warns(UserWarning, match="'fused_scale' \\(FusedBatchNormV3"):
         moments = step(x, y)
 
     def per_example(out, y):
-        return 3.0 * tf.reduce_mean(tf.square(out - y), axis=1)
+        return 3.0 * tf.reduce_mean(tf.square(out - y), axis=1) + penalty()
 
     ref = reference.per_example_gradients(model, variables, per_example, x, y)
     for v, m, r in zip(variables, moments, ref):
-        expected = reference.moments(r, (2,))
+        expected = reference.moments(r, (1, 2))
+        _assert_close(m[1], expected[1], 2e-5, f"{v.name} M1")
         _assert_close(m[2], expected[2], 2e-5, f"{v.name} M2")
 
 

@@ -29,8 +29,10 @@ def test_mirrored_strategy_matches_one_device_on_the_global_batch(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
     # conv (rules), LSTM (the loop rule) and an RNN whose kernel takes the exact fallback x
-    # (mean, sum, vector, uneven split), the summary and the Keras callback under model.fit
-    assert len(lines) == 14, proc.stdout
+    # (mean, sum, vector, uneven split), conv and the fallback with a weight penalty (mean,
+    # sum), the summary and the Keras callback under model.fit
+    assert len(lines) == 18, proc.stdout
+    assert "ok sin_rnn_net sum+penalty n=7 split [4, 3]" in lines
     assert "ok keras fit" in lines
     assert "ok lstm_net mean n=7 split [4, 3]" in lines
     assert "ok sin_rnn_net mean n=7 split [4, 3]" in lines

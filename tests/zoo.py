@@ -41,13 +41,27 @@ from keras import ops  # noqa: E402
 
 
 @dataclass(frozen=True)
+class ScalarLoss:
+    """A scalar loss other than ``mean_j l_j`` for an entry's ``build`` to return in place of
+    its per-example loss: ``scalar(out, y)`` is what the step differentiates;
+    ``per_example(out, y)`` (``[n]``) the per-example losses it is ``reduction`` of, terms
+    that hold no example included (``l_j + R`` for a mean, ``l_j + R / n`` for a sum): what
+    the reference differentiates one example at a time."""
+
+    scalar: Callable
+    per_example: Callable
+    reduction: str = "mean"
+
+
+@dataclass(frozen=True)
 class Entry:
     """One model of the zoo.
 
     Attributes:
       id: a readable id such as ``app-resnet50``.
       family: the group it belongs to (a ``keras.applications`` module, ``keras_hub``, ...).
-      build: ``dtype -> (forward, variables, (x, y), per_example_loss)``.
+      build: ``dtype -> (forward, variables, (x, y), per_example_loss)``; the step's loss is
+        ``mean(per_example_loss(forward(x), y))``, or a `ScalarLoss` in its place.
       heavy: only in the full run (``GRADMOM_ZOO=full``).
       fallback: the ``fallback=`` argument: ``"error"`` (every variable must go through a
         rule) or ``"exact"`` (recurrent layers: the while loop has no rule).
@@ -690,6 +704,35 @@ def _reversible(dtype):
     return model, model.trainable_variables, (ids, y), sparse_ce_sum_tokens
 
 
+def _regularized(dtype):
+    """Keras regularisers (L2 and L1 kernels, an L2 bias) on a conv net, its loss Keras' total
+    ``ops.sum([mean loss, *model.losses])``: each example's loss is ``l_j + R``."""
+    keras.utils.set_random_seed(0)
+    reg = keras.regularizers
+    with dtype_policy(dtype):
+        inp = keras.Input((5, 5, 2))
+        h = keras.layers.Conv2D(3, 3, activation="tanh", kernel_regularizer=reg.L2(0.05))(inp)
+        h = keras.layers.Flatten()(h)
+        h = keras.layers.Dense(
+            4, activation="tanh", kernel_regularizer=reg.L1(0.01), bias_regularizer=reg.L2(0.1)
+        )(h)
+        model = keras.Model(inp, keras.layers.Dense(2)(h))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 5, 5, 2)).astype(dtype)
+    y = rng.normal(size=(4, 2)).astype(dtype)
+
+    def penalty():
+        return ops.sum(ops.stack(model.losses))
+
+    def scalar(out, y):
+        return ops.sum(ops.stack([ops.mean(squared_error(out, y)), *model.losses]))
+
+    def per_example(out, y):
+        return squared_error(out, y) + penalty()
+
+    return model, model.trainable_variables, (x, y), ScalarLoss(scalar, per_example)
+
+
 def _convnext_block(dtype):
     """ConvNeXt's block: depthwise 3x3 as ``Conv2D(groups=channels)``, LayerNorm, MLP, residual
     with layer scale (a broadcast multiply by a variable)."""
@@ -797,6 +840,13 @@ LAYER_ENTRIES = [
         note="EinsumDense('abc,cd->abd').enable_lora(2): kernel frozen",
     ),
     Entry("reversible-embedding-tied", "layers", _reversible),
+    Entry(
+        "kernel-regularized-keras-total",
+        "layers",
+        _regularized,
+        note="Conv2D and Dense with kernel and bias regularisers; the loss is Keras' total "
+        "ops.sum([loss, *model.losses]), each example's loss l_j + R",
+    ),
     Entry(
         "prelu-dense",
         "layers",

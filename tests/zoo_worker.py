@@ -220,19 +220,29 @@ def forward_spread(forward, x) -> float:
     return worst / scale
 
 
-def _step(forward, per_example_loss, var_list, fallback):
+def _scalar_loss(per_example_loss, scalar):
+    """``(out, y) -> scalar loss``: `zoo.ScalarLoss.scalar`, else the mean."""
+    if scalar is not None:
+        return scalar
+    return lambda out, y: tf.reduce_mean(per_example_loss(out, y))
+
+
+def _step(forward, per_example_loss, var_list, fallback, scalar=None):
+    total = _scalar_loss(per_example_loss, scalar)
+
     def step(x, y):
-        loss = tf.reduce_mean(per_example_loss(forward(x), y))
+        loss = total(forward(x), y)
         return gb.gradients_and_moments(loss, var_list, orders=ORDERS, fallback=fallback)
 
     return step
 
 
-def _plain(forward, per_example_loss, var_list):
+def _plain(forward, per_example_loss, var_list, scalar=None):
     """TensorFlow's own batch gradient (no tb_gradmom)."""
+    total = _scalar_loss(per_example_loss, scalar)
 
     def plain(x, y):
-        return tf.gradients(tf.reduce_mean(per_example_loss(forward(x), y)), var_list)
+        return tf.gradients(total(forward(x), y), var_list)
 
     return plain
 
@@ -252,6 +262,12 @@ def _evaluate(entry, dtype: str) -> dict:
     """
     t0 = time.perf_counter()
     forward, variables, (x, y), per_example_loss = entry.build(dtype)
+    scalar, grad_scale = None, 1.0
+    if isinstance(per_example_loss, zoo.ScalarLoss):  # grads are n * M_1 for a sum
+        scalar, grad_scale = per_example_loss.scalar, 1.0
+        if per_example_loss.reduction == "sum":
+            grad_scale = float(x.shape[0])
+        per_example_loss = per_example_loss.per_example
     t_build = time.perf_counter() - t0
     xt, yt = tf.constant(x), tf.constant(y)
     spread = forward_spread(forward, x)
@@ -271,7 +287,7 @@ def _evaluate(entry, dtype: str) -> dict:
     for group in groups:
         part = [variables[i] for i in group]
 
-        fn = tf.function(_step(forward, per_example_loss, part, entry.fallback))
+        fn = tf.function(_step(forward, per_example_loss, part, entry.fallback, scalar))
         t0 = time.perf_counter()
         # The core warns once per set of variable names and process; entries share names ("w").
         getattr(importlib.import_module("tb_gradmom.core.plan"), "WARNED", set()).clear()
@@ -293,7 +309,7 @@ def _evaluate(entry, dtype: str) -> dict:
         if getattr(entry, "float32_inside", ""):
             part_tf = [tf_vars[i] for i in group]
 
-            plain = list(tf.function(_plain(forward, per_example_loss, part_tf))(xt, yt))
+            plain = list(tf.function(_plain(forward, per_example_loss, part_tf, scalar))(xt, yt))
 
         t0 = time.perf_counter()
         if len(groups) == 1:
@@ -328,14 +344,18 @@ def _evaluate(entry, dtype: str) -> dict:
                         errs[i][p] = _abs_err(got, w[p])
                 g = grads[pos[i]]
                 errs[i]["grad"] = _abs_err(
-                    np.zeros(w[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g)),
+                    np.zeros(w[1].shape)
+                    if g is None
+                    else np.asarray(tf.convert_to_tensor(g)) / grad_scale,
                     w[1],
                 )
                 if plain is not None:
                     g = plain[pos[i]]
                     floored = True
                     errs[i]["floor"] = _abs_err(
-                        np.zeros(w[1].shape) if g is None else np.asarray(tf.convert_to_tensor(g)),
+                        np.zeros(w[1].shape)
+                        if g is None
+                        else np.asarray(tf.convert_to_tensor(g)) / grad_scale,
                         w[1],
                     )
                 # free this variable's outputs before the next chunk's reference

@@ -2,11 +2,19 @@
 
 Every moment rests on ``L = (1/n) sum_j l_j`` (a mean) or ``L = sum_j l_j`` (a sum) with ``l_j``
 depending on example ``j`` alone. `analyse` proves that from the graph: it follows the scalar
-down through constant factors (``0.5 *``, Keras' ``sum / size``, a loss scale, ``1/replicas``),
-sums of terms (several outputs with loss weights; regularisation terms, which hold no example
-and are left out of the per-example losses) to ``Sum``/``Mean`` reductions of tensors whose
-examples' axis `tb_gradmom.core.axes` proves. A ``Max``, a norm, a product, or a reduction of values
-that mix the examples is refused with an error that says which vector to pass.
+down through constant factors (``0.5 *``, Keras' ``sum / size``, a loss scale, ``1/replicas``;
+a factor holds no example) and sums of terms (several outputs with loss weights; Keras' total
+``ops.sum([loss, *model.losses])``, a ``Sum``/``Mean`` of stacked scalars; ``tf.add_n``) to
+``Sum``/``Mean`` reductions of tensors whose examples' axis `tb_gradmom.core.axes` proves. A
+``Max``, a norm, a product, or a reduction of values that mix the examples is refused with an
+error that names the op and says which vector to pass.
+
+A term that holds no example (a weight penalty ``lam * ||W||^2``, an ``add_loss`` of the
+parameters) is a `FreeTerm`: their sum ``R`` is part of every example's loss, ``l_j + R`` for a
+mean (``mean_j (l_j + R) == L``) and ``l_j + R / n`` for a sum (``sum_j (l_j + R / n) == L``).
+Its gradient is the same for every example: `tb_gradmom.core.moments` adds it to the
+per-example gradients of the rest (`example_path` is where those are taken) by the binomial
+expansion, so that ``M_1`` is the gradient and the variance does not move.
 
 The reduction is read off the same walk: a ``Mean`` over the examples or a division by a count
 that holds the batch size makes a mean; no such division makes a sum.
@@ -23,7 +31,7 @@ import tensorflow as tf
 from tb_gradmom.core import axes as _axes
 from tb_gradmom.core.errors import PerExampleLossError
 
-__all__ = ["LossForm", "analyse", "per_example_losses"]
+__all__ = ["LossForm", "FreeTerm", "analyse", "per_example_losses", "example_path"]
 
 _VIEWS = frozenset({"Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "EnsureShape"})
 _LINEAR_REDUCTIONS = frozenset({"Sum", "Mean"})
@@ -55,103 +63,209 @@ class Term:
     proven: bool = True  # False: the examples' axis is not proven, and assumed 0
 
 
+@dataclass(frozen=True)
+class FreeTerm:
+    """``factor * value``, a term of the loss that holds no example; ``into`` is the op that
+    adds it to the rest of the loss (``value`` is its input there)."""
+
+    value: tf.Tensor
+    factors: list[Factor]
+    into: tf.Operation
+
+
 @dataclass
 class LossForm:
-    """``scalar == sum_k factor_k * sum(values_k)`` up to terms that hold no examples."""
+    """``scalar == sum_k factor_k * sum(values_k) + R``, ``R`` the sum of the `free` terms."""
 
     terms: list[Term]
     mode: str  # "mean" or "sum"
     structural: bool  # the mode follows from the graph's structure (not from a constant's value)
     proven: bool  # every term's examples' axis is proven
     note: str = ""  # why not proven
+    free: list[FreeTerm] = field(default_factory=list)  # the terms that hold no example
 
     @property
     def values(self) -> tf.Tensor:
         return self.terms[0].values
 
 
-def _fail(scalar: tf.Tensor, op: tf.Operation, what: str) -> PerExampleLossError:
+def _fail(
+    scalar: tf.Tensor, op: tf.Operation, what: str, term: tf.Tensor | None = None
+) -> PerExampleLossError:
+    """The error for a loss whose walk stopped at ``op`` (``what`` it is); ``term``: the
+    addend of the loss being followed, when the loss is a sum of several terms."""
+    if term is None or term is scalar:
+        return PerExampleLossError(
+            f"the scalar loss '{scalar.name}' is not a mean or a sum of per-example losses: it "
+            f"goes through {what} (op '{op.name}', {op.type}), so its gradient has no "
+            "per-example split. Pass the [n] vector of per-example losses as `loss` instead "
+            "(for example keras.losses.*(reduction=None)(y, y_pred), or "
+            "tf.nn.softmax_cross_entropy_with_logits(...) before any reduction over the batch)."
+        )
     return PerExampleLossError(
-        f"the scalar loss '{scalar.name}' is not a mean or a sum of per-example losses: it "
-        f"goes through {what} (op '{op.name}', {op.type}), so its gradient has no per-example "
-        "split. Pass the [n] vector of per-example losses as `loss` instead (for example "
-        "keras.losses.*(reduction=None)(y, y_pred), or "
-        "tf.nn.softmax_cross_entropy_with_logits(...) before any reduction over the batch)."
+        f"the scalar loss '{scalar.name}' is not a mean or a sum of per-example losses: its "
+        f"term '{term.name}', added to the loss, goes through {what} (op '{op.name}', "
+        f"{op.type}), so that term's gradient has no per-example split. A term like this is "
+        "usually an auxiliary loss computed over the whole batch (a mixture-of-experts "
+        "load-balancing loss added with add_loss, a penalty on batch statistics). Compute the "
+        "moments of a loss without that term (the compiled loss alone, without "
+        "model.losses), or pass the [n] vector of per-example losses as `loss`."
     )
 
 
 def _scalar_factor(t: tf.Tensor, ex: _axes.Examples) -> bool:
-    return t.shape.rank == 0 and ex.of(t) in (_axes.FREE, _axes.REDUCED)
+    """Whether ``t`` can be a constant factor of the per-example losses: a scalar that holds no
+    example, or a batch statistic that no gradient flows through (a count of valid entries
+    computed from the labels). A statistic of the batch that depends on the variables (the mean
+    of an activation, a load-balancing loss) is not: its gradient mixes the examples."""
+    if t.shape.rank != 0:
+        return False
+    st = ex.of(t)
+    return st == _axes.FREE or (st == _axes.REDUCED and not _reads_variables(t))
+
+
+def _reads_variables(t: tf.Tensor, limit: int = 100_000) -> bool:
+    """Whether a gradient can flow from ``t`` back to a variable: a path of floating-point
+    tensors (no gradient passes an integer or boolean tensor, or a ``StopGradient``) from an
+    op that reads a resource (a variable's ``ReadVariableOp``, a call that captures one) to
+    ``t``. Conservative: past ``limit`` ops it says yes."""
+    seen: set[tf.Operation] = set()
+    stack = [t]
+    while stack:
+        x = stack.pop()
+        op = x.op
+        if op in seen or op.type == "StopGradient":
+            continue
+        seen.add(op)
+        if len(seen) > limit:
+            return True
+        for inp in op.inputs:
+            if inp.dtype == tf.resource:
+                return True
+            if inp.dtype.is_floating or inp.dtype.is_complex:
+                stack.append(inp)
+    return False
 
 
 def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossForm:
     """The form of a scalar loss; raises `PerExampleLossError` when it is not a mean or a sum
     of per-example losses."""
     terms: list[Term] = []
-    # (tensor, factors, exponent of n, divisors) still to follow
-    stack: list[tuple[tf.Tensor, list[Factor], int, list[int]]] = [(scalar, [], 0, [])]
+    free: list[FreeTerm] = []
+    stack: list[_Item] = [(scalar, [], 0, [], None, None)]
     steps = 0
     while stack:
-        t, factors, n_power, divisors = stack.pop()
+        t, factors, n_power, divisors, term, into = stack.pop()
         steps += 1
         if steps > 10_000:
             raise _fail(scalar, t.op, "a graph too deep to follow")
         op = t.op
         ty = op.type
-        if ty in _VIEWS and op.inputs and t.shape.rank == 0:
-            stack.append((op.inputs[0], factors, n_power, divisors))
+        if into is not None and ex.of(t) == _axes.FREE:
+            free.append(FreeTerm(t, factors, into))  # R: the same for every example
             continue
-        if ty in ("Identity", "Cast") and op.inputs:
-            stack.append((op.inputs[0], factors, n_power, divisors))
+        scalar_sum = ty in _LINEAR_REDUCTIONS and op.inputs[0].shape.rank == 0
+        if (ty in _VIEWS and t.shape.rank == 0) or ty in ("Identity", "Cast") or scalar_sum:
+            # the same value (Keras' sum of an add_loss value over no axes): an addend is
+            # named by what it passes on
+            x = op.inputs[0]
+            stack.append((x, factors, n_power, divisors, x if term is t else term, op))
             continue
         if ty == "Neg":
-            stack.append((op.inputs[0], factors + [-1.0], n_power, divisors))
+            stack.append((op.inputs[0], factors + [-1.0], n_power, divisors, term, op))
             continue
         if ty in ("Mul", "MulNoNan"):
             a, b = op.inputs
             for f, rest in ((b, a), (a, b)):
                 if _scalar_factor(f, ex) and t.shape.rank == 0:
-                    stack.append((rest, factors + [f], n_power, divisors + _replicas(f, replicas)))
+                    divs = divisors + _replicas(f, replicas)
+                    stack.append((rest, factors + [f], n_power, divs, term, op))
                     break
             else:
-                raise _fail(scalar, op, "a product of terms that depend on the examples")
+                raise _fail(
+                    scalar,
+                    op,
+                    "a product of two values that depend on the examples (a factor must hold "
+                    "no example: a batch statistic that depends on the variables mixes them)",
+                    term,
+                )
             continue
         if ty in ("RealDiv", "DivNoNan", "Div"):
             a, b = op.inputs
             if not _scalar_factor(b, ex):
-                raise _fail(scalar, op, "a division by a value that depends on the examples")
+                raise _fail(
+                    scalar,
+                    op,
+                    "a division by a value that depends on the examples (a divisor must hold "
+                    "no example, or be a count no gradient flows through)",
+                    term,
+                )
             holds, divs = _count_in(b, ex)
-            stack.append((a, factors + [_Reciprocal(b)], n_power + holds, divisors + divs))
+            stack.append(
+                (a, factors + [_Reciprocal(b)], n_power + holds, divisors + divs, term, op)
+            )
             continue
         if ty in ("AddV2", "Add", "AddN", "Sub"):
             for i, x in enumerate(op.inputs):
-                st = ex.of(x)
-                if st == _axes.FREE:
-                    continue  # regularisation: the same for every example, left out
                 sign = [-1.0] if ty == "Sub" and i == 1 else []
-                stack.append((x, factors + sign, n_power, divisors))
+                stack.append((x, factors + sign, n_power, divisors, x, op))
             continue
         if ty in _LINEAR_REDUCTIONS:
             values = op.inputs[0]
             if t.shape.rank != 0 and t.shape.num_elements() != 1:
-                raise _fail(scalar, op, "a reduction that keeps axes")
+                raise _fail(scalar, op, "a reduction that keeps axes", term)
+            leaves = _packed_scalars(values, ex)
+            if leaves is not None:
+                # Keras' total ops.sum([loss, *model.losses]): a sum of terms (a mean of k of
+                # them is 1/k times their sum), each an addend of the loss
+                extra = [1.0 / len(leaves)] if ty == "Mean" else []
+                for x, into in leaves:
+                    stack.append((x, factors + extra, n_power, divisors, x, into))
+                continue
             factors = list(factors)
             if ty == "Mean":
                 factors.append(_Reciprocal(tf.size(values)))
-            term = _term(scalar, values, op, factors, n_power, divisors, ex)
-            if term is not None:
-                terms.append(term)
-            continue
-        if ex.of(t) == _axes.FREE:
+            found = _term(scalar, values, op, factors, n_power, divisors, ex, term)
+            if found is not None:
+                terms.append(found)
             continue
         what = _NOT_SUMS.get(ty, f"an op gradmom cannot see through ({ty})")
-        raise _fail(scalar, op, what)
+        raise _fail(scalar, op, what, term)
     if not terms:
         raise PerExampleLossError(
             f"the scalar loss '{scalar.name}' does not depend on the examples: gradmom found "
             "no mean or sum over a batch in it. Pass the [n] vector of per-example losses."
         )
-    return _form(scalar, terms, ex, replicas)
+    form = _form(scalar, terms, ex, replicas)
+    form.free = free
+    return form
+
+
+def _packed_scalars(
+    values: tf.Tensor, ex: _axes.Examples, limit: int = 1024
+) -> list[tuple[tf.Tensor, tf.Operation]] | None:
+    """The scalars whose sum is the sum of ``values``, each with the op it enters there, when
+    ``values`` stacks scalars (``tf.stack``/``Pack``, nested, through reshapes) into a batch
+    statistic; else None (a tensor that holds the examples is a term of its own)."""
+    if ex.of(values) != _axes.REDUCED:
+        return None
+    leaves: list[tuple[tf.Tensor, tf.Operation]] = []
+    stack = [values]
+    while stack:
+        t = stack.pop()
+        op = t.op
+        if op.type == "Pack" or (op.type in _VIEWS and op.inputs):
+            inputs = list(op.inputs) if op.type == "Pack" else [op.inputs[0]]
+            for x in reversed(inputs):
+                if x.shape.rank == 0:
+                    leaves.append((x, op))
+                else:
+                    stack.append(x)
+            if len(leaves) > limit:
+                return None
+            continue
+        return None  # a tensor of several entries that is not a stack of scalars
+    return leaves or None
 
 
 @dataclass(frozen=True)
@@ -163,6 +277,11 @@ class _Reciprocal:
 
 # A factor of a term: a scalar tensor, a sign, or a reciprocal.
 Factor: TypeAlias = "tf.Tensor | float | _Reciprocal"
+# An entry of `analyse`'s walk: (tensor, factors, divisions by counts that hold the batch size,
+# static divisors, the addend of the loss it belongs to or None, the op it was reached from)
+_Item: TypeAlias = (
+    "tuple[tf.Tensor, list[Factor], int, list[int], tf.Tensor | None, tf.Operation | None]"
+)
 
 
 def _count_in(b: tf.Tensor, ex: _axes.Examples) -> tuple[int, list[int]]:
@@ -206,6 +325,7 @@ def _term(
     count: int,
     divisors: list[int],
     ex: _axes.Examples,
+    addend: tf.Tensor | None = None,
 ) -> Term | None:
     """The term ``factors * sum(values)``, after following linear reductions over the examples
     (``reduce_sum(x, axis=0)`` before the total) back to values that hold them. ``op``: the
@@ -235,8 +355,9 @@ def _term(
             inner,
             f"values that mix the examples ('{values.name}' is {_axes.describe(st)}: a "
             "maximum, norm or statistic over the batch)",
+            addend,
         )
-    raise _fail(scalar, op, "reductions too deep to follow")
+    raise _fail(scalar, op, "reductions too deep to follow", addend)
 
 
 def _ratio(big: tf.Tensor, small: tf.Tensor) -> tf.Tensor:
@@ -295,9 +416,26 @@ def _factor_value(f: Factor, dtype: tf.DType) -> tf.Tensor:
     return tf.cast(f, dtype)
 
 
+def example_path(scalar: tf.Tensor, form: LossForm) -> set[tf.Operation]:
+    """The ops the loss depends on other than through its example-free terms: where the
+    per-example gradients of the rest are taken. A variable read only by a weight penalty has
+    no use there; one read by a layer too has that use alone (its penalty's gradient, the same
+    for every example, is added by `tb_gradmom.core.moments`)."""
+    cut = {(f.into, f.value.ref()) for f in form.free}
+    seen: set[tf.Operation] = set()
+    stack = [scalar.op]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(x.op for x in op.inputs if (op, x.ref()) not in cut)
+    return seen
+
+
 def per_example_losses(form: LossForm, n: int | tf.Tensor, mode: str | None = None) -> tf.Tensor:
-    """The ``[n]`` vector ``l`` with ``mean(l)`` (``mode="mean"``) or ``sum(l)`` equal to the
-    scalar loss (up to the terms that hold no examples)."""
+    """The ``[n]`` vector ``l`` of the per-example part of the loss: ``mean(l)`` (``mode="mean"``)
+    or ``sum(l)`` is the scalar loss without its example-free terms (`LossForm.free`)."""
     mode = mode or form.mode
     total: tf.Tensor | None = None
     for term in form.terms:

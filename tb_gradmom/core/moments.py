@@ -8,6 +8,7 @@ sit in a ``tf.cond`` branch so that a step that logs nothing runs none of them).
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -192,8 +193,11 @@ def gradients_and_moments(
 
     Args:
       loss: a scalar, a mean or a sum of the per-example losses of the batch (checked in the
-        graph: `PerExampleLossError` otherwise); or a ``[n]`` vector of per-example losses
-        (then ``grads`` are those of its mean, and ``reduction`` is ignored).
+        graph: `PerExampleLossError` otherwise), plus any terms ``R`` that hold no example (a
+        weight penalty, Keras regularisers): part of every example's loss, so that ``g_j`` is
+        the gradient of ``l_j + R`` for a mean and of ``l_j + R / n`` for a sum; or a ``[n]``
+        vector of per-example losses (then ``grads`` are those of its mean, and
+        ``reduction`` is ignored).
       var_list: ``tf.Variable``s or Keras variables (``model.trainable_variables``).
       orders: the moment orders to compute, integers from 1 to 4.
       reduction: None (default: read from the graph: a division by a count that holds the batch
@@ -290,6 +294,9 @@ class Backward:
     inv_scale: tf.Tensor | None = None
     # variables whose gradient `run_backward(defer=...)` left to `from_sums` (None in `grads`)
     deferred: list[int] = field(default_factory=list)
+    # variable index -> dR/dtheta (unscaled, the moments' dtype) for the variables that the
+    # loss's example-free terms R read (`Plan.free_ids`; R is part of every example's loss)
+    shifts: dict[int, tf.Tensor] = field(default_factory=dict)
 
     def from_sums(self, orders: Sequence[int]) -> tuple[list[tf.Tensor], Backward]:
         """The gradients of the `deferred` variables from their rule's power sums of
@@ -313,6 +320,7 @@ class Backward:
                     plan.options.chunk_size,
                     sums_only=True,
                     inv_scale=self.inv_scale,
+                    shift=self.shifts.get(i),
                 )
                 grads.append(_grad_from_sums(vplan, sums[i][1], plan))
         return grads, replace(self, fused={**self.fused, **sums})
@@ -329,6 +337,11 @@ class Backward:
                 dz = self.out_grads[self.index[_site_outputs(site)[0].ref()]]
                 grad = _filter_grad(site.op, dz)
                 grad = reshape(tf.cast(grad, vplan.variable.dtype), vplan.variable.shape)
+                if i in self.shifts:  # the loss's example-free terms (a weight penalty)
+                    r = self.shifts[i]
+                    if self.plan.options.loss_scale is not None:  # as tf.gradients: scaled
+                        r = r * tf.cast(self.plan.options.loss_scale, r.dtype)
+                    grad = grad + tf.cast(r, grad.dtype)
                 grads.append(grad)
         return grads
 
@@ -382,6 +395,7 @@ class Backward:
                         orders,
                         chunk_size,
                         inv_scale=self.inv_scale,
+                        shift=self.shifts.get(i),
                     )
                 )
         return Moments(
@@ -406,14 +420,25 @@ class Backward:
         With `gate`, the replica's sums are computed in a ``tf.cond`` (zeros where it is
         False); the all-reduce, a synchronisation point that no ``cond`` branch may hold under
         MirroredStrategy, runs on every step.
+
+        The loss's example-free terms: each replica's ``dR_r/dtheta`` is all-reduced with the
+        sums, and their sum ``r`` added to every example's gradient after (`_with_shift`).
         """
-        layout = [(i, p) for i in indices for p in orders]
+        shifted = [i for i in indices if i in self.shifts]
+        # (a_j + r)**p needs every power sum of a_j up to p
+        top = max(orders)
+        need = {i: tuple(range(1, top + 1)) if i in shifted else tuple(orders) for i in indices}
+        layout = [(i, p) for i in indices for p in need[i]]
 
         def local() -> list[tf.Tensor]:
             with tf.name_scope(self._scope):
                 asserts = batch_asserts(self.plan.checks, self.plan.n)
             with tf.name_scope(self._scope), tf.control_dependencies(asserts):
-                flat = [self._local_sums(i, orders, chunk_size)[p] for i, p in layout]
+                flat: list[tf.Tensor] = []
+                for i in indices:
+                    sums = self._local_sums(i, need[i], chunk_size)
+                    flat.extend(sums[p] for p in need[i])
+                flat.extend(self.shifts[i] for i in shifted)
                 return flat + [tf.cast(self.plan.n, tf.float64)]
 
         if gate is None:
@@ -425,6 +450,7 @@ class Backward:
                     tf.zeros(self.plan.variables[i].variable.shape, self.plan.variables[i].dtype)
                     for i, _ in layout
                 ]
+                flat.extend(tf.zeros_like(self.shifts[i]) for i in shifted)
                 return flat + [tf.zeros([], tf.float64)]
 
             flat = tf.cond(gate, local, zeros, name="gradmom_local_sums")
@@ -432,12 +458,17 @@ class Backward:
         total = reduced[-1]
         scalar_mean = self.plan.mode == "mean" and not self.vector
         result: dict[int, dict[int, tf.Tensor]] = {i: {} for i in indices}
-        for (i, p), t in zip(layout, reduced[:-1]):
+        for (i, p), t in zip(layout, reduced[: len(layout)]):
             nt = tf.maximum(tf.cast(total, t.dtype), 1.0)
             result[i][p] = t * nt ** (p - 1) if scalar_mean else t / nt
-        return Moments(
-            [_shaped(result[i], self.plan.variables[i]) for i in indices], tf.cast(total, tf.int32)
-        )
+        for i, r in zip(shifted, reduced[len(layout) : -1]):
+            nt = tf.maximum(tf.cast(total, r.dtype), 1.0)
+            r = r if self.plan.mode == "mean" else r / nt
+            m1 = result[i][1]  # of the gradient, which holds r
+            raw = {**result[i], 1: m1 - r}
+            result[i] = {**_with_shift(raw, r, [p for p in orders if p > 1]), 1: m1}
+        out = [_shaped({p: result[i][p] for p in orders}, self.plan.variables[i]) for i in indices]
+        return Moments(out, tf.cast(total, tf.int32))
 
     def _local_sums(
         self, i: int, orders: Sequence[int], chunk_size: int | None
@@ -484,16 +515,21 @@ class Backward:
                 "them in prepare(orders=...)"
             )
         nf = tf.cast(self.plan.n, plan.dtype)
-        out = {}
-        for p in orders:
-            if p == 1:
-                if self.grads[i] is None:
-                    out[1] = tf.zeros(plan.variable.shape, plan.dtype)
-                    continue
-                g = unscaled(self.grads[i], plan.dtype, self.inv_scale)
-                out[1] = g / nf if self.plan.mode == "sum" else tf.identity(g)
-            else:
-                out[p] = sums[p] / nf
+        if self.grads[i] is None:
+            return {p: tf.zeros(plan.variable.shape, plan.dtype) for p in orders}
+        g = unscaled(self.grads[i], plan.dtype, self.inv_scale)
+        m1 = g / nf if self.plan.mode == "sum" else tf.identity(g)
+        shift = self.shifts.get(i)
+        if shift is None:
+            return {p: m1 if p == 1 else sums[p] / nf for p in orders}
+        if self.plan.mode == "sum":
+            shift = shift / nf
+        # the jacobian rows are those of the per-example part; R's gradient is added
+        raw = {p: s / nf for p, s in sums.items()}
+        raw[1] = m1 - shift
+        out = _with_shift(raw, shift, [p for p in orders if p > 1])
+        if 1 in orders:
+            out[1] = m1
         return out
 
 
@@ -551,14 +587,16 @@ def run_backward(
                 if i in allowed and len(vplan.sites) == 1 and vplan.sites[0][1].gradient_from_sums
             }
         asked = [v for i, v in enumerate(variables) if i not in fused_ids]
-        all_grads = tf.gradients(plan.loss, asked + outputs)
+        free = [f.value for f in plan.form.free] if plan.free_ids else []
+        all_grads = tf.gradients(plan.loss, asked + outputs + free)
         rest = iter(all_grads[: len(asked)])
         grads = [None if i in fused_ids else next(rest) for i in range(len(variables))]
-        out_grads = all_grads[len(asked) :]
+        out_grads = all_grads[len(asked) : len(asked) + len(outputs)]
         _warn_disconnected(variables, plan.names, grads, fused_ids)
         inv_scale = None
         if options.loss_scale is not None:
             inv_scale = 1.0 / tf.cast(options.loss_scale, tf.float32)
+        shifts = _free_gradients(plan, free, all_grads[len(asked) + len(outputs) :], inv_scale)
         fused_moments: dict[int, dict[int, tf.Tensor]] = {}
         if fused_ids and fused:
             orders = tuple(sorted({1, *options.orders}))
@@ -576,6 +614,7 @@ def run_backward(
                         options.chunk_size,
                         sums_only=True,
                         inv_scale=inv_scale,
+                        shift=shifts.get(i),
                     )
                     grads[i] = _grad_from_sums(vplan, fused_moments[i][1], plan)
         fallback_sums: dict[int, dict[int, tf.Tensor]] = {}
@@ -593,7 +632,31 @@ def run_backward(
         fallback_sums=fallback_sums,
         inv_scale=inv_scale,
         deferred=[] if fused else sorted(fused_ids),
+        shifts=shifts,
     )
+
+
+def _free_gradients(
+    plan: Plan,
+    free: Sequence[tf.Tensor],
+    coefficients: Sequence[tf.Tensor | None],
+    inv_scale: tf.Tensor | None,
+) -> dict[int, tf.Tensor]:
+    """``{i: dR/dtheta_i}`` (unscaled, in the moments' dtype) for the variables `Plan.free_ids`
+    that the loss's example-free terms ``free`` read: ``R = sum_t c_t * free_t`` with
+    ``c_t = dL/dfree_t`` (``coefficients``, from the step's backward pass), so ``R`` is the
+    free part of the loss exactly as it enters it (signs, loss weights, a loss scale)."""
+    pairs = [(t, c) for t, c in zip(free, coefficients) if c is not None]
+    if not pairs or not plan.free_ids:
+        return {}
+    variables = [plan.variables[i].variable for i in plan.free_ids]
+    with tf.name_scope("free_terms"):
+        rs = tf.gradients([t for t, _ in pairs], variables, grad_ys=[c for _, c in pairs])
+    out = {}
+    for i, r in zip(plan.free_ids, rs):
+        if r is not None:
+            out[i] = unscaled(r, plan.variables[i].dtype, inv_scale)
+    return out
 
 
 # The filter gradients TensorFlow registers for these ops (its nn_grad), for `plain_grads`: a
@@ -644,6 +707,8 @@ def _fallback_power_sums(
     higher = tuple(p for p in plan.options.orders if p > 1)
     if not higher:
         return {i: {} for i in ids}
+    if set(ids) & set(plan.free_ids):  # (a_j + r)**p needs every power sum of a_j up to p
+        higher = tuple(range(2, max(higher) + 1))
     if plan.form is None:
         vector = plan.loss_vector
     elif plan.replica is not None:  # sums of (dL_r/dtheta_j)**p, see _distributed_moments
@@ -675,34 +740,79 @@ def _moments_of(
     chunk_size: int | None,
     sums_only: bool = False,
     inv_scale: tf.Tensor | None = None,
+    shift: tf.Tensor | None = None,
 ) -> dict[int, tf.Tensor]:
-    """{p: M_p}. `sums_only`: every order (1 included) from the rule's power sums, not `grad`."""
+    """{p: M_p}. `sums_only`: every order (1 included) from the rule's power sums, not `grad`.
+    `shift`: ``dR/dtheta`` of the loss's example-free terms, added to every example's gradient
+    (`_with_shift`); ``grad`` includes it already."""
     shape = plan.variable.shape
-    higher = tuple(orders) if sums_only else tuple(p for p in orders if p > 1)
     result: dict[int, tf.Tensor] = {}
-    if (grad is None and not sums_only) or not plan.sites:
+    if grad is None and not sums_only:
+        return {p: tf.zeros(shape, plan.dtype) for p in orders}
+    if not plan.sites and shift is None:
         return {p: tf.zeros(shape, plan.dtype) for p in orders}
     # a static batch as a Python number: constants, not a Cast and a Pow per variable and order
     n_static = tf.get_static_value(n)
     nf: float | tf.Tensor = float(n_static) if n_static is not None else tf.cast(n, plan.dtype)
     if inv_scale is not None:
         inv_scale = tf.cast(inv_scale, plan.dtype)
-    if 1 in orders and not sums_only:
+    if shift is not None:
+        # each example's share of R: all of it for a mean, R / n for a sum
+        shift = shift / _number(nf, plan.dtype) if mode == "sum" else shift
+    m1 = None
+    if not sums_only:
         g = unscaled(grad, plan.dtype, inv_scale)
-        result[1] = g / _number(nf, plan.dtype) if mode == "sum" else g
+        m1 = g / _number(nf, plan.dtype) if mode == "sum" else g
+        if 1 in orders:
+            result[1] = m1
+    higher = tuple(orders) if sums_only else tuple(p for p in orders if p > 1)
+    if shift is not None and higher:
+        # the expansion of (a_j + r)**p needs every power sum of a_j up to p
+        higher = tuple(range(1 if sums_only else 2, max(higher) + 1))
     if not higher:
         return result
-    # For a mean loss delta = n * G. Up to order 2, scale the (small) sums by n**p instead of
-    # the (large) output gradients: one full-size multiply and its buffer less per layer. For
-    # orders 3-4 in float32, (G)**p could underflow where (n G)**p does not: scale delta then.
-    scale_sums = mode == "mean" and max(higher) <= 2
-    factor = nf if mode == "mean" and not scale_sums else 1.0
-    sums = _raw_sums(plan, out_grads, index, n, higher, chunk_size, inv_scale, factor)
-    for p in higher:
-        result[p] = (
-            times(sums[p], nf ** (p - 1)) if scale_sums else sums[p] / _number(nf, plan.dtype)
-        )
+    raw: dict[int, tf.Tensor] = {}
+    if plan.sites:
+        # For a mean loss delta = n * G. Up to order 2, scale the (small) sums by n**p instead
+        # of the (large) output gradients: one full-size multiply and its buffer less per
+        # layer. For orders 3-4 in float32, (G)**p could underflow where (n G)**p does not:
+        # scale delta then.
+        scale_sums = mode == "mean" and max(higher) <= 2
+        factor = nf if mode == "mean" and not scale_sums else 1.0
+        sums = _raw_sums(plan, out_grads, index, n, higher, chunk_size, inv_scale, factor)
+        for p in higher:
+            raw[p] = (
+                times(sums[p], nf ** (p - 1)) if scale_sums else sums[p] / _number(nf, plan.dtype)
+            )
+    else:  # only the example-free terms read the variable: a_j = 0
+        raw = {p: tf.zeros(shape, plan.dtype) for p in higher}
+    if shift is None:
+        result.update({p: raw[p] for p in orders if p in raw})
+        return result
+    if m1 is not None:
+        raw[1] = m1 - shift
+    shifted = _with_shift(raw, shift, [p for p in orders if p > 1 or sums_only])
+    result.update(shifted)
     return result
+
+
+def _with_shift(
+    raw: Mapping[int, tf.Tensor], shift: tf.Tensor, orders: Sequence[int]
+) -> dict[int, tf.Tensor]:
+    """``{p: (1/n) sum_j (a_j + r) ** p}`` from ``raw[k] = (1/n) sum_j a_j ** k`` (``k`` from 1
+    to the highest order) and the shift ``r`` shared by every example: the binomial expansion
+    ``sum_k C(p, k) r**(p-k) raw[k]`` with ``raw[0] = 1``. The variance does not move."""
+    powers = {0: None, 1: shift}
+    for k in range(2, max(orders, default=0) + 1):
+        powers[k] = powers[k - 1] * shift
+    out = {}
+    for p in orders:
+        total = powers[p]
+        for k in range(1, p + 1):
+            term = raw[k] if k == p else times(powers[p - k] * raw[k], float(math.comb(p, k)))
+            total = total + term
+        out[p] = total
+    return out
 
 
 def _number(x: float | tf.Tensor, dtype: tf.DType) -> tf.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import tensorflow as tf
@@ -309,6 +309,9 @@ class Plan:
     replica: Any
     # the name scope of the call (with its trailing "/")
     scope: str
+    # the indices of the variables that the loss's example-free terms (a weight penalty) read:
+    # their gradient is added to every example's (`tb_gradmom.core.loss.FreeTerm`)
+    free_ids: list[int] = field(default_factory=list)
 
     @property
     def names(self) -> list[str]:
@@ -341,9 +344,14 @@ class Plan:
             + (f" ({len(self.checks)} checked at run time)" if self.checks else ""),
         ]
         body = []
-        for plan in self.variables:
+        for i, plan in enumerate(self.variables):
             body.append(f"{plan.name} {list(plan.variable.shape)}: {plan.path}")
             body.extend("    " + line for line in plan.describe())
+            if i in self.free_ids:
+                body.append(
+                    "    + the gradient of the loss's example-free terms (a weight penalty), "
+                    "the same for every example"
+                )
         return "\n".join(head + body)
 
 
@@ -419,7 +427,14 @@ def make_plan(
                 warn_unproven(f"the per-example losses {form.note}")
             loss_values = (form.values, form.terms[0].axis)
         graph = scalar.graph
-        on_path = _graph.ancestors(scalar)
+        free_ids: list[int] = []
+        if form is not None and form.free:
+            # the rules and the fallback see the per-example part of the loss; a weight
+            # penalty's gradient is the same for every example and added to theirs
+            on_path = _loss.example_path(scalar, form)
+            free_ids = _reads(variables, graph, [f.value for f in form.free])
+        else:
+            on_path = _graph.ancestors(scalar)
         plans = [
             plan_variable(v, nm, graph, on_path, ex, options.fallback)
             for v, nm in zip(variables, names)
@@ -451,4 +466,18 @@ def make_plan(
         checks=checks,
         replica=replica,
         scope=scope,
+        free_ids=free_ids,
     )
+
+
+def _reads(variables: Sequence[tf.Variable], graph, tensors: Sequence[tf.Tensor]) -> list[int]:
+    """The indices of ``variables`` that ``tensors`` depend on."""
+    ops: set[tf.Operation] = set()
+    for t in tensors:
+        ops |= _graph.ancestors(t)
+    out = []
+    for i, v in enumerate(variables):
+        handle = _graph.internal_handle(graph, v)
+        if handle is not None and any(c in ops for c in handle.consumers()):
+            out.append(i)
+    return out
