@@ -601,3 +601,66 @@ def test_summary_write_outside_an_xla_step_logs_what_moments_logs(tmp_path):
         gradmom.summary.write([{1: moments[0][1]}], variables[:1], n=8, step=0)
     with pytest.raises(ValueError, match="moments has 1 entries and var_list 2"):
         gradmom.summary.write(moments[:1], variables[:2], n=8, step=0)
+
+
+# -- the writer path on the zoo --------------------------------------------------------------
+
+
+def _zoo_params():
+    from tests import zoo
+
+    return [pytest.param(e, id=e.id) for e in zoo.selected() if not e.isolate]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", _zoo_params())
+def test_zoo_entries_log_through_summary_moments_what_the_core_computes(entry, tmp_path):
+    """Every in-process zoo entry logged with `summary.moments` and read back with
+    `gradmom.data.load` holds the moments `gradients_and_moments` computes in the same step
+    (which `tests/test_zoo.py` checks against one gradient per example), and the gradients
+    `summary.moments` returns are TensorFlow's own."""
+    import contextlib
+
+    from tests import zoo
+
+    inside = zoo.float64_inside() if entry.float32_inside else contextlib.nullcontext()
+    with inside:
+        forward, variables, (x, y), loss_spec = entry.build("float64")
+        if isinstance(loss_spec, zoo.ScalarLoss):
+            scalar = loss_spec.scalar
+        else:
+
+            def scalar(out, t):
+                return tf.reduce_mean(loss_spec(out, t))
+
+        writer = tf.summary.create_file_writer(str(tmp_path))
+
+        @tf.function
+        def step(x, y):
+            loss = scalar(forward(x), y)
+            _, moments = gradmom.gradients_and_moments(loss, variables, fallback=entry.fallback)
+            with writer.as_default(step=0):
+                grads = gradmom.summary.moments(
+                    loss, variables, max_elements=1 << 30, fallback=entry.fallback
+                )
+            return moments, grads, tf.gradients(loss, variables)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            moments, grads, want = step(x, y)
+    writer.close()
+    for g, w in zip(grads, want):
+        if w is not None:
+            np.testing.assert_array_equal(
+                np.asarray(tf.convert_to_tensor(g)), np.asarray(tf.convert_to_tensor(w))
+            )
+    run = data.load(tmp_path)["."]
+    tags = gradmom.summary.tag_names(variables)
+    scale = max(float(np.max(np.abs(m[2].numpy()))) for m in moments)
+    for tag, m in zip(tags, moments):
+        rec = run[tag][0]
+        assert rec.batch_size == len(x), tag
+        for p in (1, 2):
+            want_p = m[p].numpy().astype(np.float64)
+            tol = 1e-6 * max(float(np.max(np.abs(want_p))), 1e-30) + 1e-12 * scale
+            np.testing.assert_allclose(rec.moments[p], want_p, rtol=1e-6, atol=tol, err_msg=tag)
