@@ -228,6 +228,72 @@ def test_an_interrupted_fit_leaves_nothing_behind(tmp_path):
     _same_training(a, b, ha, hb)
 
 
+class KerasIoGAN(keras.Model):
+    """The keras.io GAN: latents drawn inside the step, the discriminator on the
+    concatenation of generated and real examples, two optimizers of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.discriminator = keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(8, "relu"), keras.layers.Dense(1)]
+        )
+        self.generator = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8, "relu"), keras.layers.Dense(6)]
+        )
+        self.seed = keras.random.SeedGenerator(3)
+
+    def compile(self):
+        super().compile()
+        self.d_opt, self.g_opt = keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3)
+        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def train_step(self, real):
+        b = tf.shape(real)[0]
+        fake = self.generator(keras.random.normal((b, 4), seed=self.seed))
+        labels = tf.concat([tf.ones((b, 1)), tf.zeros((b, 1))], 0)
+        with gradmom.GradientTape(name="discriminator") as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(tf.concat([fake, real], 0)))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_opt.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        z = keras.random.normal((b, 4), seed=self.seed)
+        with gradmom.GradientTape(name="generator") as tape:
+            g_loss = self.loss_fn(tf.zeros((b, 1)), self.discriminator(self.generator(z)))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_opt.apply_gradients(zip(grads, self.generator.trainable_weights))
+        return {"d_loss": d_loss, "g_loss": g_loss}
+
+
+def test_keras_io_gan_trains_unchanged_with_the_callback(tmp_path):
+    def build():
+        keras.utils.set_random_seed(2)
+        gan = KerasIoGAN()
+        gan.compile()
+        return gan
+
+    x = np.random.default_rng(0).normal(size=(64, 6)).astype("float32")
+    a, b = build(), build()
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ha = a.fit(x, epochs=2, batch_size=16, verbose=0, shuffle=False, callbacks=[cb])
+    hb = b.fit(x, epochs=2, batch_size=16, verbose=0, shuffle=False)
+    assert ha.history == hb.history
+    for u, v in zip(
+        a.weights + a.d_opt.variables + a.g_opt.variables,
+        b.weights + b.d_opt.variables + b.g_opt.variables,
+    ):
+        np.testing.assert_array_equal(u.numpy(), v.numpy(), err_msg=u.path)
+    texts = [str(w.message) for w in caught]
+    try:
+        run = data.load(tmp_path)["."]
+    except ValueError:  # nothing logged: then a warning says why
+        assert any("GradMoments" in t and "training goes on" in t for t in texts), texts
+    else:
+        # the optimizers are the GAN's own: the callback counts the steps (8 of them)
+        steps = {r.step for t in run for r in run[t]}
+        assert steps == {0, 2, 4, 6}
+
+
 # -- Keras' default train_step on many models ------------------------------------------------
 
 

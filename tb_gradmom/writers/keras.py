@@ -130,6 +130,7 @@ class GradMoments(keras.callbacks.Callback):
         def logged_step(data: Any) -> Any:
             with _tape.callback_context(context):
                 context.collected = []
+                context.errors = []
                 out = step(data)
                 collected = [(c.values, c.n, c.loss) for c in context.collected]
                 context.layout = [(c.group, c.variables) for c in context.collected]
@@ -252,6 +253,11 @@ class _Switch:
         self.writes: dict[Any, Callable] = {}
         self.acc: _Accumulated | None = None
         self.failed = False
+        self.warned_errors = False
+        # the step count: the optimizer's; or, when the step does not use the model's
+        # optimizer (a GAN's train_step with optimizers of its own), the steps run here
+        self.start: int | None = None
+        self.executed = 0
 
     def _counts(self) -> tuple[int, int]:
         """(micro-batches applied, micro-batches per update) of the optimizer."""
@@ -270,9 +276,15 @@ class _Switch:
         if ctx is None or self.failed:
             return self.plain(iterator)
         applied, per_update = self._counts()
+        if self.start is None:
+            self.start = applied
+        elif applied == self.start and self.executed:
+            # the model's optimizer counted none of the steps run: count them here
+            applied = self.start + self.executed
         count = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         due = [((applied + k) // per_update) % ctx.every_n_steps == 0 for k in range(count)]
         if not any(due):
+            self.executed += count
             return self.plain(iterator)
         batches = []
         for _ in range(count):
@@ -287,6 +299,7 @@ class _Switch:
             if due[k]:
                 self._log(batch, applied + k, per_update)
             out = self.plain(iter([batch]))
+            self.executed += 1
         return out
 
     def _log(self, batch: Any, applied: int, per_update: int) -> None:
@@ -295,26 +308,35 @@ class _Switch:
         lr = None
         if ctx.log_learning_rate:
             lr = tf.cast(self.cb.model.optimizer.learning_rate, tf.float64)
-        try:
-            concrete = self.logged_fn.get_concrete_function(batch)
-        except _tape._LOG_ERRORS as e:
-            self.failed = True
+        concrete = self.logged_fn.get_concrete_function(batch)
+        if ctx.errors and not self.warned_errors:
+            self.warned_errors = True
+            what = "this step's moments" if not ctx.collected else "some of its tapes' moments"
             warnings.warn(
-                "GradMoments cannot log this model's moments, and training goes on without "
-                f"them: {type(e).__name__}: {e}",
+                f"GradMoments cannot log {what}, and training goes on without them: "
+                + "; ".join(ctx.errors),
                 stacklevel=3,
             )
+        if not ctx.collected:
+            self.failed = True  # no more dry runs: there is nothing to log
+            if not ctx.used:
+                self.cb._warn_unused()
             return
         save, put_back = self._keeper(concrete.variables)
         saved = save()
         try:
             collected = self.logged_fn(batch)
+        except tf.errors.OpError as e:
+            # a check of the moments failed at run time (the batch size): never training
+            self.failed = True
+            warnings.warn(
+                "GradMoments stops logging, and training goes on: computing the moments "
+                f"failed at step {applied // per_update}: {_first_message(e.message)}",
+                stacklevel=3,
+            )
+            return
         finally:
             put_back(saved)
-        if not ctx.used:
-            self.failed = True  # no more dry runs: there is nothing to log
-            self.cb._warn_unused()
-            return
         if self.acc is None:
             self.acc = _Accumulated()
         self.acc.add(ctx.layout, collected)
@@ -347,6 +369,16 @@ class _Switch:
             if key not in self.writes:
                 self.writes[key] = _write_function(writer, ctx, group, variables)
             self.writes[key](acc.sums[k], acc.n[k], acc.loss[k], lr, tf.constant(step, tf.int64))
+
+
+def _first_message(message: str) -> str:
+    """The line of a TensorFlow run-time error that says what failed (tb_gradmom's own, an
+    assertion), not its "Graph execution error:" header."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    for ln in lines:
+        if "tb_gradmom" in ln or "assertion failed" in ln:
+            return ln
+    return next((ln for ln in lines if "Graph execution error" not in ln), message)
 
 
 def _write_function(writer: Any, ctx: Any, group: str | None, variables: list) -> Callable:

@@ -57,6 +57,8 @@ class CallbackContext:
     collected: list = dataclasses.field(default_factory=list)
     # (group, variables) of each entry of `collected`, from the step's trace
     layout: list = dataclasses.field(default_factory=list)
+    # why tape calls of the traced step could not log
+    errors: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -185,8 +187,16 @@ class GradientTape(tf.GradientTape):
         if not keep:
             return plain(target, sources, output_gradients, unconnected_gradients)
         loss = tf.reduce_sum(target) if target.shape.rank == 1 else target
-        with self.stop_recording() if self._recording else contextlib.nullcontext():
-            grads = self._logged_gradients(loss, [flat[i] for i in keep], ctx, log_only)
+        try:
+            with self.stop_recording() if self._recording else contextlib.nullcontext():
+                grads = self._logged_gradients(loss, [flat[i] for i in keep], ctx, log_only)
+        except _LOG_ERRORS as e:
+            if ctx is None:
+                raise
+            # under a callback the step's trace must finish (it may create the optimizer's
+            # variables): the callback says why this call logs nothing
+            ctx.errors.append(f"{type(e).__name__}: {e}")
+            return plain(target, sources, output_gradients, unconnected_gradients)
         out: list[Any] = [None] * len(flat)
         for i, g in zip(keep, grads):
             out[i] = g
