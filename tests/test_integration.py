@@ -37,15 +37,17 @@ def _check_logged(run, model, weights, x, y, per_example_loss, tags=None, rtol=1
         lambda t: model(t, training=True), model.trainable_weights, per_example_loss, x, y
     )
     tags = tags or gradmom.summary.tag_names(model.trainable_weights)
-    for tag, g in zip(tags, per_ex):
+    wants = [reference.moments(g, (1, 2)) for g in per_ex]
+    # judged against the model's largest moments, as tests/zoo_worker.py does: a gradient
+    # that vanishes in exact arithmetic (an attention key's bias) is float32 rounding noise
+    scale = {p: max(float(np.abs(w[p]).max()) for w in wants) for p in (1, 2)}
+    for tag, want in zip(tags, wants):
         rec = run[tag][0]
         assert rec.step == 0 and rec.batch_size == len(x), tag
-        want = reference.moments(g, (1, 2))
-        scale = max(np.abs(want[2]).max(), 1e-12)
-        np.testing.assert_allclose(rec.moments[1], want[1], rtol=rtol, atol=1e-6, err_msg=tag)
-        np.testing.assert_allclose(
-            rec.moments[2], want[2], rtol=rtol, atol=1e-6 * scale, err_msg=tag
-        )
+        for p in (1, 2):
+            np.testing.assert_allclose(
+                rec.moments[p], want[p], rtol=rtol, atol=1e-5 * scale[p], err_msg=f"{tag} M{p}"
+            )
 
 
 def _sce(out, y):
@@ -354,7 +356,7 @@ def test_default_train_step_trains_bit_identically_and_logs(kind, tmp_path):
     assert {r.step for t in run for r in run[t]} == set(range(6))
 
 
-@pytest.mark.parametrize("seed", [3, 11, 19, 23])
+@pytest.mark.parametrize("seed", [3, 11, 19, 23, 31, 42, 57, 77, 101, 133])
 def test_generated_models_train_bit_identically_and_log_exact_moments(seed, tmp_path):
     arch = archgen.generate(seed)
 

@@ -298,7 +298,7 @@ class _Switch:
         for k, batch in enumerate(batches):
             if due[k]:
                 self._log(batch, applied + k, per_update)
-            out = self.plain(iter([batch]))
+            out = self.plain(_replay(batch, iterator))
             self.executed += 1
         return out
 
@@ -369,6 +369,25 @@ class _Switch:
             if key not in self.writes:
                 self.writes[key] = _write_function(writer, ctx, group, variables)
             self.writes[key](acc.sums[k], acc.n[k], acc.loss[k], lr, tf.constant(step, tf.int64))
+
+
+def _replay(batch: Any, iterator: Any) -> Any:
+    """An iterator over ``batch`` alone for Keras' train function: a ``tf.data`` iterator with
+    the element spec of ``iterator`` where one can be made, so that the step runs through the
+    same traced function as the other steps (the same graph, the same arithmetic); otherwise
+    (a distributed iterator) a Python iterator, which Keras' function runs step by step."""
+    if isinstance(iterator, tf.data.Iterator):
+        spec = iterator.element_spec
+        dataset = tf.data.Dataset.from_tensors(batch)
+        if dataset.element_spec != spec:
+            try:
+                n = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+                dataset = dataset.unbatch().batch(n)
+            except (TypeError, ValueError, tf.errors.OpError):
+                pass
+        if dataset.element_spec == spec:
+            return iter(dataset)
+    return iter([batch])
 
 
 def _first_message(message: str) -> str:
