@@ -216,6 +216,22 @@ def keras_fit(logdir):
         ref = reference.moments(g, (1, 2))
         for p in (1, 2):
             close(records[0].moments[p], ref[p], f"fit {v.path} M{p}", 1e-5)
+
+    # training with the callback attached is training without it
+    trained = []
+    for attach in (True, False):
+        keras.utils.set_random_seed(7)
+        with strategy.scope():
+            m = conv_net()
+            m.compile(
+                optimizer=keras.optimizers.SGD(0.1, momentum=0.5),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            )
+        cbs = [gradmom.keras.GradMoments(logdir + "-train", every_n_steps=2)] if attach else []
+        m.fit(x, y, batch_size=2, epochs=2, verbose=0, shuffle=False, callbacks=cbs)
+        trained.append([w.numpy() for w in m.weights])
+    for a, b in zip(*trained):
+        assert np.array_equal(a, b), np.max(np.abs(a - b))
     print("ok keras fit")
 
 

@@ -732,3 +732,17 @@ def test_zoo_entries_log_through_summary_moments_what_the_core_computes(entry, t
             want_p = m[p].numpy().astype(np.float64)
             tol = 1e-6 * max(float(np.max(np.abs(want_p))), 1e-30) + 1e-12 * scale
             np.testing.assert_allclose(rec.moments[p], want_p, rtol=1e-6, atol=tol, err_msg=tag)
+
+
+def test_summary_moments_inside_xla_says_what_to_do(tmp_path):
+    v = tf.Variable(tf.ones([3, 2]))
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(x @ v), axis=1))
+        with writer.as_default(step=0):
+            return gradmom.summary.moments(loss, [v])
+
+    with pytest.raises(RuntimeError, match=r"cannot write inside an XLA.*summary.write"):
+        step(tf.ones([4, 3]))

@@ -134,6 +134,14 @@ def moments(
     step = _validate.int_tensor_or_int("step", step)
     learning_rate = _validate.float_scalar("learning_rate", learning_rate)
     inside = tf.inside_function()
+    if inside and _plan.in_xla_context():
+        raise RuntimeError(
+            "gradmom.summary.moments cannot write inside an XLA-compiled function "
+            "(tf.function(jit_compile=True)): TensorFlow's summary ops do not run in XLA. "
+            "Compute the moments there with gradmom.gradients_and_moments, return them, and "
+            "write them outside with gradmom.summary.write(moments, var_list, n, step=...); "
+            "or use the Keras callback, which keeps jit_compile for training."
+        )
     should = tf.summary.should_record_summaries() if inside else None
     # Under tf.distribute TF records on replica 0 only, but every replica must compute (and
     # all-reduce) the moments: their gate is the recording condition without that part.
