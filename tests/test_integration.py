@@ -746,3 +746,130 @@ def test_summary_moments_inside_xla_says_what_to_do(tmp_path):
 
     with pytest.raises(RuntimeError, match=r"cannot write inside an XLA.*summary.write"):
         step(tf.ones([4, 3]))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 96 KiB tmpfs (root only; skipped where it cannot be mounted)."""
+    import subprocess
+
+    path = tmp_path / "disk"
+    path.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(path)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield path
+    subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_full_disk_never_stops_training(small_disk):
+    def build():
+        keras.utils.set_random_seed(3)
+        m = keras.Sequential([keras.Input((40,)), keras.layers.Dense(64), keras.layers.Dense(3)])
+        m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(True))
+        return m
+
+    x, y = _xy(n=64, d=40)
+    a, b = build(), build()
+    cb = gradmom.keras.GradMoments(small_disk / "run", every_n_steps=1)
+    with pytest.warns(UserWarning, match=r"could not write step \d+ to .*training goes on"):
+        ha = a.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0, callbacks=[cb])
+    hb = b.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    _same_training(a, b, ha, hb)
+    run = data.load(small_disk / "run")["."]  # what was written stays readable
+    tag = gradmom.summary.tag_names(a.trainable_weights)[0]
+    assert run[tag][0].step == 0
+
+
+def test_arguments_are_checked_naming_the_argument(tmp_path):
+    v = tf.Variable(tf.ones([2]))
+    with pytest.raises(ValueError, match="every_n_steps must fit in a signed 64-bit"):
+        gradmom.keras.GradMoments(tmp_path, every_n_steps=10**20)
+    with pytest.raises(ValueError, match="log_dir is empty"):
+        gradmom.keras.GradMoments("")
+    with pytest.raises(ValueError, match="variables is empty"):
+        gradmom.keras.GradMoments(tmp_path, variables=[])
+    with pytest.raises(TypeError, match="per_variable_scalars must be True or False"):
+        gradmom.keras.GradMoments(tmp_path, per_variable_scalars="yes")
+    m = _small()
+    x, y = _xy(n=8)
+    with pytest.raises(ValueError, match=r"GradMoments\(variables=...\) holds"):
+        m.fit(x, y, verbose=0, callbacks=[gradmom.keras.GradMoments(tmp_path, variables=[v])])
+    uncompiled = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+    with pytest.raises((RuntimeError, ValueError), match="compile"):
+        uncompiled.fit(x, y, verbose=0, callbacks=[gradmom.keras.GradMoments(tmp_path)])
+
+    writer = tf.summary.create_file_writer(str(tmp_path / "w"))
+
+    def logged(**kwargs):
+        @tf.function
+        def f(x):
+            loss = tf.reduce_mean(tf.square(x * v))
+            with writer.as_default(step=0):
+                return gradmom.summary.moments(loss, [v], **kwargs)
+
+        return f(tf.ones([3, 2]))
+
+    with pytest.raises(ValueError, match="step must fit in a signed 64-bit"):
+        logged(step=2**70)
+    for lr in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="learning_rate must be a finite positive"):
+            logged(learning_rate=lr)
+    with pytest.raises(TypeError, match="per_variable_scalars must be True or False"):
+        logged(per_variable_scalars="yes")
+    with pytest.raises(ValueError, match="name has 5000 characters"):
+        logged(name="x" * 5000)
+
+
+def test_a_batch_captured_by_the_function_gets_a_hint():
+    v = tf.Variable(tf.ones([2]))
+    x = tf.ones([3, 2])
+
+    @tf.function
+    def f():
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(x * v), axis=1))
+        return gradmom.gradients_and_moments(loss, [v])
+
+    with pytest.raises(gradmom.PerExampleLossError, match="pass the batch as an argument"):
+        f()
+
+
+def test_calls_whose_tags_coincide_are_refused_not_mixed(tmp_path):
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    keras.utils.set_random_seed(0)
+    disc = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="dense")])
+    gen = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3, name="dense")])
+
+    def loss_of(model, x):
+        return tf.reduce_mean(tf.reduce_sum(tf.square(model(x)), axis=1))
+
+    @tf.function
+    def twice(x):
+        with writer.as_default(step=0):
+            gradmom.summary.moments(loss_of(disc, x), disc.trainable_variables)
+            gradmom.summary.moments(loss_of(disc, x), disc.trainable_variables)
+
+    with pytest.raises(ValueError, match="logged twice in one step"):
+        twice(tf.ones([4, 3]))
+
+    @tf.function
+    def same_name(x):
+        with writer.as_default(step=0):
+            gradmom.summary.moments(loss_of(disc, x), disc.trainable_variables, name="x")
+            gradmom.summary.moments(loss_of(gen, x), gen.trainable_variables, name="x")
+
+    with pytest.raises(ValueError, match=r"already logged on this summary writer.*distinct name"):
+        same_name(tf.ones([4, 3]))
+
+    other = tf.summary.create_file_writer(str(tmp_path / "ok"))
+
+    @tf.function
+    def once(x):  # traced twice (two shapes): the same call, no collision
+        with other.as_default(step=0):
+            loss = tf.reduce_mean(tf.reduce_sum(tf.square(disc(x)), axis=1))
+            return gradmom.summary.moments(loss, disc.trainable_variables, name="d")
+
+    once(tf.ones([4, 3]))
+    once(tf.ones([5, 3]))

@@ -234,7 +234,10 @@ def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossFor
     if not terms:
         raise PerExampleLossError(
             f"the scalar loss '{scalar.name}' does not depend on the examples: gradmom found "
-            "no mean or sum over a batch in it. Pass the [n] vector of per-example losses."
+            "no mean or sum over a batch in it. Pass the [n] vector of per-example losses. "
+            "gradmom finds the examples in the arguments of the tf.function (and the "
+            "elements of a tf.data iterator): a batch captured from outside the function (a "
+            "closure or a global) is not seen, so pass the batch as an argument of the step."
         )
     form = _form(scalar, terms, ex, replicas)
     form.free = free

@@ -12,7 +12,17 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["positive_int", "optional_positive_int", "int_tensor_or_int", "float_scalar"]
+__all__ = [
+    "positive_int",
+    "optional_positive_int",
+    "int_tensor_or_int",
+    "float_scalar",
+    "positive_float",
+    "boolean",
+    "INT64_MAX",
+]
+
+INT64_MAX = (1 << 63) - 1
 
 
 def _is_int(value: object) -> bool:
@@ -32,7 +42,29 @@ def positive_int(name: str, value: Any, fix: str = "") -> int:
         raise ValueError(
             f"{name} must be a positive integer, got {value!r}" + (f"; {fix}" if fix else "")
         )
+    if int(value) > INT64_MAX:
+        raise ValueError(
+            f"{name} must fit in a signed 64-bit integer (at most {INT64_MAX}), got {value!r}"
+            + (f"; {fix}" if fix else "")
+        )
     return int(value)
+
+
+def boolean(name: str, value: Any) -> bool:
+    """``value`` as a bool: True or False only (``"yes"`` and ``1`` are refused)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def positive_float(name: str, value: Any) -> numbers.Real | np.number | tf.Tensor | None:
+    """`float_scalar`, and a Python number must be finite and positive (a learning rate)."""
+    value = float_scalar(name, value)
+    if isinstance(value, numbers.Real | np.number) and not (
+        np.isfinite(float(value)) and float(value) > 0
+    ):
+        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
+    return value
 
 
 def optional_positive_int(name: str, value: Any, fix: str = "") -> int | None:
@@ -61,6 +93,11 @@ def int_tensor_or_int(
         )
     if positive and int(value) < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not -INT64_MAX - 1 <= int(value) <= INT64_MAX:
+        raise ValueError(
+            f"{name} must fit in a signed 64-bit integer (TensorBoard's steps are int64), "
+            f"got {value!r}"
+        )
     return int(value)
 
 

@@ -78,6 +78,10 @@ class GradMoments(keras.callbacks.Callback):
         super().__init__()
         self.every_n_steps = _validate.positive_int("every_n_steps", every_n_steps)
         self.log_dir = os.fspath(log_dir)
+        if not self.log_dir:
+            raise ValueError(
+                "log_dir is empty: pass the run directory to write to, e.g. 'runs/exp1'"
+            )
         if os.path.exists(self.log_dir) and not os.path.isdir(self.log_dir):
             raise ValueError(
                 f"log_dir '{self.log_dir}' is a file, not a directory; pass a directory for "
@@ -85,13 +89,19 @@ class GradMoments(keras.callbacks.Callback):
             )
         self.orders = check_orders(orders)
         self.variables = None if variables is None else list(variables)
+        if self.variables is not None and not self.variables:
+            raise ValueError(
+                "variables is empty: pass None to log every trainable variable, or the "
+                "variables to log (e.g. model.layers[-1].trainable_variables)"
+            )
         self.max_elements = _validate.positive_int("max_elements", max_elements)
-        self.per_variable_scalars = bool(per_variable_scalars)
-        self.log_learning_rate = bool(log_learning_rate)
+        self.per_variable_scalars = _validate.boolean("per_variable_scalars", per_variable_scalars)
+        self.log_learning_rate = _validate.boolean("log_learning_rate", log_learning_rate)
         if fallback not in ("exact", "error"):
             raise ValueError(f"fallback must be 'exact' or 'error', got {fallback!r}")
         self.fallback = fallback
         self._writer: tf.summary.SummaryWriter | None = None  # while training
+        self._run_dir = self.log_dir
         self._context: _tape.CallbackContext | None = None
         self._switch: _Switch | None = None
         self._warned_tape = False
@@ -109,9 +119,23 @@ class GradMoments(keras.callbacks.Callback):
                 "model.compile(optimizer=..., loss=...) before model.fit"
             )
         _restore(model)  # what an earlier fit that raised left behind
+        if self.variables is not None:
+            known = {id(v) for v in model.trainable_variables}
+            known |= {id(getattr(v, "value", v)) for v in model.trainable_variables}
+            missing = [
+                getattr(v, "path", getattr(v, "name", repr(v)))
+                for v in self.variables
+                if id(v) not in known and id(getattr(v, "value", v)) not in known
+            ]
+            if missing:
+                raise ValueError(
+                    f"GradMoments(variables=...) holds {missing[:3]}, not trainable variables "
+                    "of the model being fit; pass variables of this model "
+                    "(e.g. model.layers[-1].trainable_variables) or None for all"
+                )
         optimizer = model.optimizer
-        run_dir = _run_dir(self.log_dir, _fit_callbacks())
-        self._writer = tf.summary.create_file_writer(run_dir)
+        self._run_dir = _run_dir(self.log_dir, _fit_callbacks())
+        self._writer = tf.summary.create_file_writer(self._run_dir)
         self._context = _tape.CallbackContext(
             writer=self._writer,
             every_n_steps=self.every_n_steps,
@@ -177,8 +201,14 @@ class GradMoments(keras.callbacks.Callback):
                 model.make_train_function = self._made
         self._context = None
         if self._writer is not None:
-            self._writer.flush()
-            self._writer.close()
+            try:
+                self._writer.flush()
+                self._writer.close()
+            except tf.errors.OpError as e:
+                warnings.warn(
+                    f"GradMoments could not flush '{self._run_dir}': {_first_message(e.message)}",
+                    stacklevel=2,
+                )
             self._writer = None
 
     def _warn_unused(self) -> None:
@@ -254,6 +284,7 @@ class _Switch:
         self.acc: _Accumulated | None = None
         self.failed = False
         self.warned_errors = False
+        self.write_failed = False
         # the step count: the optimizer's; or, when the step does not use the model's
         # optimizer (a GAN's train_step with optimizers of its own), the steps run here
         self.start: int | None = None
@@ -368,7 +399,23 @@ class _Switch:
             key = (k, group, tuple(id(v) for v in variables))
             if key not in self.writes:
                 self.writes[key] = _write_function(writer, ctx, group, variables)
-            self.writes[key](acc.sums[k], acc.n[k], acc.loss[k], lr, tf.constant(step, tf.int64))
+            try:
+                self.writes[key](
+                    acc.sums[k], acc.n[k], acc.loss[k], lr, tf.constant(step, tf.int64)
+                )
+                writer.flush()
+                self.write_failed = False
+            except tf.errors.OpError as e:
+                # a full disk, a removed directory: training goes on, logging resumes when
+                # a write succeeds again, and what was written stays readable
+                if not self.write_failed:
+                    warnings.warn(
+                        f"GradMoments could not write step {step} to '{self.cb._run_dir}' "
+                        f"({_first_message(e.message)}); training goes on, and logging "
+                        "resumes when writing works again.",
+                        stacklevel=3,
+                    )
+                self.write_failed = True
 
 
 def _replay(batch: Any, iterator: Any) -> Any:

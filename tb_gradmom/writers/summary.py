@@ -131,8 +131,9 @@ def moments(
     if not isinstance(exact_gradients, bool):
         raise TypeError(f"exact_gradients must be True or False, got {exact_gradients!r}")
     max_elements = _validate.positive_int("max_elements", max_elements)
+    per_variable_scalars = _validate.boolean("per_variable_scalars", per_variable_scalars)
     step = _validate.int_tensor_or_int("step", step)
-    learning_rate = _validate.float_scalar("learning_rate", learning_rate)
+    learning_rate = _validate.positive_float("learning_rate", learning_rate)
     inside = tf.inside_function()
     if inside and _plan.in_xla_context():
         raise RuntimeError(
@@ -170,6 +171,10 @@ def moments(
     )
     group = _group(name, var_list, inside)
     tags = _unique_tags(_tag_names([plan.names[i] for i in indices], group))
+    if inside:
+        _claim(
+            tags, [plan.variables[i].variable for i in indices], [plan.names[i] for i in indices]
+        )
     contents = [
         _moments_content(plan.variables[i], tag, orders, plan.op_type(i), max_elements)
         for i, tag in zip(indices, tags)
@@ -191,6 +196,9 @@ def moments(
             )
 
     moms, pred = None, should
+    if plan.replica is None and tf.get_static_value(plan.n) is None:
+        # an empty batch has no moments: nothing is written for it
+        pred = tf.logical_and(should, tf.cast(plan.n, tf.int64) > 0)
     if plan.replica is not None:
         # tf.distribute: a cond branch cannot hold the all-reduce (a synchronisation point):
         # the replica's sums are gated by their own cond, the all-reduce of those sums runs on
@@ -290,8 +298,9 @@ def write(
         )
     orders = tuple(_plan.check_orders(next(iter(orders_seen))))
     max_elements = _validate.positive_int("max_elements", max_elements)
+    per_variable_scalars = _validate.boolean("per_variable_scalars", per_variable_scalars)
     step = _validate.int_tensor_or_int("step", step)
-    learning_rate = _validate.float_scalar("learning_rate", learning_rate)
+    learning_rate = _validate.positive_float("learning_rate", learning_rate)
     if step is None:
         step = tf.summary.experimental.get_step()
         if step is None:
@@ -311,6 +320,7 @@ def write(
     names = [_plan.variable_name(v) for v in var_list]
     group = _group(name, var_list, tf.inside_function())
     tags = _unique_tags(_tag_names(names, group))
+    _claim(tags, variables, names)
     contents = [
         _content_of(v, nm, tag, orders, "", max_elements)
         for v, nm, tag in zip(variables, names, tags)
@@ -336,7 +346,9 @@ def write(
             ok.append(tf.summary.write(stag, tf.cast(value, tf.float32), step, _SCALAR_MD))
         return tf.reduce_all(tf.stack(ok))
 
-    should = tf.summary.should_record_summaries()
+    should = tf.logical_and(
+        tf.summary.should_record_summaries(), tf.cast(n, tf.int64) > 0
+    )  # an empty batch has no moments
     if not tf.inside_function():
         return record() if bool(should) else tf.constant(False)
     return tf.cond(should, record, lambda: tf.constant(False), name="gradmom_write")
@@ -370,6 +382,10 @@ def _log_indices(var_list, log_only) -> list[int]:
     return out
 
 
+# The longest tag group `name=` takes; with the variables' paths the tags stay well under the
+# 4,096 characters of a layer name the readers accept.
+MAX_NAME = 256
+
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
 # Per summary writer: the variable sets logged to it, in order (the default group of a call).
 _WRITER_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -379,6 +395,11 @@ def _group(name, var_list, inside: bool) -> str | None:
     """The tag group of one call: ``name`` (checked), or by default None for the first set of
     variables logged to the current writer and ``moments_<k>`` for the k-th other set."""
     if name is not None:
+        if isinstance(name, str) and len(name) > MAX_NAME:
+            raise ValueError(
+                f"name has {len(name)} characters; a tag group has at most {MAX_NAME} (the "
+                "readers refuse longer tags): pass a shorter name, e.g. name='generator'"
+            )
         if (
             not isinstance(name, str)
             or not _GROUP_RE.match(name)
@@ -410,6 +431,59 @@ def _group(name, var_list, inside: bool) -> str | None:
         stacklevel=3,
     )
     return group
+
+
+# Per summary writer: tag -> (the variable it logs, its name); per writer and graph: the tags
+# written there (one step's function).
+_WRITER_TAGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_GRAPH_TAGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _claim(tags: Sequence[str], variables: Sequence, names: Sequence[str]) -> None:
+    """Refuses, at trace time, tags that would mix two calls' data on the current writer: a tag
+    already logged for another variable (two calls whose group and layer names coincide), or
+    a tag written twice by one step (the same variables logged twice)."""
+    writer = _current_writer() if tf.inside_function() else None
+    if writer is None or writer is _ANY_WRITER:
+        return
+    try:
+        claimed = _WRITER_TAGS.setdefault(writer, {})
+    except TypeError:  # a writer that cannot be weakly referenced
+        return
+    graph = tf.compat.v1.get_default_graph() if tf.inside_function() else None
+    in_graph: set = set()
+    if graph is not None:
+        per_graph = _GRAPH_TAGS.setdefault(graph, weakref.WeakKeyDictionary())
+        try:
+            in_graph = per_graph.setdefault(writer, set())
+        except TypeError:
+            in_graph = set()
+    for tag, v, nm in zip(tags, variables, names):
+        ref = weakref.ref(v) if _weakrefable(v) else (lambda v=v: v)
+        old = claimed.get(tag)
+        if old is not None and old[0]() is not None and old[0]() is not v:
+            raise ValueError(
+                f"tag '{tag}' is already logged on this summary writer for variable "
+                f"'{old[1]}', and this call would log '{nm}' under it: the two calls' data "
+                "would mix. Pass a distinct name= to each call (e.g. name='discriminator' "
+                "and name='generator')."
+            )
+        if tag in in_graph:
+            raise ValueError(
+                f"tag '{tag}' ('{nm}') is logged twice in one step on this summary writer: "
+                "the second call would hide the first. Log each set of variables once per "
+                "step, or pass a distinct name= to each call."
+            )
+        claimed[tag] = (ref, nm)
+        in_graph.add(tag)
+
+
+def _weakrefable(v) -> bool:
+    try:
+        weakref.ref(v)
+    except TypeError:
+        return False
+    return True
 
 
 def tag_names(var_list: Sequence, name: str | None = None) -> list[str]:
