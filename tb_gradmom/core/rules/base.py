@@ -57,11 +57,13 @@ def static_chunks(enabled: bool) -> Iterator[None]:
     known at trace time only (`static_chunks_only`).
 
     XLA compiles a computation for static shapes. A chunk of ``tf.minimum(chunk, n - start)``
-    examples has a size computed in a loop, which XLA cannot know: on CPU it gives each chunk
-    the bound ``chunk`` and clamps the slice's start so that it stays in the batch, so the last
-    chunk of 8 examples in chunks of 3 (``[6, 8)``) is read as ``[5, 8)``: example 5 counted
-    twice, no error. The core enters this once per plan (`tb_gradmom.core.plan.Plan.xla`)
-    around the moment ops it builds, so every rule of the plan follows the same decision."""
+    examples has a size computed in a loop, which XLA carries as a dynamic size bounded by
+    ``chunk``; on CPU the convolution rule's sums came out wrong on it, with no error (a Conv1D,
+    a batch of 8 known only at run time in chunks of 3: M_4 195 times too big; even a batch of
+    3 in one such chunk: 58 times), and a depthwise one did not compile. Nothing of the kind
+    happens with sizes known at trace time. The core enters this once per plan
+    (`tb_gradmom.core.plan.Plan.xla`) around the moment ops it builds, so every rule of the
+    plan follows the same decision."""
     before = getattr(_STATIC, "on", False)
     _STATIC.on = bool(enabled)
     try:
