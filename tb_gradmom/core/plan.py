@@ -389,6 +389,7 @@ def plan_moments(
     return make_plan(loss, var_list, options, name="plan_moments")
 
 
+@tf.autograph.experimental.do_not_convert
 def make_plan(
     loss: tf.Tensor, var_list: Sequence[tf.Variable], options: Options, *, name: str = "gradmom"
 ) -> Plan:
@@ -402,6 +403,7 @@ def make_plan(
             "train_step decorated with @tf.function) or in a tf.compat.v1 graph. Eager tensors "
             "carry no graph to read the layers' inputs from."
         )
+    xla = in_xla_context()  # decided once: every rule of the plan follows it
     var_list = list(var_list)
     if not var_list:
         raise ValueError("var_list is empty: pass the variables to compute moments for")
@@ -436,7 +438,7 @@ def make_plan(
         ]
         warn_coupled(plans)
         fallback_ids = [i for i, plan in enumerate(plans) if plan.fallback is not None]
-        if fallback_ids and in_xla_context():
+        if fallback_ids and xla:
             refuse_fallback_in_xla([plans[i] for i in fallback_ids])
         if fallback_ids:
             _fallback.refuse_broken(
@@ -463,5 +465,5 @@ def make_plan(
         checks=checks,
         replica=replica,
         scope=scope,
-        xla=in_xla_context(),
+        xla=xla,
     )
