@@ -832,19 +832,6 @@ def test_disconnected_and_integer_variables_warn_once():
     np.testing.assert_array_equal(moments[1][2].numpy(), np.zeros([2]))
 
 
-def test_xla_compiled_step_is_refused():
-    """Under jit_compile=True XLA miscomputes the chunk loops: a clear error, not wrong numbers."""
-    w = tf.Variable(tf.ones([3, 2]), name="w")
-
-    @tf.function(jit_compile=True)
-    def step(x):
-        loss = tf.reduce_mean(tf.reduce_sum(tf.matmul(x, w) ** 2, axis=1))
-        return gradmom.gradients_and_moments(loss, [w])
-
-    with pytest.raises(RuntimeError, match="jit_compile"):
-        step(tf.ones([4, 3]))
-
-
 def test_the_rules_caches_keep_no_graph_alive():
     """The per-graph caches of the rules (shared constants, rearranged operands) hold their
     tensors weakly: a traced step's graph is freed once its function is gone (a strong hold

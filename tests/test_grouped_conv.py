@@ -316,7 +316,7 @@ def test_raw_grouped_conv2d_under_xla(case_id, loss_kind, dtype):
 
     # Not compiled: TensorFlow's own (CPU-less) filter gradient is never built, the rule gives
     # the gradient from its order-1 sum; x is the input, so no input gradient is needed either.
-    # (Under jit_compile=True the moments come out wrong: XLA mis-computes the chunk loop's
+    # (Under jit_compile=True, see tests/test_xla.py: XLA once mis-computed the chunk loop's
     # dynamically sized slices, for plain convolutions too; see the report to the lead.)
     @tf.function
     def step(x, y):

@@ -12,9 +12,10 @@ checks each one against the installed TensorFlow. The symbols (`SYMBOLS`):
     batch size) with no tensor to map over. Without it: the exact fallback (``fallback="exact"``
     for LSTM/GRU, custom ops) and the masked and derived-parameter rules are unavailable.
 ``in_xla_context`` - ``tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext``
-    Whether the graph being built is, or is inside, an XLA-compiled function. Needed to refuse
-    ``jit_compile=True``, where XLA silently miscomputes the chunk loops. Without it the check
-    cannot be made (`tb_gradmom.core.plan` then skips it).
+    Whether the graph being built is, or is inside, an XLA-compiled function. Needed under
+    ``jit_compile=True``, where every chunk of examples must have a static size (XLA computed
+    the dynamically sized chunks wrong) and the exact fallback is refused. Without it the check
+    cannot be made (`tb_gradmom.core.plan` then plans as outside XLA).
 ``function_def_to_graph`` - ``tensorflow.python.framework.function_def_to_graph``
     Rebuilds a graph from the ``FunctionDef`` a call op runs. Needed to read the body of Keras'
     grouped convolutions (a nested XLA-compiled ``tf.function``). Without it the rule for those
@@ -92,7 +93,7 @@ SYMBOLS: dict[str, tuple[str, str, str]] = {
     "in_xla_context": (
         "tensorflow.python.ops.control_flow_util",
         "GraphOrParentsInXlaContext",
-        "the check that gradmom is not inside an XLA-compiled function",
+        "static chunk sizes inside an XLA-compiled function",
     ),
     "function_def_to_graph": (
         "tensorflow.python.framework.function_def_to_graph",

@@ -27,6 +27,7 @@ from tb_gradmom.core.rules.base import (
     power_sums_of,
     reshape,
     scalar,
+    static_chunks,
     sum_over_chunks,
     times,
 )
@@ -306,7 +307,7 @@ class Backward:
         orders = tuple(sorted({1, *orders}))
         plan = self.plan
         grads, sums = [], {}
-        with tf.name_scope(plan.scope.rstrip("/") + "_from_sums"):
+        with tf.name_scope(plan.scope.rstrip("/") + "_from_sums"), static_chunks(plan.xla):
             for i in self.deferred:
                 vplan = plan.variables[i]
                 sums[i] = _moments_of(
@@ -328,12 +329,29 @@ class Backward:
     def plain_grads(self) -> list[tf.Tensor]:
         """The gradients of the `deferred` variables as TensorFlow's own gradient of their op
         computes them (e.g. ``Conv2DBackpropFilter``), from the op's output gradient: for the
-        ``tf.cond`` branch where no moments are computed."""
+        ``tf.cond`` branch where no moments are computed. Under XLA, a function call's (Keras'
+        grouped convolution) from its rule's order-1 sums, as `from_sums` gives it."""
         grads = []
-        with tf.name_scope(self.plan.scope.rstrip("/") + "_plain"):
+        plan = self.plan
+        with tf.name_scope(plan.scope.rstrip("/") + "_plain"), static_chunks(plan.xla):
             for i in self.deferred:
-                vplan = self.plan.variables[i]
+                vplan = plan.variables[i]
                 site = vplan.sites[0][0]
+                if site.op.type not in _FILTER_GRADIENTS:  # a function call, under XLA
+                    m1 = _moments_of(
+                        vplan,
+                        None,
+                        self.out_grads,
+                        self.index,
+                        plan.n,
+                        plan.mode,
+                        (1,),
+                        plan.options.chunk_size,
+                        sums_only=True,
+                        inv_scale=self.inv_scale,
+                    )[1]
+                    grads.append(_grad_from_sums(vplan, m1, plan))
+                    continue
                 dz = self.out_grads[self.index[_site_outputs(site)[0].ref()]]
                 grad = _filter_grad(site.op, dz)
                 grad = reshape(tf.cast(grad, vplan.variable.dtype), vplan.variable.shape)
@@ -375,7 +393,11 @@ class Backward:
         out = []
         with tf.name_scope(self._scope):
             asserts = batch_asserts(self.plan.checks, self.plan.n)
-        with tf.name_scope(self._scope), tf.control_dependencies(asserts):
+        with (
+            tf.name_scope(self._scope),
+            tf.control_dependencies(asserts),
+            static_chunks(self.plan.xla),
+        ):
             for i in indices:
                 plan, grad = self.plan.variables[i], self.grads[i]
                 if all(p in self.fused.get(i, {}) for p in orders):
@@ -433,7 +455,11 @@ class Backward:
         def local() -> list[tf.Tensor]:
             with tf.name_scope(self._scope):
                 asserts = batch_asserts(self.plan.checks, self.plan.n)
-            with tf.name_scope(self._scope), tf.control_dependencies(asserts):
+            with (
+                tf.name_scope(self._scope),
+                tf.control_dependencies(asserts),
+                static_chunks(self.plan.xla),
+            ):
                 flat: list[tf.Tensor] = []
                 for i in indices:
                     sums = self._local_sums(i, need[i], chunk_size)
@@ -560,7 +586,7 @@ def run_backward(
     """
     options, plans, n, mode = plan.options, plan.variables, plan.n, plan.mode
     variables = [p.variable for p in plans]
-    with tf.name_scope(plan.scope):
+    with tf.name_scope(plan.scope), static_chunks(plan.xla):
         outputs: list[tf.Tensor] = []
         index: dict[Any, int] = {}  # output.ref() -> its position in `outputs`
         for vplan in plans:
@@ -577,8 +603,15 @@ def run_backward(
                 i
                 for i in allowed
                 if len(plans[i].sites) == 1
-                and plans[i].sites[0][0].op.type in _FILTER_GRADIENTS
-                and plans[i].sites[0][0].index == 1
+                and (
+                    (
+                        plans[i].sites[0][0].op.type in _FILTER_GRADIENTS
+                        and plans[i].sites[0][0].index == 1
+                    )
+                    # under XLA a function call's gradient does not compile (`_past_call`):
+                    # `plain_grads` takes it from the rule's order-1 sums
+                    or (plan.xla and plans[i].sites[0][0].op.type in _CALL_OPS)
+                )
             }
         if allowed and any(p > 1 for p in options.orders) and plan.replica is None:
             fused_ids = {
@@ -588,7 +621,8 @@ def run_backward(
             }
         asked = [v for i, v in enumerate(variables) if i not in fused_ids]
         free = [f.value for f in plan.form.free] if plan.free_ids else []
-        all_grads = tf.gradients(plan.loss, asked + outputs + free)
+        targets = [_past_call(out) for out in outputs] if plan.xla else outputs
+        all_grads = tf.gradients(plan.loss, asked + targets + free)
         rest = iter(all_grads[: len(asked)])
         grads = [None if i in fused_ids else next(rest) for i in range(len(variables))]
         out_grads = all_grads[len(asked) : len(asked) + len(outputs)]
@@ -657,6 +691,30 @@ def _free_gradients(
         if r is not None:
             out[i] = unscaled(r, plan.variables[i].dtype, inv_scale)
     return out
+
+
+_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
+def _past_call(out: tf.Tensor) -> tf.Tensor:
+    """``out`` itself, or for the output of a function call (Keras' grouped convolution) an
+    identity of it that its consumers read instead (rewired in place, the same values).
+
+    ``tf.gradients`` with respect to a call's output builds the call's ``SymbolicGradient``
+    even though nothing uses it (TensorFlow's gradients_util differentiates every function call
+    it reaches, its ``stop_ops`` notwithstanding). Outside XLA the unused op is pruned; XLA
+    compiles the function whole and has no ``SymbolicGradient`` of a call that reads a
+    variable, so the step would not compile. Past the identity, the call is not reached."""
+    if out.op.type not in _CALL_OPS:
+        return out
+    from tb_gradmom._compat import tf_private
+
+    consumers = [(c, i) for c in out.consumers() for i, x in enumerate(c.inputs) if x is out]
+    with tf.control_dependencies(None):
+        past = tf.identity(out, name="gradmom_past_call")
+    for c, i in consumers:
+        tf_private.update_input(c, i, past)
+    return past
 
 
 # The filter gradients TensorFlow registers for these ops (its nn_grad), for `plain_grads`: a

@@ -21,7 +21,7 @@ from tb_gradmom.core import fallback as _fallback
 from tb_gradmom.core import graph as _graph
 from tb_gradmom.core import loss as _loss
 from tb_gradmom.core import validate as _validate
-from tb_gradmom.core.errors import BatchSizeError, PerExampleLossError
+from tb_gradmom.core.errors import BatchSizeError, PerExampleLossError, UnsupportedOpError
 from tb_gradmom.core.sites import VariablePlan, plan_variable
 
 __all__ = [
@@ -207,6 +207,21 @@ def batch_evidence(batch_size, loss_values, plans, ex) -> tuple[tf.Tensor | None
     return n, checks
 
 
+def refuse_fallback_in_xla(plans: Sequence[VariablePlan]) -> None:
+    """`UnsupportedOpError` for variables on the exact fallback inside an XLA-compiled function:
+    XLA computes its vectorised per-example gradients wrong, with no error (a raw
+    ``fused_batch_norm``'s scale: M_2 off by 23 in float32; a Keras RNN whose cell uses
+    ``sin(w)``: zeros)."""
+    listed = listing([f"'{p.name}' ({p.fallback})" for p in plans], sep="; ")
+    raise UnsupportedOpError(
+        f"no exact rule for {listed}, and inside an XLA-compiled function (jit_compile=True) "
+        "the exact fallback is not exact: XLA computes its vectorised per-example gradients "
+        "wrong, with no error. Compile this step without jit_compile, or leave these "
+        "variables out of var_list (summary.moments(log_only=...)).",
+        reason="the exact fallback inside an XLA-compiled function",
+    )
+
+
 def check_loss_vector(loss: tf.Tensor, ex) -> _axes.Axis:
     """The examples' axis of a ``[n]`` loss given by the user: proven, or trusted with a warning
     when the analysis cannot see through an op; never values that mix the examples."""
@@ -312,6 +327,9 @@ class Plan:
     # the indices of the variables that the loss's example-free terms (a weight penalty) read:
     # their gradient is added to every example's (`tb_gradmom.core.loss.FreeTerm`)
     free_ids: list[int] = field(default_factory=list)
+    # made inside an XLA-compiled function: every chunk of examples has a static size
+    # (`tb_gradmom.core.rules.base.static_chunks`)
+    xla: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -379,6 +397,7 @@ def plan_moments(
     return make_plan(loss, var_list, options, name="plan_moments")
 
 
+@tf.autograph.experimental.do_not_convert
 def make_plan(
     loss: tf.Tensor, var_list: Sequence[tf.Variable], options: Options, *, name: str = "gradmom"
 ) -> Plan:
@@ -392,14 +411,7 @@ def make_plan(
             "train_step decorated with @tf.function) or in a tf.compat.v1 graph. Eager tensors "
             "carry no graph to read the layers' inputs from."
         )
-    if in_xla_context():
-        raise RuntimeError(
-            "gradmom cannot run inside an XLA-compiled function (tf.function(jit_compile=True) "
-            "or a Keras model compiled with jit_compile=True): XLA miscomputes the dynamically "
-            "sized slices of its chunk loops and the moments come out wrong, with no error. "
-            "Compile the training step without jit_compile (the Keras callback does this "
-            "itself)."
-        )
+    xla = in_xla_context()  # decided once: every rule of the plan follows it
     var_list = list(var_list)
     if not var_list:
         raise ValueError("var_list is empty: pass the variables to compute moments for")
@@ -441,6 +453,8 @@ def make_plan(
         ]
         warn_coupled(plans)
         fallback_ids = [i for i, plan in enumerate(plans) if plan.fallback is not None]
+        if fallback_ids and xla:
+            refuse_fallback_in_xla([plans[i] for i in fallback_ids])
         if fallback_ids:
             _fallback.refuse_broken(
                 [plans[i].variable for i in fallback_ids],
@@ -467,6 +481,7 @@ def make_plan(
         replica=replica,
         scope=scope,
         free_ids=free_ids,
+        xla=xla,
     )
 
 

@@ -9,8 +9,10 @@ per-example gradients of the consumed tensor, or directly into sums of their pow
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -27,6 +29,8 @@ __all__ = [
     "Contribution",
     "RuleError",
     "sum_over_chunks",
+    "static_chunks",
+    "static_chunks_only",
     "power",
     "power_sum",
     "UNROLL",
@@ -40,6 +44,39 @@ __all__ = [
 # dependencies instead of a ``tf.while_loop`` (`sum_over_chunks`): no loop to build, lower and
 # run, and static shapes in every chunk. Above it the loop keeps the graph's size bounded.
 UNROLL = 16
+
+
+# Whether the rules being built must give every chunk of examples a size known at trace time
+# (`static_chunks`): set by the core for a plan made inside an XLA-compiled function.
+_STATIC = threading.local()
+
+
+@contextlib.contextmanager
+def static_chunks(enabled: bool) -> Iterator[None]:
+    """Within it, the rules being built (when ``enabled``) slice the examples in chunks of sizes
+    known at trace time only (`static_chunks_only`).
+
+    XLA compiles a computation for static shapes. A chunk of ``tf.minimum(chunk, n - start)``
+    examples has a size computed in a loop, which XLA carries as a dynamic size bounded by
+    ``chunk``; on CPU the convolution rule's sums came out wrong on it, with no error (a Conv1D,
+    a batch of 8 known only at run time in chunks of 3: M_4 195 times too big; even a batch of
+    3 in one such chunk: 58 times), and a depthwise one did not compile. Nothing of the kind
+    happens with sizes known at trace time. The core enters this once per plan
+    (`tb_gradmom.core.plan.Plan.xla`) around the moment ops it builds, so every rule of the
+    plan follows the same decision."""
+    before = getattr(_STATIC, "on", False)
+    _STATIC.on = bool(enabled)
+    try:
+        yield
+    finally:
+        _STATIC.on = before
+
+
+def static_chunks_only() -> bool:
+    """Whether the moment ops being built must slice the examples in chunks of static sizes
+    (inside `static_chunks`): a static batch in chunks with Python-int sizes, a batch known
+    only at run time in one chunk of the whole batch (see `sum_over_chunks`)."""
+    return bool(getattr(_STATIC, "on", False))
 
 
 class RuleError(Exception):
@@ -277,6 +314,11 @@ def example_slice(x: tf.Tensor, start: Count, size: Count) -> tf.Tensor:
             return x
     if type(start) is int and type(size) is int:
         return tf.strided_slice(x, constant([start]), constant([start + size]), constant([1]))
+    if type(size) is int and x.shape.rank:
+        # a start computed in a loop and a static size (`static_chunks`): a Slice, whose size
+        # XLA knows (a DynamicSlice), and whose output keeps it in its static shape
+        begin = tf.concat([tf.reshape(tf.cast(start, tf.int32), [1]), [0] * (x.shape.rank - 1)], 0)
+        return tf.slice(x, begin, [size] + [-1] * (x.shape.rank - 1))
     return x[start : start + size]
 
 
@@ -311,6 +353,10 @@ def power_sums_of(
         for p in orders:
             if p == 1:
                 out[1] = tf.reduce_sum(g, axis=constant(0))
+            elif static_chunks_only():
+                # XLA has no EuclideanNorm kernel; it fuses the square into the sum itself
+                squares = tf.reduce_sum(tf.square(g), axis=constant(0))
+                out[2] = tf.sqrt(squares) if unsquared else squares
             else:
                 norm = tf.math.reduce_euclidean_norm(g, axis=constant(0))
                 out[2] = norm if unsquared else tf.square(norm)
@@ -346,10 +392,21 @@ def sum_over_chunks(
     differentiate-proof at run time). The unrolled chunks are as even as their number allows
     (16 examples in chunks of at most 6: 6, 5, 5) and their bounds are Python ints, so every
     chunk's tensors keep static shapes.
+
+    Inside `static_chunks` (an XLA-compiled function) no chunk has a size computed at run time:
+    a batch known only at run time is one chunk of the whole batch (the per-example tensors of
+    all its examples alive at once), and a static batch of more than ``unroll`` chunks goes in
+    a loop over chunks of exactly ``chunk`` examples (a start computed in the loop, a Python
+    int size: XLA's dynamic slice), then one last chunk of the rest with Python-int bounds.
     """
     n_static = tf.get_static_value(n)
     if chunk is None or (n_static is not None and int(n_static) <= chunk):
         return chunk_sums(0, n)
+    if static_chunks_only():
+        if n_static is None:
+            return chunk_sums(0, n)
+        if -(-int(n_static) // chunk) > unroll:
+            return _static_loop(int(n_static), chunk, orders, shape, dtype, chunk_sums, name)
     if n_static is not None and -(-int(n_static) // chunk) <= unroll:
         total = int(n_static)
         count = -(-total // chunk)
@@ -378,3 +435,38 @@ def sum_over_chunks(
         name=name,
     )
     return dict(zip(orders, accs))
+
+
+def _static_loop(
+    n: int,
+    chunk: int,
+    orders: Sequence[int],
+    shape: tf.TensorShape | Sequence[int],
+    dtype: tf.DType,
+    chunk_sums: Callable[[Count, Count], dict[int, tf.Tensor]],
+    name: str,
+) -> dict[int, tf.Tensor]:
+    """`sum_over_chunks` of a static batch of ``n`` examples where every chunk's size must be a
+    Python int (`static_chunks`): a ``tf.while_loop`` over ``n // chunk`` chunks of ``chunk``
+    examples, then one chunk of the ``n % chunk`` left."""
+    full, rest = divmod(n, chunk)
+    zeros = tuple(tf.zeros(shape, dtype) for _ in orders)
+
+    def body(i: tf.Tensor, accs: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
+        sums = chunk_sums(i * chunk, chunk)
+        return i + 1, tuple(a + sums[p] for a, p in zip(accs, orders))
+
+    _, accs = tf.while_loop(
+        lambda i, _: i < full,
+        body,
+        (tf.constant(0), zeros),
+        parallel_iterations=1,
+        maximum_iterations=full,
+        name=name,
+    )
+    out = dict(zip(orders, accs))
+    if rest:
+        with tf.control_dependencies(list(accs)):
+            sums = chunk_sums(full * chunk, rest)
+        out = {p: out[p] + sums[p] for p in orders}
+    return out

@@ -55,6 +55,7 @@ from tb_gradmom.core.rules.base import (
     Site,
     example_count,
     power_sums_of,
+    static_chunks_only,
     sum_over_chunks,
 )
 
@@ -392,37 +393,50 @@ class _Loop:
             tf.zeros(self.variables[k][1], self.variables[k][3]) for k in names for _ in orders
         )
         n_static = tf.get_static_value(n)
+        xla = static_chunks_only()
+        if xla and n_static is None:
+            return None  # no chunk of a static size: the copy runs on the whole batch
         static = None  # a chunk size that divides a static batch: every chunk's shapes static
+        rest = 0  # under XLA, the examples left after the chunks of `static` examples
         if n_static is not None:  # as even as their number allows: 64 in chunks of 45 -> 32
             chunk = -(-int(n_static) // -(-int(n_static) // chunk))
             static = next(
                 (d for d in range(chunk, (chunk + 1) // 2 - 1, -1) if int(n_static) % d == 0), None
             )
+            if static is None and xla:  # chunks of `chunk`, then one of the rest
+                static, rest = chunk, int(n_static) % chunk
             chunk = chunk if static is None else static
         n_t = tf.convert_to_tensor(n, tf.int32)
-        count = (n_t + chunk - 1) // chunk
+        count = (n_t + chunk - 1) // chunk if not rest else int(n_static) // chunk
 
-        def body(i, accs):
-            start = i * chunk
-            size = static if static is not None else tf.minimum(chunk, n_t - start)
+        def one_chunk(start, size) -> list:
             inputs = [self._slice_input(k, start, size) for k in range(len(self.inputs))]
             chunk_grads = tuple(
                 None if sd is None else _slice_seed(sd, start, size) for sd in seeds
             )
             stacks = self._build(chunk_grads, outputs, size, inputs)
-            new = []
+            new: list = []
             for k in names:
                 sums = self._variable_sums(k, stacks, size, orders, chunk)
                 new.extend(sums[p] for p in orders)
-            return i + 1, tuple(a + b for a, b in zip(accs, new))
+            return new
+
+        def body(i, accs):
+            start = i * chunk
+            size = static if static is not None else tf.minimum(chunk, n_t - start)
+            return i + 1, tuple(a + b for a, b in zip(accs, one_chunk(start, size)))
 
         _, accs = tf.while_loop(
             lambda i, _: i < count,
             body,
             (tf.constant(0), zeros),
             parallel_iterations=1,
+            maximum_iterations=count if xla else None,
             name="gradmom_copy_chunks",
         )
+        if rest:
+            with tf.control_dependencies(list(accs)):
+                accs = tuple(a + b for a, b in zip(accs, one_chunk(int(n_static) - rest, rest)))
         out = {}
         for j, k in enumerate(names):
             out[k] = {p: accs[j * len(orders) + q] for q, p in enumerate(orders)}
@@ -554,13 +568,30 @@ class _Loop:
         body_in = [t.name for t in self.body.inputs]
         body_out = [t.name for t in self.body.outputs]
         position = {name: i for i, name in enumerate(body_in)}
+        # The placeholders that `input_map` replaces (the body's inputs, the taps) are left out
+        # of the import: unused, they would still be ops of the copy's body, which XLA compiles
+        # whole (and has no kernel for a Placeholder).
+        # whole (and has no kernel for a Placeholder). A body input that no op reads is then
+        # in the graph nowhere, and is left out of `input_map` too (the import refuses a key it
+        # cannot find).
+        mapped = {t.split(":")[0] for t in body_in} | {f"gradmom_tap_{i}" for i in range(len(taps))}
+        kept = [nd for nd in gdef.node if not (nd.op == "Placeholder" and nd.name in mapped)]
+        read = {x.lstrip("^").split(":")[0] for nd in kept for x in nd.input}
+        unread = mapped - read
+        del gdef.node[:]
+        gdef.node.extend(kept)
         steps = self.op.outputs[0]  # the loop's final iteration counter: how many steps it ran
+        # Under XLA a list has a size known at compile time, and a loop's gradient needs its
+        # most iterations: both the steps the inputs show (`recurrent_rule` checks there are).
+        # Items past the last step are never set and stack as zeros, which add nothing.
+        bound = self.steps_static if static_chunks_only() else None
+        items = steps if bound is None else bound
 
         def element_shape(dims):
             return tf.constant([-1 if d is None else d for d in dims], tf.int32)
 
         def full_shape(dims):
-            return tf.stack([steps] + [n if d is None else d for d in dims])
+            return tf.stack([items] + [n if d is None else d for d in dims])
 
         def item_shape(dims):  # an item's full shape, the batch included
             return tf.stack([tf.cast(n, tf.int32) if d is None else d for d in dims])
@@ -580,14 +611,22 @@ class _Loop:
             # list is the list of its items' gradients
             tap_lists = [
                 tf.raw_ops.TensorListReserve(
-                    element_shape=item_shape(t.dims), num_elements=steps, element_dtype=t.dtype
+                    element_shape=item_shape(t.dims), num_elements=items, element_dtype=t.dtype
                 )
                 for t in taps
             ]
             tape.watch(tap_lists)
+            # Under XLA the records are kept as integers of the same width (a bitcast, no
+            # copy): a list of floats carried by a loop is differentiable, and the loop's
+            # gradient then takes zeros like it at every step, which needs the list itself at
+            # every step (a list of lists, which XLA's compiler aborts on); a list of integers
+            # gets no gradient.
+            stored = {r.name: _BITS[r.dtype] if bound is not None else r.dtype for r in records}
             rec_lists = [
                 tf.raw_ops.TensorListReserve(
-                    element_shape=element_shape(r.dims), num_elements=steps, element_dtype=r.dtype
+                    element_shape=element_shape(r.dims),
+                    num_elements=items,
+                    element_dtype=stored[r.name],
                 )
                 for r in records
             ]
@@ -617,7 +656,10 @@ class _Loop:
                 wanted = [body_out[i] for i in self.carried] + [r.name for r in records]
                 fetch = [w for w in wanted if w not in position]
                 got = tf.graph_util.import_graph_def(
-                    gdef, input_map=mapping, return_elements=fetch, name="gradmom_copy"
+                    gdef,
+                    input_map={k: v for k, v in mapping.items() if k.split(":")[0] not in unread},
+                    return_elements=fetch,
+                    name="gradmom_copy",
                 )
                 found = dict(zip(fetch, got))
                 for w in wanted:
@@ -628,7 +670,9 @@ class _Loop:
                 new_records = [
                     tf.stop_gradient(
                         tf.raw_ops.TensorListSetItem(
-                            input_handle=lst, index=step, item=tf.stop_gradient(found[r.name])
+                            input_handle=lst,
+                            index=step,
+                            item=_as(tf.stop_gradient(found[r.name]), stored[r.name]),
                         )
                     )
                     for r, lst in zip(records, r_lists)
@@ -644,6 +688,7 @@ class _Loop:
                 loop_vars,
                 shape_invariants=invariants,
                 parallel_iterations=iterations,
+                maximum_iterations=bound,
                 name="gradmom_loop_copy",
             )
         ys, seeds_y = [], []
@@ -675,10 +720,24 @@ class _Loop:
             out[tap.name] = d
         for r, lst in zip(records, result[nc + len(taps) :]):
             stack = tf.raw_ops.TensorListStack(
-                input_handle=lst, element_shape=element_shape(r.dims), element_dtype=r.dtype
+                input_handle=lst, element_shape=element_shape(r.dims), element_dtype=stored[r.name]
             )
-            out[r.name] = stack
+            out[r.name] = _as(stack, r.dtype)
         return out
+
+
+# The integer type of each float type's width, for records kept as bits under XLA (`_build`).
+_BITS = {
+    tf.float16: tf.int16,
+    tf.bfloat16: tf.int16,
+    tf.float32: tf.int32,
+    tf.float64: tf.int64,
+}
+
+
+def _as(t: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """``t`` bitcast to ``dtype`` (the same width), or ``t`` when it already is."""
+    return t if t.dtype == dtype else tf.bitcast(t, dtype)
 
 
 def _slice_examples(stack: tf.Tensor, axis: int, start, size) -> tf.Tensor:
@@ -1016,6 +1075,17 @@ def _bias_use(c, i, view_shape, positions, sub, body, what) -> _Use:
     )
 
 
+def _in_xla(graph: tf.Graph) -> bool:
+    """Whether ``graph`` is (inside) an XLA-compiled function; False where TensorFlow lacks the
+    private function that tells."""
+    from tb_gradmom._compat import PrivateAPIError, tf_private
+
+    try:
+        return tf_private.in_xla_context(graph)
+    except PrivateAPIError:  # pragma: no cover
+        return False
+
+
 # --- per-example gradients ---------------------------------------------------------------------
 
 
@@ -1066,6 +1136,11 @@ def recurrent_rule(site: Site) -> Contribution:
         raise RuleError(f"moments in {site.dtype.name}")
     outputs = site.output if isinstance(site.output, tuple) else (site.output,)
     loop = _loop(site)
+    if loop.steps_static is None and _in_xla(op.graph):
+        raise RuleError(
+            "inside an XLA-compiled function the copy of the loop needs its number of steps "
+            "at trace time (a static sequence length), which no input of the loop shows"
+        )
     uses = _uses(site, loop)
     for u in uses:
         if u.positions is not None and np.unique(u.positions).size != u.positions.size:
