@@ -25,7 +25,7 @@ def test_readme_python_examples_run(tmp_path):
     # The training-step example logged real moments to runs/exp1, the callback to runs/exp2.
     from tb_gradmom.analysis import data
 
-    for run in ("exp1", "exp2", "exp3"):
+    for run in ("exp1", "exp2", "exp3", "exp4"):
         logged = data.load(tmp_path / "runs" / run)["."]
         assert "dense/kernel" in logged, sorted(logged)
     gan = data.load(tmp_path / "runs" / "gan")["."]

@@ -451,6 +451,8 @@ def _claim(tags: Sequence[str], variables: Sequence, names: Sequence[str]) -> No
     except TypeError:  # a writer that cannot be weakly referenced
         return
     graph = tf.compat.v1.get_default_graph() if tf.inside_function() else None
+    if _plan.replica_context() is not None:
+        graph = None  # strategy.run traces the step once per replica in one graph
     in_graph: set = set()
     if graph is not None:
         per_graph = _GRAPH_TAGS.setdefault(graph, weakref.WeakKeyDictionary())
