@@ -587,6 +587,31 @@ def _param_operands(dtype):
     return m, [m.w_left, m.w_tiled, m.table, m.expo]
 
 
+class ViewTwice(tf.Module):
+    """One view of a variable at both inputs of one op: ``w * w`` (``w = tf.identity(s)``),
+    ``r @ r`` (``r = tf.reshape(t)``), and ``expm(e)``, which squares its argument inside. An
+    op that reads a tensor at two inputs is listed twice by ``t.consumers()``: each use must
+    still count once (issue 26, D)."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(41)
+        self.s = tf.Variable((0.5 * rng.normal(size=(3, 3))).astype(dtype), name="s")
+        self.t = tf.Variable((0.5 * rng.normal(size=(9,))).astype(dtype), name="t")
+        self.e = tf.Variable((0.5 * rng.normal(size=(3, 3))).astype(dtype), name="e")
+
+    def __call__(self, x):  # x: [n, 3]
+        w = tf.identity(self.s)
+        r = tf.reshape(self.t, [3, 3])
+        h = tf.tanh(tf.matmul(x, w * w)) + tf.tanh(tf.matmul(x, r @ r))
+        return tf.matmul(h, tf.linalg.expm(self.e))
+
+
+def _view_twice(dtype):
+    m = ViewTwice(dtype)
+    return m, [m.s, m.t, m.e]
+
+
 CASES: list[Case] = [
     Case("mlp", _keras(dense(7, "tanh"), dense(3), input_shape=(4,)), _xy((5, 4), (5, 3))),
     Case(
@@ -767,6 +792,8 @@ CASES: list[Case] = [
     Case("param-operands", _param_operands, _xy((3, 4, 3), (3, 18))),
     Case("param-operands-batch-eq-rows", _param_operands, _xy((2, 4, 3), (2, 18)), "sum"),
     Case("prelu-weight-norm-batch-eq-width", _prelu_weightnorm, _xy((5, 4), (5, 2)), "sum"),
+    Case("view-used-twice-by-one-op", _view_twice, _xy((4, 3), (4, 3))),
+    Case("view-used-twice-by-one-op-batch-eq-width", _view_twice, _xy((3, 3), (3, 3)), "sum"),
     # Keras recurrent layers (a while loop; `tb_gradmom.core.rules.recurrent`), in
     # RECURRENT_CASE_IDS: each is also run with fallback="error" by tests/test_recurrent.py.
     Case(
