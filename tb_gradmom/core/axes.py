@@ -40,6 +40,7 @@ __all__ = [
     "Sym",
     "examples_first",
     "loop_body",
+    "call_body",
 ]
 
 
@@ -1171,13 +1172,27 @@ def function_graph(op: tf.Operation, attr: str = "f"):
         return None
 
 
+def _call_analysis(ex, op, states):
+    fg = function_graph(op)
+    if fg is None or ex.depth > 8 or len(fg.inputs) != len(op.inputs):
+        return None
+    return fg, Examples(fg, inputs=states, n_static=ex.n_static, depth=ex.depth + 1)
+
+
+def call_body(ex, op: tf.Operation):
+    """``(body, sub)`` for call op ``op`` (``PartitionedCall``) of the graph ``ex`` analyses: the
+    function's graph and an `Examples` of it whose inputs hold the call's input states. None
+    when the body cannot be read."""
+    return _call_analysis(ex, op, [ex.of(t) for t in op.inputs])
+
+
 def _h_call(ex, op, states):
     """A function call (Keras' XLA-compiled grouped convolution, nested ``tf.function``s): the
     body is analysed with the call's input states."""
-    fg = function_graph(op)
-    if fg is None or ex.depth > 8 or len(fg.inputs) != len(op.inputs):
+    found = _call_analysis(ex, op, states)
+    if found is None:
         return UNKNOWN
-    sub = Examples(fg, inputs=states, n_static=ex.n_static, depth=ex.depth + 1)
+    fg, sub = found
     out = []
     for t in fg.outputs:
         st = sub.of(t)
