@@ -612,6 +612,44 @@ def _view_twice(dtype):
     return m, [m.s, m.t, m.e]
 
 
+def _minibatch_std(dtype):
+    """Dense -> StyleGAN's minibatch standard deviation (one statistic over the batch,
+    concatenated as a feature) -> Dense: the first Dense is coupled (exact fallback)."""
+    keras.utils.set_random_seed(43)
+    first = keras.layers.Dense(4, activation="tanh", dtype=dtype)
+    last = keras.layers.Dense(2, dtype=dtype)
+
+    def forward(x):
+        h = first(x)
+        std = tf.reduce_mean(tf.sqrt(tf.math.reduce_variance(h, axis=0) + 1e-3))
+        return last(tf.concat([h, tf.ones_like(h[:, :1]) * std], axis=1))
+
+    forward(np.zeros((1, 3), dtype))
+    return forward, first.trainable_variables + last.trainable_variables
+
+
+@tf.custom_gradient
+def _batch_centred_gradient(h):
+    """The identity; its gradient is centred over the batch (a backward that couples)."""
+
+    def grad(dy):
+        return dy - 0.5 * tf.reduce_mean(dy, axis=0, keepdims=True)
+
+    return tf.identity(h), grad
+
+
+def _coupled_custom_gradient(dtype):
+    keras.utils.set_random_seed(44)
+    first = keras.layers.Dense(4, activation="tanh", dtype=dtype)
+    last = keras.layers.Dense(2, dtype=dtype)
+
+    def forward(x):
+        return last(_batch_centred_gradient(first(x)))
+
+    forward(np.zeros((1, 3), dtype))
+    return forward, first.trainable_variables + last.trainable_variables
+
+
 CASES: list[Case] = [
     Case("mlp", _keras(dense(7, "tanh"), dense(3), input_shape=(4,)), _xy((5, 4), (5, 3))),
     Case(
@@ -920,6 +958,29 @@ CASES: list[Case] = [
         _training(_keras(batch_norm(), flatten(), dense(2), input_shape=(3, 3, 2))),
         _xy((4, 3, 3, 2), (4, 2)),
         "sum",
+        reference="jacobian",
+    ),
+    # Something couples the examples after a layer (issue 26, E and G): the layers before it
+    # take the exact fallback, exact against the jacobian; those after it keep their rules.
+    Case(
+        "batchnorm-training-after-dense",
+        _training(_keras(dense(4, "tanh"), batch_norm(), dense(2), input_shape=(3,))),
+        _xy((5, 3), (5, 2)),
+        reference="jacobian",
+    ),
+    Case(
+        "batchnorm-training-stacked",
+        _training(_keras(batch_norm(), dense(3, "tanh"), batch_norm(), dense(2), input_shape=(3,))),
+        _xy((4, 3), (4, 2)),
+        "sum",
+        reference="jacobian",
+    ),
+    Case("minibatch-std", _minibatch_std, _xy((5, 3), (5, 2)), reference="jacobian"),
+    Case(
+        "custom-gradient-coupled-activation",
+        _coupled_custom_gradient,
+        _xy((4, 3), (4, 2)),
+        "vector",
         reference="jacobian",
     ),
     Case(
