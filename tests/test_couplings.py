@@ -410,7 +410,7 @@ def test_coupled_variables_the_fallback_cannot_take_keep_their_rules_with_a_warn
     forward(tf.constant(x))
     variables = conv.trainable_variables
     paths, moments, messages = _moments(forward, variables, x, y)
-    assert paths[0].startswith("rule"), paths
+    assert paths[0].startswith("rule: StatefulPartitionedCall (the examples are coupled"), paths
     assert paths[1].startswith("fallback: the examples are coupled after its use, by "), paths
     (message,) = [m for m in messages if "the exact fallback cannot run" in m]
     assert f"'{variables[0].path}' (by " in message and "op 'batch_n" in message, message

@@ -56,13 +56,16 @@ class VariablePlan:
 
     @property
     def path(self) -> str:
-        """``"fallback: <why>"``, ``"rule: <op types>"``, or ``"unused"`` (no use on the
-        loss's path)."""
+        """``"fallback: <why>"``, ``"rule: <op types>"`` (with the coupler, for a coupled
+        variable the fallback cannot take), or ``"unused"`` (no use on the loss's path)."""
         if self.fallback is not None:
             return f"fallback: {self.fallback}"
         if not self.sites:
             return "unused"
-        return "rule: " + ", ".join(dict.fromkeys(site.op.type for site, _ in self.sites))
+        rule = "rule: " + ", ".join(dict.fromkeys(site.op.type for site, _ in self.sites))
+        if self.coupling is not None:  # the fallback cannot run for it (`plan.route_coupled`)
+            rule += f" (the examples are coupled after its use, by {self.coupling})"
+        return rule
 
     def describe(self) -> list[str]:
         """One line per site: the op, the variable's input index, the example axis the rule
