@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from tb_gradmom._compat import PrivateAPIError, tf_private
 from tb_gradmom.core import axes as _axes
 from tb_gradmom.core.errors import PerExampleLossError
 
@@ -121,7 +122,9 @@ def _coupler(
         why = ex.why(op.outputs[0])
         return Coupling(op, f"the examples cannot be followed past it: {why}"), known
     if _custom_gradient(op):
-        return Coupling(op, "a custom gradient, whose backward pass may mix the examples"), carried
+        backward = _backward_not_per_example(ex, op)
+        if backward is not None:
+            return Coupling(op, f"a custom gradient whose backward pass {backward}"), carried
     if not any(_holds_examples(st) for st in outs):
         return None
     if op.type in _FUSED_NORMS and op.get_attr("is_training"):
@@ -138,6 +141,111 @@ def _coupler(
             inner = _first_coupler(body, sub, depth + 1)
             if inner is not None:
                 return Coupling(op, f"in its body: {inner}"), carried
+    return None
+
+
+# Ops linear in their inputs that depend on the incoming gradient ``dy``, whatever the other
+# inputs are: views, sums, sign changes, and the gradient ops of element-wise functions
+# (``f'(x) * dy``).
+_LINEAR = frozenset(
+    """Identity IdentityN Cast Reshape ExpandDims Squeeze Transpose BroadcastTo Tile ConcatV2
+    Pack Unpack Split SplitV Slice StridedSlice Pad PadV2 Sum Neg AddV2 Add AddN Sub Conj Real
+    Imag ReverseV2 Snapshot EnsureShape ReluGrad Relu6Grad EluGrad SeluGrad LeakyReluGrad
+    SoftplusGrad SoftsignGrad SigmoidGrad TanhGrad RsqrtGrad SqrtGrad ReciprocalGrad
+    InvGrad""".split()
+)
+# Ops linear in one operand when the others do not depend on ``dy``.
+_LINEAR_IN_ONE = frozenset(
+    """Mul MulNoNan MatMul BatchMatMul BatchMatMulV2 BatchMatMulV3 Einsum GatherV2 Select
+    SelectV2""".split()
+)
+# Ops linear in their first operand when the others do not depend on ``dy``.
+_LINEAR_IN_FIRST = frozenset({"RealDiv", "Div", "DivNoNan", "Mean"})
+
+
+def _backward_not_per_example(ex: _axes.Examples, op: tf.Operation) -> str | None:
+    """Why the custom gradient of ``op`` is not proven to give example j's input gradient
+    from example j's output gradient alone, linearly; None when it is.
+
+    The registered backward function is traced on its own, in a graph nested in ``op``'s
+    (`tf_private.probe_graph`: nothing of it joins the step), with placeholders ``dy`` for the
+    output gradients holding the examples where ``op``'s outputs hold them. Then the examples'
+    axis is followed through it (`tb_gradmom.core.axes`): every tensor computed from ``dy``
+    must hold the examples (a statistic of ``dy`` over the batch couples them) and be linear in
+    ``dy`` (a backward that normalises ``dy`` has no per-example split whose mean is the
+    gradient), and each input's gradient must hold the examples where the input does."""
+    try:
+        grad_fn = tf_private.gradient_function(op)
+        probe = tf_private.probe_graph("gradmom_custom_gradient_probe")
+    except PrivateAPIError as e:
+        return f"cannot be read ({e})"
+    if grad_fn is None:
+        return "is not registered"
+    try:
+        with probe.as_default():
+            dys = [tf.compat.v1.placeholder(t.dtype, t.shape) for t in op.outputs]
+            grads = grad_fn(op, *dys)
+    except Exception as e:  # noqa: BLE001 - any failure to trace it: not proven
+        return f"cannot be traced on its own ({type(e).__name__}: {e})"
+    grads = list(grads) if isinstance(grads, list | tuple) else [grads]
+    outer = {}
+    for external, internal in getattr(probe, "captures", []):
+        own = isinstance(external, tf.Tensor) and getattr(external, "graph", None) is ex.graph
+        outer[internal.ref()] = ex.of(external) if own else _axes.FREE
+    for ph, out in zip(dys, op.outputs):
+        outer[ph.ref()] = ex.of(out)
+    inputs = list(probe.inputs) + dys
+    states = [outer.get(t.ref(), _axes.UNKNOWN) for t in inputs]
+    probe.inputs.extend(dys)  # the analysis takes the graph's inputs with their states
+    sub = _axes.Examples(probe, inputs=states, n_static=ex.n_static, depth=ex.depth + 1)
+    from_dy = {ph.ref() for ph in dys}
+
+    def depends(t: tf.Tensor) -> bool:
+        stack, seen = [t], set()
+        while stack:
+            u = stack.pop()
+            if u.ref() in from_dy:
+                return True
+            if u.ref() in seen:
+                continue
+            seen.add(u.ref())
+            stack.extend(u.op.inputs)
+        return False
+
+    for i, x in enumerate(op.inputs):
+        st = ex.of(x)
+        if st == _axes.FREE or not _differentiable(x) or i >= len(grads) or grads[i] is None:
+            continue
+        g = grads[i]
+        if not isinstance(g, tf.Tensor):
+            return f"returns a {type(g).__name__} for input {i}"
+        if sub.of(g) != st:
+            return (
+                f"gives input {i} a gradient with {_axes.describe(sub.of(g))}, where the input "
+                f"holds {_axes.describe(st)}"
+            )
+        stack, seen = [g], set()
+        while stack:
+            t = stack.pop()
+            if t.ref() in seen or t.ref() in from_dy or not depends(t):
+                continue
+            seen.add(t.ref())
+            inner = t.op
+            tst = sub.of(t)
+            if not _holds_examples(tst):
+                return (
+                    f"computes '{t.name}' ({inner.type}) from the output gradient with "
+                    f"{_axes.describe(tst)}"
+                )
+            on_dy = [k for k, y in enumerate(inner.inputs) if depends(y)]
+            linear = inner.type in _LINEAR
+            linear = linear or (inner.type in _LINEAR_IN_ONE and len(on_dy) == 1)
+            linear = linear or (inner.type in _LINEAR_IN_FIRST and on_dy == [0])
+            if inner.type in ("Select", "SelectV2") and 0 in on_dy:
+                linear = False
+            if not linear:
+                return f"is not linear in the output gradient ({inner.type} op '{inner.name}')"
+            stack.extend(inner.inputs[k] for k in on_dy)
     return None
 
 
