@@ -10,8 +10,10 @@ depends on ``z`` through ``z_j`` alone: nothing on the way from ``z`` to the per
   examples: BatchNormalization in training mode, centring by the batch mean, StyleGAN's
   minibatch standard deviation. A fused batch norm in training mode does it inside one op;
 * a **custom gradient** (``tf.custom_gradient``, ``gradient_override_map``: an op with a
-  ``_gradient_op_type``) that an example-carrying tensor goes through: its backward pass is not
-  the forward's derivative and may mix the rows (a gradient divided by the batch's RMS);
+  ``_gradient_op_type``) that an example-carrying tensor goes through, whose backward pass is
+  not proven to map example j's output gradient to example j's input gradient, linearly
+  (`_backward_not_per_example` traces it on its own: a gradient centred over the batch or
+  divided by the batch's RMS couples; ``tf.nn.silu``'s does not);
 * a **function call or loop** whose body holds one of the above;
 * an op where the proof of the examples' axis **stops** (`UNKNOWN` past it): nothing is known
   of how it mixes the rows.
