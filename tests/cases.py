@@ -368,6 +368,22 @@ def _labels(x_shape, classes):
     return make
 
 
+def _token_labels(x_shape, classes):
+    """Inputs ``[n, T, d]`` and a label per token ``[n, T]``."""
+
+    def make(rng, dtype):
+        return rng.normal(size=x_shape).astype(dtype), rng.integers(0, classes, size=x_shape[:2])
+
+    return make
+
+
+def token_ce(out, y):
+    """Cross-entropy per token (logits ``[n, T, V]``; TensorFlow reshapes them to ``[n * T,
+    V]``: the examples folded with the positions), summed per example."""
+    ce = keras.losses.sparse_categorical_crossentropy(tf.cast(y, tf.int32), out, from_logits=True)
+    return tf.reduce_sum(ce, axis=1)
+
+
 class TokenAndPosition(keras.layers.Layer):
     """keras.io's "text classification with Transformer": ``tok(ids) + pos(arange(T))``."""
 
@@ -830,6 +846,12 @@ CASES: list[Case] = [
     Case("param-operands", _param_operands, _xy((3, 4, 3), (3, 18))),
     Case("param-operands-batch-eq-rows", _param_operands, _xy((2, 4, 3), (2, 18)), "sum"),
     Case("prelu-weight-norm-batch-eq-width", _prelu_weightnorm, _xy((5, 4), (5, 2)), "sum"),
+    Case(
+        "dense-sequence-token-cross-entropy",
+        _keras(dense(5, "tanh"), dense(4), input_shape=(3, 2)),
+        _token_labels((4, 3, 2), 4),
+        per_example_loss=token_ce,
+    ),
     Case("view-used-twice-by-one-op", _view_twice, _xy((4, 3), (4, 3))),
     Case("view-used-twice-by-one-op-batch-eq-width", _view_twice, _xy((3, 3), (3, 3)), "sum"),
     # Keras recurrent layers (a while loop; `tb_gradmom.core.rules.recurrent`), in

@@ -749,6 +749,8 @@ def test_batchnorm_training_layers_before_it_take_the_exact_fallback():
         "param-operands",
         "param-operands-batch-eq-rows",
         "custom-ops-fallback",
+        "dense-sequence-token-cross-entropy",
+        "view-used-twice-by-one-op",
     ],
 )
 def test_architecture_cases_take_exact_rules(case_id):

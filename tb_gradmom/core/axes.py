@@ -1069,11 +1069,16 @@ def _h_select(ex, op, states):
 
 
 def _h_cross_entropy(ex, op, states):
-    """``(Sparse)SoftmaxCrossEntropyWithLogits``: rows of logits and labels, a loss per row."""
+    """``(Sparse)SoftmaxCrossEntropyWithLogits``: rows of logits and labels, a loss per row.
+    The rows may fold the examples with positions (``[n, T, V]`` logits reshaped to
+    ``[n * T, V]`` by ``tf.nn.sparse_softmax_cross_entropy_with_logits``): each row is still one
+    example's."""
     rows = [s for s in states if isinstance(s, Axis)]
-    if any(s != Axis(0) for s in rows) or op.inputs[0].shape.rank != 2:
+    if not rows or any(s != rows[0] or s.axis != 0 for s in rows):
         return UNKNOWN
-    return [Axis(0), Axis(0)]
+    if op.inputs[0].shape.rank != 2:
+        return UNKNOWN
+    return [rows[0], rows[0]]
 
 
 def _h_list_from_tensor(ex, op, states):
