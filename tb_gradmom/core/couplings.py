@@ -175,7 +175,8 @@ def _backward_not_per_example(ex: _axes.Examples, op: tf.Operation) -> str | Non
     axis is followed through it (`tb_gradmom.core.axes`): every tensor computed from ``dy``
     must hold the examples (a statistic of ``dy`` over the batch couples them) and be linear in
     ``dy`` (a backward that normalises ``dy`` has no per-example split whose mean is the
-    gradient), and each input's gradient must hold the examples where the input does."""
+    gradient), and each input's gradient must hold the examples where the input does. The
+    backward function (Python) is called once more at trace time for it, in that graph."""
     try:
         grad_fn = tf_private.gradient_function(op)
         probe = tf_private.probe_graph("gradmom_custom_gradient_probe")
