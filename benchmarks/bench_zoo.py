@@ -288,7 +288,7 @@ def paths_of(plan) -> list[dict]:
             except Exception:  # noqa: BLE001 - informational only
                 rule = "?"
             out.append(
-                {"name": vplan.name, "shape": shape, "rule": rule, "coupled": bool(vplan.coupled)}
+                {"name": vplan.name, "shape": shape, "rule": rule, "coupled": bool(vplan.coupling)}
             )
     return out
 

@@ -368,6 +368,22 @@ def _labels(x_shape, classes):
     return make
 
 
+def _token_labels(x_shape, classes):
+    """Inputs ``[n, T, d]`` and a label per token ``[n, T]``."""
+
+    def make(rng, dtype):
+        return rng.normal(size=x_shape).astype(dtype), rng.integers(0, classes, size=x_shape[:2])
+
+    return make
+
+
+def token_ce(out, y):
+    """Cross-entropy per token (logits ``[n, T, V]``; TensorFlow reshapes them to ``[n * T,
+    V]``: the examples folded with the positions), summed per example."""
+    ce = keras.losses.sparse_categorical_crossentropy(tf.cast(y, tf.int32), out, from_logits=True)
+    return tf.reduce_sum(ce, axis=1)
+
+
 class TokenAndPosition(keras.layers.Layer):
     """keras.io's "text classification with Transformer": ``tok(ids) + pos(arange(T))``."""
 
@@ -587,6 +603,69 @@ def _param_operands(dtype):
     return m, [m.w_left, m.w_tiled, m.table, m.expo]
 
 
+class ViewTwice(tf.Module):
+    """One view of a variable at both inputs of one op: ``w * w`` (``w = tf.identity(s)``),
+    ``r @ r`` (``r = tf.reshape(t)``), and ``expm(e)``, which squares its argument inside. An
+    op that reads a tensor at two inputs is listed twice by ``t.consumers()``: each use must
+    still count once (issue 26, D)."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(41)
+        self.s = tf.Variable((0.5 * rng.normal(size=(3, 3))).astype(dtype), name="s")
+        self.t = tf.Variable((0.5 * rng.normal(size=(9,))).astype(dtype), name="t")
+        self.e = tf.Variable((0.5 * rng.normal(size=(3, 3))).astype(dtype), name="e")
+
+    def __call__(self, x):  # x: [n, 3]
+        w = tf.identity(self.s)
+        r = tf.reshape(self.t, [3, 3])
+        h = tf.tanh(tf.matmul(x, w * w)) + tf.tanh(tf.matmul(x, r @ r))
+        return tf.matmul(h, tf.linalg.expm(self.e))
+
+
+def _view_twice(dtype):
+    m = ViewTwice(dtype)
+    return m, [m.s, m.t, m.e]
+
+
+def _minibatch_std(dtype):
+    """Dense -> StyleGAN's minibatch standard deviation (one statistic over the batch,
+    concatenated as a feature) -> Dense: the first Dense is coupled (exact fallback)."""
+    keras.utils.set_random_seed(43)
+    first = keras.layers.Dense(4, activation="tanh", dtype=dtype)
+    last = keras.layers.Dense(2, dtype=dtype)
+
+    def forward(x):
+        h = first(x)
+        std = tf.reduce_mean(tf.sqrt(tf.math.reduce_variance(h, axis=0) + 1e-3))
+        return last(tf.concat([h, tf.ones_like(h[:, :1]) * std], axis=1))
+
+    forward(np.zeros((1, 3), dtype))
+    return forward, first.trainable_variables + last.trainable_variables
+
+
+@tf.custom_gradient
+def _batch_centred_gradient(h):
+    """The identity; its gradient is centred over the batch (a backward that couples)."""
+
+    def grad(dy):
+        return dy - 0.5 * tf.reduce_mean(dy, axis=0, keepdims=True)
+
+    return tf.identity(h), grad
+
+
+def _coupled_custom_gradient(dtype):
+    keras.utils.set_random_seed(44)
+    first = keras.layers.Dense(4, activation="tanh", dtype=dtype)
+    last = keras.layers.Dense(2, dtype=dtype)
+
+    def forward(x):
+        return last(_batch_centred_gradient(first(x)))
+
+    forward(np.zeros((1, 3), dtype))
+    return forward, first.trainable_variables + last.trainable_variables
+
+
 CASES: list[Case] = [
     Case("mlp", _keras(dense(7, "tanh"), dense(3), input_shape=(4,)), _xy((5, 4), (5, 3))),
     Case(
@@ -767,6 +846,14 @@ CASES: list[Case] = [
     Case("param-operands", _param_operands, _xy((3, 4, 3), (3, 18))),
     Case("param-operands-batch-eq-rows", _param_operands, _xy((2, 4, 3), (2, 18)), "sum"),
     Case("prelu-weight-norm-batch-eq-width", _prelu_weightnorm, _xy((5, 4), (5, 2)), "sum"),
+    Case(
+        "dense-sequence-token-cross-entropy",
+        _keras(dense(5, "tanh"), dense(4), input_shape=(3, 2)),
+        _token_labels((4, 3, 2), 4),
+        per_example_loss=token_ce,
+    ),
+    Case("view-used-twice-by-one-op", _view_twice, _xy((4, 3), (4, 3))),
+    Case("view-used-twice-by-one-op-batch-eq-width", _view_twice, _xy((3, 3), (3, 3)), "sum"),
     # Keras recurrent layers (a while loop; `tb_gradmom.core.rules.recurrent`), in
     # RECURRENT_CASE_IDS: each is also run with fallback="error" by tests/test_recurrent.py.
     Case(
@@ -893,6 +980,29 @@ CASES: list[Case] = [
         _training(_keras(batch_norm(), flatten(), dense(2), input_shape=(3, 3, 2))),
         _xy((4, 3, 3, 2), (4, 2)),
         "sum",
+        reference="jacobian",
+    ),
+    # Something couples the examples after a layer (issue 26, E and G): the layers before it
+    # take the exact fallback, exact against the jacobian; those after it keep their rules.
+    Case(
+        "batchnorm-training-after-dense",
+        _training(_keras(dense(4, "tanh"), batch_norm(), dense(2), input_shape=(3,))),
+        _xy((5, 3), (5, 2)),
+        reference="jacobian",
+    ),
+    Case(
+        "batchnorm-training-stacked",
+        _training(_keras(batch_norm(), dense(3, "tanh"), batch_norm(), dense(2), input_shape=(3,))),
+        _xy((4, 3), (4, 2)),
+        "sum",
+        reference="jacobian",
+    ),
+    Case("minibatch-std", _minibatch_std, _xy((5, 3), (5, 2)), reference="jacobian"),
+    Case(
+        "custom-gradient-coupled-activation",
+        _coupled_custom_gradient,
+        _xy((4, 3), (4, 2)),
+        "vector",
         reference="jacobian",
     ),
     Case(

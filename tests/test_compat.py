@@ -168,6 +168,19 @@ def test_gradient_function_returns_the_registered_gradient():
     np.testing.assert_allclose(got[0], [[3.5, 5.0], [-1.0, 0.0]])  # dy @ b^T
 
 
+def test_probe_graph_captures_the_outer_graph_and_stays_apart():
+    outer = tf.Graph()
+    with outer.as_default():
+        x = tf.constant([1.0, 2.0])
+        probe = tf_private.probe_graph("probe")
+        assert probe.outer_graph is outer
+        with probe.as_default():
+            y = x * 3.0
+        assert y.graph is probe and y.op not in outer.get_operations()
+        ((external, internal),) = probe.captures
+        assert external is x and internal in probe.inputs
+
+
 def test_update_input_rewires_an_op():
     g = tf.Graph()
     with g.as_default():

@@ -167,10 +167,15 @@ def test_skipped_steps_run_no_fallback_ops(tmp_path):
     contains never fires on a skipped step, and fires on a recorded one."""
     w = tf.Variable(tf.ones([3]), name="k")
     calls = []
+    step_graphs = []
 
     @tf.custom_gradient
     def custom(v):
         def grad(dy):
+            if dy.graph is not step_graphs[-1]:
+                # gradmom traces a custom gradient's backward on its own, in a graph of its
+                # own, to prove it per example (tb_gradmom.core.couplings): not a backward pass
+                return dy
             calls.append(1)
             if len(calls) == 1:  # the step's own backward pass
                 return dy
@@ -185,6 +190,7 @@ def test_skipped_steps_run_no_fallback_ops(tmp_path):
 
     @tf.function(input_signature=[tf.TensorSpec([4, 3]), tf.TensorSpec([], tf.bool)])
     def step(x, record):
+        step_graphs.append(tf.compat.v1.get_default_graph())
         # a fused batch norm (several outputs) has no rule: 'k' takes the exact fallback
         y, _, _ = tf.compat.v1.nn.fused_batch_norm(
             tf.reshape(x, [4, 1, 1, 3]),

@@ -36,6 +36,12 @@ checks each one against the installed TensorFlow. The symbols (`SYMBOLS`):
     The registered gradient function of an op. Needed to apply one op's own gradient to one
     example's masked output gradient. Without it the masked vector-Jacobian rule
     (`tb_gradmom.core.rules.masked`) is unavailable.
+``func_graph`` - ``tensorflow.python.framework.func_graph.FuncGraph``
+    A function graph nested in the graph being built: tensors of the outer graph used in it
+    are captured as placeholders, and nothing built in it joins the step. Needed to trace a
+    custom gradient's backward pass on its own and prove that it keeps the examples apart
+    (`tb_gradmom.core.couplings`). Without it, a custom gradient after a layer sends the
+    layers before it to the exact fallback.
 ``update_input`` - ``tensorflow.python.framework.ops.Operation._update_input``
     Rewires an input of an op already in the graph. Needed to gate the loops and function calls
     that ``pfor`` creates, so that the exact fallback runs only on the steps that are recorded.
@@ -74,6 +80,7 @@ __all__ = [
     "graph_function",
     "component_specs",
     "gradient_function",
+    "probe_graph",
     "update_input",
     "control_flow_context",
     "default_summary_writer",
@@ -111,6 +118,11 @@ SYMBOLS: dict[str, tuple[str, str, str]] = {
         "tensorflow.python.framework.ops",
         "get_gradient_function",
         "the masked vector-Jacobian rule",
+    ),
+    "func_graph": (
+        "tensorflow.python.framework.func_graph",
+        "FuncGraph",
+        "the proof that a custom gradient's backward pass keeps the examples apart",
     ),
     "update_input": (
         "tensorflow.python.framework.ops",
@@ -221,6 +233,14 @@ def gradient_function(op: tf.Operation) -> Callable | None:
         return get(op)
     except LookupError:
         return None
+
+
+def probe_graph(name: str) -> tf.Graph:
+    """A new function graph nested in the default graph (its ``outer_graph``): the outer
+    graph's tensors used while it is the default are captured (``captures``: pairs of the
+    outer tensor and its placeholder in ``inputs``), and nothing built in it runs with the
+    outer graph."""
+    return _get("func_graph")(name)
 
 
 def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:

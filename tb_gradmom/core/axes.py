@@ -40,6 +40,7 @@ __all__ = [
     "Sym",
     "examples_first",
     "loop_body",
+    "call_body",
 ]
 
 
@@ -1068,11 +1069,16 @@ def _h_select(ex, op, states):
 
 
 def _h_cross_entropy(ex, op, states):
-    """``(Sparse)SoftmaxCrossEntropyWithLogits``: rows of logits and labels, a loss per row."""
+    """``(Sparse)SoftmaxCrossEntropyWithLogits``: rows of logits and labels, a loss per row.
+    The rows may fold the examples with positions (``[n, T, V]`` logits reshaped to
+    ``[n * T, V]`` by ``tf.nn.sparse_softmax_cross_entropy_with_logits``): each row is still one
+    example's."""
     rows = [s for s in states if isinstance(s, Axis)]
-    if any(s != Axis(0) for s in rows) or op.inputs[0].shape.rank != 2:
+    if not rows or any(s != rows[0] or s.axis != 0 for s in rows):
         return UNKNOWN
-    return [Axis(0), Axis(0)]
+    if op.inputs[0].shape.rank != 2:
+        return UNKNOWN
+    return [rows[0], rows[0]]
 
 
 def _h_list_from_tensor(ex, op, states):
@@ -1171,13 +1177,27 @@ def function_graph(op: tf.Operation, attr: str = "f"):
         return None
 
 
+def _call_analysis(ex, op, states):
+    fg = function_graph(op)
+    if fg is None or ex.depth > 8 or len(fg.inputs) != len(op.inputs):
+        return None
+    return fg, Examples(fg, inputs=states, n_static=ex.n_static, depth=ex.depth + 1)
+
+
+def call_body(ex, op: tf.Operation):
+    """``(body, sub)`` for call op ``op`` (``PartitionedCall``) of the graph ``ex`` analyses: the
+    function's graph and an `Examples` of it whose inputs hold the call's input states. None
+    when the body cannot be read."""
+    return _call_analysis(ex, op, [ex.of(t) for t in op.inputs])
+
+
 def _h_call(ex, op, states):
     """A function call (Keras' XLA-compiled grouped convolution, nested ``tf.function``s): the
     body is analysed with the call's input states."""
-    fg = function_graph(op)
-    if fg is None or ex.depth > 8 or len(fg.inputs) != len(op.inputs):
+    found = _call_analysis(ex, op, states)
+    if found is None:
         return UNKNOWN
-    sub = Examples(fg, inputs=states, n_static=ex.n_static, depth=ex.depth + 1)
+    fg, sub = found
     out = []
     for t in fg.outputs:
         st = sub.of(t)

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-__all__ = ["VIEW_OPS", "ancestors", "internal_handle", "find_sites", "consumers_past_views"]
+__all__ = [
+    "VIEW_OPS",
+    "ancestors",
+    "consumers",
+    "internal_handle",
+    "find_sites",
+    "consumers_past_views",
+]
 
 # Ops that pass a variable's value through unchanged up to shape and dtype, preserving the
 # row-major order of its elements. A moment of the viewed tensor reshapes to the variable.
@@ -28,6 +35,16 @@ def ancestors(tensor: tf.Tensor) -> set[tf.Operation]:
         seen.add(op)
         stack.extend(t.op for t in op.inputs)
     return seen
+
+
+def consumers(t: tf.Tensor) -> list[tf.Operation]:
+    """The ops that consume ``t``, each once, in graph order.
+
+    ``t.consumers()`` lists an op once per input that reads ``t``: ``w * w`` appears twice.
+    Every walk over a tensor's uses goes through here and visits each input of an op by its
+    index (``[i for i, x in enumerate(op.inputs) if x is t]``), so that no use counts twice.
+    """
+    return list(dict.fromkeys(t.consumers()))
 
 
 def internal_handle(graph: tf.Graph, variable: tf.Variable) -> tf.Tensor | None:
@@ -82,14 +99,15 @@ def find_sites(handle: tf.Tensor, on_path: set[tf.Operation]) -> list[RawSite]:
     ``ResourceGather``, or a ``While`` loop that reads the variable inside) is a site too.
     """
     sites: list[RawSite] = []
-    for read in handle.consumers():
+    for read in consumers(handle):
         if read not in on_path:
             continue
         if read.type in NO_GRADIENT_OPS:
             continue
         if read.type != "ReadVariableOp":
-            index = next(i for i, x in enumerate(read.inputs) if x is handle)
-            sites.append(RawSite(read, index, handle, read))
+            sites.extend(
+                RawSite(read, i, handle, read) for i, x in enumerate(read.inputs) if x is handle
+            )
             continue
         sites.extend(consumers_past_views(read.outputs[0], on_path, read))
     return sites
@@ -98,12 +116,13 @@ def find_sites(handle: tf.Tensor, on_path: set[tf.Operation]) -> list[RawSite]:
 def consumers_past_views(
     t: tf.Tensor, on_path: set[tf.Operation], read: tf.Operation | None = None
 ) -> list[RawSite]:
-    """The first non-view ops on ``on_path`` that consume ``t`` (through `VIEW_OPS`)."""
+    """The first non-view ops on ``on_path`` that consume ``t`` (through `VIEW_OPS`): one
+    `RawSite` per input that reads the view (``w * w`` gives inputs 0 and 1, once each)."""
     sites: list[RawSite] = []
     stack = [t]
     while stack:
         t = stack.pop()
-        for op in t.consumers():
+        for op in consumers(t):
             if op not in on_path or op.type in NO_GRADIENT_OPS:
                 continue
             if op.type in VIEW_OPS and op.inputs[0] is t:

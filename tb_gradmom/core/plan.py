@@ -3,13 +3,16 @@
 `make_plan` validates the arguments (`Options`), checks the loss (a mean or a sum of per-example
 losses, or the ``[n]`` vector itself: `tb_gradmom.core.loss`), proves where the examples are in
 the traced graph (`tb_gradmom.core.axes`), plans every variable (`tb_gradmom.core.sites`: its
-uses, the rule for each, or the exact fallback) and gathers the evidence of the batch size. The
-result, a `Plan`, prints as a table and is executed by `tb_gradmom.core.moments`.
+uses, the rule for each, or the exact fallback), sends the variables used before an op that
+couples the examples to the fallback (`tb_gradmom.core.couplings`) and gathers the evidence of
+the batch size. The result, a `Plan`, prints as a table and is executed by
+`tb_gradmom.core.moments`. Warnings are given once per traced graph (`WARNED`).
 """
 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +20,7 @@ from typing import Any
 import tensorflow as tf
 
 from tb_gradmom.core import axes as _axes
+from tb_gradmom.core import couplings as _couplings
 from tb_gradmom.core import fallback as _fallback
 from tb_gradmom.core import graph as _graph
 from tb_gradmom.core import loss as _loss
@@ -35,13 +39,41 @@ __all__ = [
     "replica_context",
     "WARNED",
     "listing",
+    "route_coupled",
 ]
 
 MAX_ORDER = 4
 
-# The keys of the warnings given once per process (a set of variables, a loss): cleared by
-# tests that count warnings.
-WARNED: set = set()
+
+class _Warned:
+    """The keys of the warnings given (a set of variables, a loss), per traced graph: a
+    warning is given once per trace of a step (each trace is another model, or the same model
+    with other shapes: it is told again), however many times the step calls gradmom.
+
+    ``key in WARNED`` and ``WARNED.add(key)`` refer to the graph being built (the default
+    graph: a ``tf.function``'s while it is traced). Graphs are held weakly."""
+
+    def __init__(self) -> None:
+        self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _current(self) -> set:
+        graph = tf.compat.v1.get_default_graph()
+        keys = self._keys.get(graph)
+        if keys is None:
+            keys = self._keys[graph] = set()
+        return keys
+
+    def __contains__(self, key) -> bool:
+        return key in self._current()
+
+    def add(self, key) -> None:
+        self._current().add(key)
+
+    def clear(self) -> None:
+        self._keys.clear()
+
+
+WARNED = _Warned()
 
 
 def variable_name(variable: Any) -> str:
@@ -124,30 +156,58 @@ def listing(items: Sequence[str], sep: str = ", ", limit: int = LISTED) -> str:
     return sep.join(items[:limit]) + f" and {len(items) - limit} more"
 
 
-def warn_coupled(plans) -> None:
-    names = tuple(p.name for p in plans if p.coupled)
-    if not names or names in WARNED:
+def warn_coupled(kept) -> None:
+    """``kept``: ``(VariablePlan, Coupling, why)`` of coupled variables left on their rules
+    because the exact fallback cannot run for them (``why``)."""
+    if not kept:
         return
-    WARNED.add(names)
-    if len(names) <= LISTED:
-        what = ", ".join(f"'{n}'" for n in names)
-    else:  # by layer: 'conv1_bn/gamma' and 'conv1_bn/beta' are layer 'conv1_bn'
-        layers = list(dict.fromkeys(n.rsplit("/", 1)[0] for n in names))
-        what = (
-            f"{len(names)} variables of {len(layers)} layers ("
-            + listing([f"'{n}'" for n in layers])
-            + ")"
-        )
+    key = ("coupled",) + tuple(plan.name for plan, _, _ in kept)
+    if key in WARNED:
+        return
+    WARNED.add(key)
+    lines = listing([f"'{plan.name}' (by {c}; {why})" for plan, c, why in kept], sep="; ")
     warnings.warn(
-        "tb_gradmom: "
-        + what
-        + " scale or shift a batch normalised with its own statistics (BatchNormalization "
-        "in training mode). Their moments are exact, but the examples are coupled through "
-        "the batch mean and variance: the per-example gradients of the layers before the "
-        "normalisation include that coupling (they are n * dL/dz_j, not dl_j/dz_j). See the "
-        "README's table of supported layers.",
+        "tb_gradmom: the examples are coupled between the uses of "
+        + lines
+        + " and the loss, and the exact fallback cannot run for them. Their moments come "
+        "from the rules, whose example j takes row j of n * dL/dz at the layer (the other "
+        "examples' losses through the coupling included), not d l_j / d theta: M_1 is the "
+        "gradient, the higher moments are those of that split.",
         stacklevel=4,
     )
+
+
+def route_coupled(plans, couplings, fallback: str, graph, on_path) -> list:
+    """Send every variable used before a coupler (`tb_gradmom.core.couplings`) to the exact
+    fallback, which computes its ``d l_j / d theta`` through the batch's forward pass: rows of
+    the jacobian of the per-example losses. With ``fallback="error"`` raise
+    `UnsupportedOpError` naming the coupler instead. Returns ``(plan, coupling, why)`` for the
+    variables left on their rules because the fallback cannot run for them (`warn_coupled`)."""
+    kept = []
+    for plan in plans:
+        if plan.fallback is not None or not plan.sites:
+            continue
+        coupling = couplings.of_sites(plan.sites)
+        if coupling is None:
+            continue
+        plan.coupling = str(coupling)
+        if fallback == "error":
+            raise UnsupportedOpError(
+                f"variable '{plan.name}' is used before {coupling.detail()}, which couples the "
+                "examples: example j's loss depends on other examples' rows there, so the "
+                "rules, which take example j's gradient from its own rows, do not give "
+                "d l_j / d theta. Pass fallback='exact' to compute it per example (rows of "
+                "the jacobian of the per-example losses; slower, exact), or leave "
+                f"'{plan.name}' out of var_list."
+            )
+        try:
+            _fallback.refuse_broken([plan.variable], [plan.name], graph, on_path)
+        except UnsupportedOpError as e:
+            kept.append((plan, coupling, f"the fallback cannot run: {e.reason}"))
+            continue
+        plan.fallback = f"the examples are coupled after its use, by {coupling}"
+        plan.sites = []
+    return kept
 
 
 def warn_unproven(what: str) -> None:
@@ -157,8 +217,9 @@ def warn_unproven(what: str) -> None:
     WARNED.add(key)
     warnings.warn(
         f"tb_gradmom: cannot prove where the examples are in {what}; they are taken to be "
-        "on its first axis. The moments are exact if each entry of that axis depends on one "
-        "example only. Layers past that op use the exact fallback.",
+        "on its first axis. Every variable whose use reaches them takes the exact fallback "
+        "(rows of the jacobian of these per-example losses): exact if each entry of that "
+        "axis is one example's loss.",
         stacklevel=4,
     )
 
@@ -235,6 +296,7 @@ def check_loss_vector(loss: tf.Tensor, ex) -> _axes.Axis:
             "Pass the [n] vector of per-example losses, before any reduction over the batch."
         )
     if st == _axes.UNKNOWN:
+        _couplings.refuse_mixing(loss, ex, f"the loss vector '{loss.name}'")
         warn_unproven(f"the loss vector '{loss.name}' (stopped at {ex.why(loss)})")
         return _axes.Axis(0)
     raise PerExampleLossError(
@@ -436,6 +498,10 @@ def make_plan(
             form = _loss.analyse(loss, ex, replica.num_replicas_in_sync if replica else 1)
             mode = reduction_of(form, options.reduction, loss)
             if not form.proven:
+                for term in form.terms:
+                    _couplings.refuse_mixing(
+                        term.values, ex, f"the per-example losses '{term.values.name}'"
+                    )
                 warn_unproven(f"the per-example losses {form.note}")
             loss_values = (form.values, form.terms[0].axis)
         graph = scalar.graph
@@ -451,7 +517,11 @@ def make_plan(
             plan_variable(v, nm, graph, on_path, ex, options.fallback)
             for v, nm in zip(variables, names)
         ]
-        warn_coupled(plans)
+        ends = [loss_vector] if form is None else [term.values for term in form.terms]
+        kept = route_coupled(
+            plans, _couplings.Couplings(ends, ex), options.fallback, graph, on_path
+        )
+        warn_coupled(kept)
         fallback_ids = [i for i, plan in enumerate(plans) if plan.fallback is not None]
         if fallback_ids and xla:
             refuse_fallback_in_xla([plans[i] for i in fallback_ids])

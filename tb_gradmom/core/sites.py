@@ -47,20 +47,25 @@ class VariablePlan:
     dtype: tf.DType
     # [(Site, Contribution)]: each use of the variable that meets the examples, and its rule
     sites: list
-    # a batch statistic (BatchNorm in training mode) lies between the variable and the batch
-    coupled: bool = False
-    # why the variable is on the exact fallback path (no rule for one of its uses), or None
+    # why the variable is on the exact fallback path (no rule for one of its uses, or the
+    # examples coupled after a use), or None
     fallback: str | None = None
+    # the op that couples the examples between a use of the variable and the loss
+    # (`tb_gradmom.core.couplings`), or None
+    coupling: str | None = None
 
     @property
     def path(self) -> str:
-        """``"fallback: <why>"``, ``"rule: <op types>"``, or ``"unused"`` (no use on the
-        loss's path)."""
+        """``"fallback: <why>"``, ``"rule: <op types>"`` (with the coupler, for a coupled
+        variable the fallback cannot take), or ``"unused"`` (no use on the loss's path)."""
         if self.fallback is not None:
             return f"fallback: {self.fallback}"
         if not self.sites:
             return "unused"
-        return "rule: " + ", ".join(dict.fromkeys(site.op.type for site, _ in self.sites))
+        rule = "rule: " + ", ".join(dict.fromkeys(site.op.type for site, _ in self.sites))
+        if self.coupling is not None:  # the fallback cannot run for it (`plan.route_coupled`)
+            rule += f" (the examples are coupled after its use, by {self.coupling})"
+        return rule
 
     def describe(self) -> list[str]:
         """One line per site: the op, the variable's input index, the example axis the rule
@@ -97,13 +102,10 @@ def plan_variable(variable, name: str, graph, on_path, ex, fallback: str) -> Var
     dtype = moment_dtype(variable.dtype)
     handle = _graph.internal_handle(graph, variable)
     sites = []
-    coupled = False
     if handle is not None:
         for raw in _graph.find_sites(handle, on_path):
             try:
-                found, c = _site_contributions(
-                    raw, name, dtype, variable.shape, on_path, ex, depth=0
-                )
+                found = _site_contributions(raw, name, dtype, variable.shape, on_path, ex, depth=0)
             except UnsupportedOpError as e:
                 if fallback == "error":
                     raise UnsupportedOpError(
@@ -112,8 +114,7 @@ def plan_variable(variable, name: str, graph, on_path, ex, fallback: str) -> Var
                     ) from None
                 return VariablePlan(variable, name, dtype, [], fallback=e.reason)
             sites.extend(found)
-            coupled = coupled or c
-    return VariablePlan(variable, name, dtype, sites, coupled=coupled)
+    return VariablePlan(variable, name, dtype, sites)
 
 
 # A chain of element-wise derived parameters longer than this is not followed (BatchNorm needs
@@ -213,10 +214,10 @@ def _derived_outputs(op, ex, on_path):
 def _derived_region(outs, on_path, ex, read):
     """The forward closure of ``outs`` through ops whose outputs hold no examples.
 
-    Returns ``(frontier, stop, coupled)``: the consumers past the region (``RawSite``s whose op
-    sees the examples, or an add/multiply that a region tensor is broadcast into), every input
-    of the region's ops that the region does not compute (held fixed in its vector-Jacobian
-    product), and whether a batch statistic enters the region."""
+    Returns ``(frontier, stop)``: the consumers past the region (``RawSite``s whose op sees the
+    examples, or an add/multiply that a region tensor is broadcast into), and every input of
+    the region's ops that the region does not compute (held fixed in its vector-Jacobian
+    product: a batch statistic there is held fixed as in the variable's own gradient)."""
     region = {t.ref() for t in outs}
     ops: set = set()
     frontier = []
@@ -251,31 +252,28 @@ def _derived_region(outs, on_path, ex, read):
             for o in d:
                 region.add(o.ref())
                 stack.append(o)
-    stop, coupled = [], False
+    stop = []
     for op in ops:
         for x in op.inputs:
             if x.ref() not in region and x.dtype != tf.resource:
                 stop.append(x)
-                coupled = coupled or ex.of(x) == _axes.REDUCED
-    return frontier, stop, coupled
+    return frontier, stop
 
 
-def _region_contributions(raw, outs, others, name, dtype, on_path, ex, depth, coupled):
+def _region_contributions(raw, outs, others, name, dtype, on_path, ex, depth):
     """Contributions to ``raw.view`` through ``raw.op`` (whose outputs ``outs`` hold no
     examples) and the whole derived region after it: each site where the region meets the
     examples is pulled back to the variable by one vector-Jacobian product."""
     op = raw.op
     try:
-        frontier, stop, c = _derived_region(outs, on_path, ex, raw.read)
+        frontier, stop = _derived_region(outs, on_path, ex, raw.read)
     except UnsupportedOpError as e:
         raise UnsupportedOpError(
             _unsupported_message(name, op, str(e)), reason=f"{op.type} op '{op.name}': {e.reason}"
         ) from None
-    coupled = coupled or c
     found = []
     for f in frontier:
-        inner, c = _site_contributions(f, name, dtype, f.view.shape, on_path, ex, depth + 1)
-        coupled = coupled or c
+        inner = _site_contributions(f, name, dtype, f.view.shape, on_path, ex, depth + 1)
         for site, contribution in inner:
             try:
                 chained = region_contribution(
@@ -284,12 +282,12 @@ def _region_contributions(raw, outs, others, name, dtype, on_path, ex, depth, co
             except RuleError as e:
                 raise _refused(name, op, e) from None
             found.append((site, chained))
-    return found, coupled
+    return found
 
 
 def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
-    """``([(Site, Contribution)], coupled)`` for one consumer of a variable (or of a parameter
-    derived from it). ``coupled``: a batch statistic enters on the way (BatchNorm)."""
+    """``[(Site, Contribution)]`` for one consumer of a variable (or of a parameter derived
+    from it)."""
     op = raw.op
     derived_outs = None
     if raw.view.dtype != tf.resource:
@@ -297,14 +295,12 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
     if derived_outs is not None and op.type in ("BroadcastTo", "Tile") and raw.index == 0:
         passed = _broadcast_through(raw, op, on_path)
         if passed is not None:  # numpy broadcasting at the consumers does the same
-            found, coupled = [], False
+            found = []
             for inner_raw in passed:
-                inner, c = _site_contributions(
-                    inner_raw, name, dtype, var_shape, on_path, ex, depth + 1
+                found.extend(
+                    _site_contributions(inner_raw, name, dtype, var_shape, on_path, ex, depth + 1)
                 )
-                found.extend(inner)
-                coupled = coupled or c
-            return found, coupled
+            return found
     if derived_outs is not None:
         if depth >= _MAX_DERIVED_DEPTH:
             raise UnsupportedOpError(
@@ -313,35 +309,31 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
                 f"{_MAX_DERIVED_DEPTH}",
             )
         if any(x is raw.view for x in op.inputs[: raw.index]):
-            return [], False  # the same tensor at an earlier input: that site covers both
+            return []  # the same tensor at an earlier input: that site covers both
         others = [x for i, x in enumerate(op.inputs) if x is not raw.view]
-        coupled = any(ex.of(x) == _axes.REDUCED for x in others)
         elementwise = op.type in DERIVED_OPS and raw.view.dtype != tf.resource
         elementwise = elementwise and sum(1 for x in op.inputs if x is raw.view) == 1
         found = []
         if not elementwise:
-            return _region_contributions(
-                raw, derived_outs, others, name, dtype, on_path, ex, depth, coupled
-            )
+            return _region_contributions(raw, derived_outs, others, name, dtype, on_path, ex, depth)
         for derived in derived_outs:
             factor = local_factor(op, raw.index, dtype)
             for inner_raw in _graph.consumers_past_views(derived, on_path, raw.read):
-                inner, c = _site_contributions(
+                inner = _site_contributions(
                     inner_raw, name, dtype, derived.shape, on_path, ex, depth + 1
                 )
-                coupled = coupled or c
                 for site, contribution in inner:
                     try:
                         chained = derived_contribution(raw.view, derived, factor, contribution)
                     except RuleError as e:
                         raise _refused(name, op, e) from None
                     found.append((site, chained))
-        return found, coupled
+        return found
     rule = REGISTRY.get(op.type)
     if rule is None:
         try:  # a parameter (no examples in it) into any op: the masked VJP
             site = _make_site(raw, op, dtype, var_shape, ex)
-            return [(site, masked_vjp_rule(site))], False
+            return [(site, masked_vjp_rule(site))]
         except RuleError:
             pass
         raise UnsupportedOpError(
@@ -359,10 +351,10 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
             )
     site = _make_site(raw, op, dtype, var_shape, ex, on_path)
     try:
-        return [(site, rule(site))], False
+        return [(site, rule(site))]
     except RuleError as e:
         try:  # the specific rule does not cover this use; a parameter operand still can be
-            return [(site, masked_vjp_rule(site))], False
+            return [(site, masked_vjp_rule(site))]
         except RuleError:
             pass
         raise _refused(name, op, e) from None

@@ -11,9 +11,9 @@ gradient of ``v`` is the chain rule applied to example ``j``'s gradient of ``d``
 
 and ``g_j(d)`` comes from the rules of ``d``'s own consumers (summed over them before any power,
 as for every variable with several consumers). The batch statistics are held fixed, as they are
-in the gradient of ``v`` itself: ``gamma`` and ``beta`` are exact as defined, while the per-example
-gradients of the layers *upstream* of the normalisation include the coupling through the
-statistics (``n * dL/dz_j`` is not ``dl_j/dz_j`` there).
+in the gradient of ``v`` itself: ``gamma`` and ``beta`` are exact as defined. The layers
+*upstream* of the normalisation are coupled through the statistics (``n * dL/dz_j`` is not
+``dl_j/dz_j`` there): `tb_gradmom.core.couplings` finds them and they take the exact fallback.
 """
 
 from __future__ import annotations
