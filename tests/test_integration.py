@@ -873,3 +873,44 @@ def test_calls_whose_tags_coincide_are_refused_not_mixed(tmp_path):
 
     once(tf.ones([4, 3]))
     once(tf.ones([5, 3]))
+
+
+def test_coupled_rules_keeps_the_rules_before_a_training_batch_norm():
+    keras.utils.set_random_seed(5)
+    dense = keras.layers.Dense(4, name="first")
+    bn = keras.layers.BatchNormalization()
+    head = keras.layers.Dense(2)
+    x = np.random.default_rng(0).normal(size=(6, 3)).astype("float32")
+
+    def forward(t):
+        return head(tf.nn.relu(bn(dense(t), training=True)))
+
+    forward(x)
+    variables = dense.trainable_variables
+
+    texts = []
+
+    def step(t, coupled):
+        moments, dz = tf.function(lambda t: _bn_step(t, coupled))(t)
+        return texts[-1], moments, dz
+
+    def _bn_step(t, coupled):
+        z = dense(t)
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(head(tf.nn.relu(bn(z, training=True)))), 1))
+        plan = gradmom.plan_moments(loss, variables, coupled=coupled)
+        _, moments = gradmom.gradients_and_moments(loss, variables, coupled=coupled)
+        dz = tf.gradients(loss, z)[0]
+        texts.append(str(plan))
+        return moments, dz
+
+    with pytest.warns(UserWarning, match=r"coupled between the uses of .*first.*coupled='rules'"):
+        text, moments, dz = step(x, "rules")
+    assert "rule: MatMul" in text
+    # the rules' split: example j's share of the batch gradient, a_j (n dL/dz_j)^T
+    share = np.einsum("ni,no->nio", x, 6 * dz.numpy())
+    np.testing.assert_allclose(moments[0][1].numpy(), share.mean(0), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(moments[0][2].numpy(), (share**2).mean(0), rtol=1e-5, atol=1e-7)
+    exact_text, _, _ = step(x, "exact")
+    assert "fallback" in exact_text
+    with pytest.raises(ValueError, match="coupled must be 'exact'.*or 'rules'"):
+        step(x, "nope")

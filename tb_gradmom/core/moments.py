@@ -174,6 +174,7 @@ def gradients_and_moments(
     name: str | None = None,
     fallback: str = "exact",
     loss_scale: float | tf.Tensor | tf.Variable | None = None,
+    coupled: str = "exact",
 ) -> tuple[list[tf.Tensor | None], list[dict[int, tf.Tensor]]]:
     """Gradients and the moments of the per-example gradients, from one backward pass.
 
@@ -226,6 +227,14 @@ def gradients_and_moments(
         mixed precision (float16/bfloat16 compute, float32 variables) moments are computed
         and returned in float32: output gradients are cast up, and unscaled, before any power.
 
+      coupled: ``"exact"`` (default): a variable used before an op that couples the examples
+        (a training-mode batch normalisation, centring by the batch mean, a custom gradient
+        that mixes them) takes the exact fallback, ``g_j = d l_j / d theta`` through the
+        batch's forward pass (slow: about one backward pass of the batch per example).
+        ``"rules"``: such variables keep their rules, whose ``g_j`` is example j's share of
+        the batch gradient at the layer (row j of ``n * dL/dz``; it sums to the gradient, but
+        is not ``d l_j / d theta``), with a warning naming the op.
+
     Returns:
       ``(grads, moments)``: ``grads[i]`` is what ``tf.gradients(loss, var_list)[i]`` gives (for a
       vector loss, of its mean; ``None`` for a variable the loss does not depend on). A
@@ -242,7 +251,9 @@ def gradients_and_moments(
         norm, a product, values that mix the examples).
       BatchSizeError: the batch size cannot be inferred or the graph disagrees about it.
     """
-    options = Options.check(orders, reduction, batch_size, chunk_size, fallback, loss_scale)
+    options = Options.check(
+        orders, reduction, batch_size, chunk_size, fallback, loss_scale, coupled=coupled
+    )
     plan = _plan.make_plan(loss, var_list, options, name=name or "gradients_and_moments")
     backward = run_backward(plan, fused=True)
     return list(backward.grads), backward.moments().values

@@ -169,7 +169,7 @@ def warn_coupled(kept) -> None:
     warnings.warn(
         "tb_gradmom: the examples are coupled between the uses of "
         + lines
-        + " and the loss, and the exact fallback cannot run for them. Their moments come "
+        + " and the loss, and they are not on the exact fallback. Their moments come "
         "from the rules, whose example j takes row j of n * dL/dz at the layer (the other "
         "examples' losses through the coupling included), not d l_j / d theta: M_1 is the "
         "gradient, the higher moments are those of that split.",
@@ -177,12 +177,13 @@ def warn_coupled(kept) -> None:
     )
 
 
-def route_coupled(plans, couplings, fallback: str, graph, on_path) -> list:
+def route_coupled(plans, couplings, fallback: str, graph, on_path, coupled: str = "exact") -> list:
     """Send every variable used before a coupler (`tb_gradmom.core.couplings`) to the exact
     fallback, which computes its ``d l_j / d theta`` through the batch's forward pass: rows of
     the jacobian of the per-example losses. With ``fallback="error"`` raise
     `UnsupportedOpError` naming the coupler instead. Returns ``(plan, coupling, why)`` for the
-    variables left on their rules because the fallback cannot run for them (`warn_coupled`)."""
+    variables left on their rules because the fallback cannot run for them, or all of them with
+    ``coupled="rules"`` (`warn_coupled`)."""
     kept = []
     for plan in plans:
         if plan.fallback is not None or not plan.sites:
@@ -191,6 +192,9 @@ def route_coupled(plans, couplings, fallback: str, graph, on_path) -> list:
         if coupling is None:
             continue
         plan.coupling = str(coupling)
+        if coupled == "rules":
+            kept.append((plan, coupling, "coupled='rules'"))
+            continue
         if fallback == "error":
             raise UnsupportedOpError(
                 f"variable '{plan.name}' is used before {coupling.detail()}, which couples the "
@@ -332,6 +336,7 @@ class Options:
     chunk_size: int | None = None
     fallback: str = "exact"
     loss_scale: float | tf.Tensor | None = None
+    coupled: str = "exact"
 
     @classmethod
     def check(
@@ -342,8 +347,16 @@ class Options:
         chunk_size: int | None = None,
         fallback: str = "exact",
         loss_scale: float | tf.Tensor | None = None,
+        *,
+        coupled: str = "exact",
     ) -> Options:
         """The options, each argument checked (``ValueError``/``TypeError`` naming it)."""
+        if coupled not in ("exact", "rules"):
+            raise ValueError(
+                f"coupled must be 'exact' (variables used before a batch statistic take the "
+                f"exact fallback) or 'rules' (they keep their rules, with a warning), got "
+                f"{coupled!r}"
+            )
         if reduction not in (None, "mean", "sum"):
             raise ValueError(
                 f"reduction must be None (read from the graph), 'mean' or 'sum', got {reduction!r}"
@@ -357,6 +370,7 @@ class Options:
             chunk_size=_validate.optional_positive_int("chunk_size", chunk_size),
             fallback=fallback,
             loss_scale=_validate.float_scalar("loss_scale", loss_scale),
+            coupled=coupled,
         )
 
 
@@ -444,6 +458,7 @@ def plan_moments(
     *,
     batch_size: int | tf.Tensor | None = None,
     fallback: str = "exact",
+    coupled: str = "exact",
 ) -> Plan:
     """The plan `gradients_and_moments` follows for these arguments, computing nothing.
 
@@ -455,7 +470,7 @@ def plan_moments(
     Raises what `gradients_and_moments` raises at trace time (with ``fallback="error"``, the
     `UnsupportedOpError` of the first variable without a rule).
     """
-    options = Options.check(orders, reduction, batch_size, None, fallback, None)
+    options = Options.check(orders, reduction, batch_size, None, fallback, None, coupled=coupled)
     return make_plan(loss, var_list, options, name="plan_moments")
 
 
@@ -519,7 +534,12 @@ def make_plan(
         ]
         ends = [loss_vector] if form is None else [term.values for term in form.terms]
         kept = route_coupled(
-            plans, _couplings.Couplings(ends, ex), options.fallback, graph, on_path
+            plans,
+            _couplings.Couplings(ends, ex),
+            options.fallback,
+            graph,
+            on_path,
+            options.coupled,
         )
         warn_coupled(kept)
         fallback_ids = [i for i, plan in enumerate(plans) if plan.fallback is not None]

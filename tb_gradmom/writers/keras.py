@@ -59,6 +59,10 @@ class GradMoments(keras.callbacks.Callback):
       log_learning_rate: pass the optimizer's learning rate so the CABS batch size is logged.
       fallback: ``"exact"`` or ``"error"`` for layers without an exact rule (see
         `tb_gradmom.gradients_and_moments`).
+      coupled: ``"exact"`` or ``"rules"`` for layers used before an op that couples the
+        examples, a training-mode BatchNormalization above all (see
+        `tb_gradmom.gradients_and_moments`): ``"rules"`` is much cheaper on a network with
+        batch normalisation in training, and its higher moments are of another split.
 
     Under mixed precision the optimizer's loss scale is taken out of the moments; under a
     ``tf.distribute`` strategy the moments are over the global batch, written by replica 0.
@@ -74,6 +78,7 @@ class GradMoments(keras.callbacks.Callback):
         per_variable_scalars: bool = True,
         log_learning_rate: bool = True,
         fallback: str = "exact",
+        coupled: str = "exact",
     ) -> None:
         super().__init__()
         self.every_n_steps = _validate.positive_int("every_n_steps", every_n_steps)
@@ -100,6 +105,9 @@ class GradMoments(keras.callbacks.Callback):
         if fallback not in ("exact", "error"):
             raise ValueError(f"fallback must be 'exact' or 'error', got {fallback!r}")
         self.fallback = fallback
+        if coupled not in ("exact", "rules"):
+            raise ValueError(f"coupled must be 'exact' or 'rules', got {coupled!r}")
+        self.coupled = coupled
         self._writer: tf.summary.SummaryWriter | None = None  # while training
         self._run_dir = self.log_dir
         self._context: _tape.CallbackContext | None = None
@@ -146,6 +154,7 @@ class GradMoments(keras.callbacks.Callback):
             log_learning_rate=self.log_learning_rate,
             fallback=self.fallback,
             optimizer=optimizer,
+            coupled=self.coupled,
         )
         user_step = _user_train_step(model)
         step = _default_train_step(model) if user_step is None else user_step

@@ -66,6 +66,7 @@ def moments(
     fallback: str = "exact",
     loss_scale=None,
     exact_gradients: bool = True,
+    coupled: str = "exact",
 ):
     """Computes gradients and logs the moments of the per-example gradients.
 
@@ -121,6 +122,8 @@ def moments(
         unchanged. False: on logged steps a convolution kernel's gradient is the order-1 sum
         of the per-example work the moments already do (no separate filter gradient; equal to
         TensorFlow's up to float rounding).
+      coupled: ``"exact"`` or ``"rules"``, for variables used before an op that couples the
+        examples (a training-mode batch normalisation): see `gradients_and_moments`.
 
     Returns:
       In a ``tf.function``: the gradients, aligned with ``var_list`` (``None`` where the loss
@@ -158,6 +161,7 @@ def moments(
         chunk_size,
         fallback,
         loss_scale,
+        coupled=coupled,
     )
     plan = _plan.make_plan(loss, var_list, options, name="gradmom_summary")
     indices = _log_indices(var_list, log_only)

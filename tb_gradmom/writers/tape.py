@@ -51,6 +51,7 @@ class CallbackContext:
     log_learning_rate: bool
     fallback: str
     optimizer: Any
+    coupled: str = "exact"
     # set when a tape of the traced step logged: the callback warns when none did
     used: bool = False
     # what the tapes of the traced step computed, in order: returned by the logged step
@@ -223,7 +224,9 @@ class GradientTape(tf.GradientTape):
         go to ``ctx.collected``, to be returned by the step and written outside it."""
         ctx.used = True
         scale = _loss_scale_of(loss, ctx.optimizer)
-        options = _plan.Options.check(ctx.orders, None, None, None, ctx.fallback, scale)
+        options = _plan.Options.check(
+            ctx.orders, None, None, None, ctx.fallback, scale, coupled=ctx.coupled
+        )
         plan = _plan.make_plan(loss, variables, options, name="gradmom_callback")
         backward = _moments.run_backward(plan, fused=True)
         ids = {id(_plan.tf_variable(v, i)) for i, v in enumerate(log_only or variables)}
@@ -257,6 +260,7 @@ _SUMMARY_KWARGS = frozenset(
         "chunk_size",
         "fallback",
         "loss_scale",
+        "coupled",
     }
 )
 
