@@ -396,6 +396,7 @@ def test_steps_per_execution_and_validation(tmp_path):
 
     x, y = _xy(n=64)
     a, b = build(), build()
+    initial = [w.numpy() for w in a.trainable_weights]
     cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=2)
     kw = dict(batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=(x[:16], y[:16]))
     ha = a.fit(x, y, callbacks=[cb], **kw)
@@ -404,6 +405,9 @@ def test_steps_per_execution_and_validation(tmp_path):
     tag = gradmom.summary.tag_names(a.trainable_weights)[0]
     steps = [r.step for r in data.load(tmp_path)["."][tag]]
     assert steps == list(range(0, 16, 2))
+    run = data.load(tmp_path)["."]
+    tags = gradmom.summary.tag_names(a.trainable_weights)
+    _check_logged(run, build(), initial, x[:8], y[:8], _sce, tags)
 
 
 def test_shares_the_train_run_of_keras_tensorboard(tmp_path):
@@ -560,6 +564,7 @@ def test_sample_and_class_weights_multi_output_and_resumed_fit(tmp_path):
     y2 = np.random.default_rng(5).normal(size=(32, 1)).astype("float32")
     sw = np.random.default_rng(6).uniform(0.5, 2.0, size=32).astype("float32")
     a, b = build(), build()
+    initial = [w.numpy() for w in a.trainable_weights]
     cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=3)
     kw = dict(batch_size=8, shuffle=False, verbose=0, sample_weight=sw)
     a.fit(x, [y, y2], epochs=1, callbacks=[cb], **kw)
@@ -567,8 +572,20 @@ def test_sample_and_class_weights_multi_output_and_resumed_fit(tmp_path):
     b.fit(x, [y, y2], epochs=1, **kw)
     hb = b.fit(x, [y, y2], epochs=3, initial_epoch=1, **kw)
     _same_training(a, b, ha, hb)
-    tag = gradmom.summary.tag_names(a.trainable_weights)[0]
-    assert [r.step for r in data.load(tmp_path)["."][tag]] == [0, 3, 6, 9]
+    tags = gradmom.summary.tag_names(a.trainable_weights)
+    run = data.load(tmp_path)["."]
+    assert [r.step for r in run[tags[0]]] == [0, 3, 6, 9]
+
+    # step 0 against brute force: l_j = w_j (ce_j + 0.3 se_j), the targets and weights packed
+    def weighted(out, packed):
+        ce = keras.losses.sparse_categorical_crossentropy(
+            tf.cast(packed[:, 0], tf.int32), out[0], from_logits=True
+        )
+        se = tf.square(out[1][:, 0] - packed[:, 1])
+        return packed[:, 2] * (ce + 0.3 * se)
+
+    packed = np.stack([y.astype("float32"), y2[:, 0], sw], 1)
+    _check_logged(run, build(), initial, x[:8], packed[:8], weighted, tags)
 
     def build_cw():
         return _small(seed=8)
