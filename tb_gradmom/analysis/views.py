@@ -34,6 +34,7 @@ __all__ = [
     "element_statistics",
     "meta",
     "summary_row",
+    "smoothed_columns",
 ]
 
 # Element-wise statistics that take both signs: drawn with a diverging colour map (RdBu_r)
@@ -118,6 +119,29 @@ def summary_row(
     row["batch_size"] = float(sums["batch_size"])
     row.update({k: float(d[k]) for k in SUMMARY_STATISTICS})
     return row
+
+
+def smoothed_columns(history: Mapping[str, Any] | None, smoothing: float) -> dict[str, Any]:
+    """The summary row's smoothed statistics at its step: the curves' estimator there.
+
+    Args:
+      history: the sums of the steps up to and including the row's step (1-D arrays, oldest
+        first), or None (the row has no stats).
+      smoothing: the decay in ``[0, 1)`` (`stats.smoothed_at`).
+
+    Returns:
+      ``{"smoothed": {statistic: float}, "smoothed_se": {statistic: float}}`` over
+      SUMMARY_STATISTICS (`stats.smoothed` and `stats.smoothed_se` at the last step), each
+      None without a history.
+    """
+    if history is None:
+        return {"smoothed": None, "smoothed_se": None}
+    size = len(next(iter(history.values())))
+    values, se = stats.smoothed_at(history, size - 1, smoothing)
+    return {
+        "smoothed": {k: values[k] for k in SUMMARY_STATISTICS},
+        "smoothed_se": {k: se[k] for k in SUMMARY_STATISTICS},
+    }
 
 
 def default_scale(stat: str) -> str:
