@@ -201,27 +201,76 @@ export function logTicks(lo, hi, count = 6) {
   return ticks.length ? ticks : niceTicks(lo, hi, 3).filter((v) => v > 0);
 }
 
-/** Short text for an axis tick: 0.001 -> "0.001", 1e-7 -> "1e-7", 25000 -> "25k". */
-export function formatTick(v) {
-  if (v === 0) return "0";
-  if (!Number.isFinite(v)) return String(v);
-  const a = Math.abs(v);
-  if (a >= 1e-3 && a < 1e4) return String(Number(v.toPrecision(6)));
-  if (a >= 1e4 && a < 1e6 && Number.isInteger(v / 1e3)) return `${v / 1e3}k`;
-  const [m, e] = v.toExponential().split("e");
-  return `${Number(Number(m).toPrecision(3))}e${Number(e)}`;
-}
+// SI suffixes for 1e3 .. 1e15 (k, M, G, T, P); beyond, and below 0.01, scientific notation.
+const SI = ["", "k", "M", "G", "T", "P"];
 
-/** A value for tooltips and tables: 4 significant digits, exponent form when tiny or huge. */
-export function formatValue(v, digits = 4) {
+/**
+ * A number as the tab writes it everywhere (tables, tooltips, axis ticks, figures): `digits`
+ * significant digits; from 0.01 to below 1000 plainly (12.35, 0.03135), from 1000 with an SI
+ * suffix (8.545k, -142.8k, 3.2M), below 0.01 and from 1e18 in scientific notation (3.135e-3).
+ * `trim` drops trailing zeros (ticks: "1.5k"; tables keep them, "1.500k", so a column's
+ * numbers have one precision). `integer` writes whole numbers (sizes, batch sizes) in full
+ * with thin-space thousands ("4 608"). NaN is "NaN", infinities "∞" and "-∞", null "–".
+ */
+export function formatNumber(v, { digits = 4, trim = false, integer = false } = {}) {
   if (v === null || v === undefined) return "–";
   if (Number.isNaN(v)) return "NaN";
   if (v === Infinity) return "∞";
   if (v === -Infinity) return "-∞";
   if (v === 0) return "0";
-  const a = Math.abs(v);
-  if (a >= 1e-3 && a < 1e5) return String(Number(v.toPrecision(digits)));
-  return v.toExponential(digits - 1).replace("e+", "e");
+  const cut = (text) => (trim && text.includes(".") ? text.replace(/\.?0+$/, "") : text);
+  if (integer && Number.isInteger(v) && Math.abs(v) < 1e15) {
+    const text = String(Math.abs(v)).replace(/\B(?=(\d{3})+(?!\d))/g, "\u2009");
+    return `${v < 0 ? "-" : ""}${text}`;
+  }
+  const rounded = Number(v.toPrecision(digits));
+  const a = Math.abs(rounded);
+  if (a >= 0.01 && a < 1e3) return cut(rounded.toPrecision(digits));
+  if (a >= 1e3 && a < 1e18) {
+    const k = Math.min(SI.length - 1, Math.floor(Math.log10(a) / 3 + 1e-12));
+    if (k < SI.length && a < 10 ** (3 * k + 3)) {
+      const m = Number((rounded / 10 ** (3 * k)).toPrecision(digits));
+      if (Math.abs(m) < 1000) return `${cut(m.toPrecision(digits))}${SI[k]}`;
+    }
+  }
+  const [m, e] = rounded.toExponential(digits - 1).split("e");
+  return `${cut(m)}e${Number(e)}`;
+}
+
+/** An axis tick: formatNumber with 3 significant digits and no trailing zeros ("25k", "1e-7"). */
+export function formatTick(v) {
+  return formatNumber(v, { digits: 3, trim: true });
+}
+
+/** A value for tooltips: formatNumber (`digits` significant digits, trailing zeros kept). */
+export function formatValue(v, digits = 4) {
+  return formatNumber(v, { digits });
+}
+
+/**
+ * What an estimate is: "undefined" (NaN: no variance, no loss logged, ...), "noise-dominated"
+ * (a positive-only statistic, such as the noise scale or a batch size, that came out <= 0 or
+ * infinite: its denominator's estimate is <= 0, docs/math.md), "missing" (null: not logged at
+ * this step) or "value".
+ */
+export function estimateStatus(v, positiveOnly = false) {
+  if (v === null || v === undefined) return "missing";
+  if (Number.isNaN(v)) return "undefined";
+  if (!Number.isFinite(v) || (positiveOnly && v <= 0)) return "noise-dominated";
+  return "value";
+}
+
+/**
+ * An estimate as text, the same in the table, the tooltips and the exports: its number by
+ * formatNumber, or "noise-dominated" / "undefined" / "–" (estimateStatus); with `se` (a
+ * standard error) "1.234k ± 56.70".
+ */
+export function formatEstimate(v, { positiveOnly = false, digits = 4, se = null } = {}) {
+  const status = estimateStatus(v, positiveOnly);
+  if (status === "missing") return "–";
+  if (status !== "value") return status;
+  const text = formatNumber(v, { digits });
+  return Number.isFinite(se) ? `${text} ± ${formatNumber(se, { digits: 2 })}` : text;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -591,6 +640,22 @@ export function curveChoices(meta) {
 /** Whether a curve's values <= 0 mean "noise-dominated" (marked, not drawn). */
 export function isPositiveOnly(key, meta) {
   return meta.positive_only.includes(key);
+}
+
+/**
+ * A /summary row as the table shows it: each statistic (meta.summary_statistics) is its
+ * smoothed value when the row has one (/summary?smoothing=: the curves' value at that step),
+ * else its per-step value; `perStep` and `se` keep the per-step values and the standard
+ * errors (NaN without smoothing).
+ */
+export function tableRow(row, meta) {
+  const out = { ...row, perStep: {}, se: {} };
+  for (const k of meta.summary_statistics) {
+    out.perStep[k] = row[k];
+    out.se[k] = row.smoothed_se?.[k] ?? NaN;
+    if (row.smoothed) out[k] = row.smoothed[k];
+  }
+  return out;
 }
 
 /** The numeric fields of a /summary row: its size and batch size, and the statistics. */

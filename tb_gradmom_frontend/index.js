@@ -24,6 +24,7 @@ import {
   seriesInfo,
   statLabel,
   summaryNumericKeys,
+  tableRow,
 } from "./core.js";
 import { checkbox, h, select } from "./views/common.js";
 import { CurvesView } from "./views/curves.js";
@@ -628,7 +629,7 @@ class App {
     smoothing.addEventListener("change", () => {
       s.smoothing = +smoothing.value;
       smoothingValue.textContent = s.smoothing.toFixed(2);
-      this.loadCurves();
+      this.loadViews({ only: ["curves", "table"] });
     });
     const infoButton = h("button", {
       type: "button",
@@ -856,6 +857,7 @@ class App {
             wall_times: d.wall_times,
             values: d.values[m] ?? [],
             smoothed: d.smoothed?.[m] ?? null,
+            se: d.smoothed_se?.[m] ?? null,
           });
           out.push({ ...pick(s.metric), loss: pick("loss") });
         } catch (e) {
@@ -927,12 +929,25 @@ class App {
       [...modelSteps].sort((a, b) => a - b),
       this.currentStep(),
     );
+    const smoothing = s.smoothing;
     return this.load(
       "table",
       `the summary of run ${run}`,
       () =>
-        this.cached(`summary|${run}|${step}|${group}`, () =>
-          api.fetchSummary({ run, step, group, numeric: summaryNumericKeys(this.meta) }),
+        this.cached(`summary|${run}|${step}|${group}|${smoothing}`, () =>
+          api
+            .fetchSummary({
+              run,
+              step,
+              group,
+              numeric: summaryNumericKeys(this.meta),
+              smoothing: smoothing > 0 ? smoothing : undefined,
+            })
+            .then((d) => ({
+              ...d,
+              rows: d.rows.map((r) => tableRow(r, this.meta)),
+              model: d.model && tableRow(d.model, this.meta),
+            })),
         ),
       (d) => {
         const { tags } = filterTags(
@@ -964,6 +979,8 @@ class App {
           exportTheme: THEMES.light,
           group: this.grouped() ? groupLabel(s.group) : null,
           statistics: this.meta.statistics,
+          smoothing,
+          positiveOnly: this.meta.positive_only,
         });
       },
     );

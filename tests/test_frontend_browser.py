@@ -154,6 +154,9 @@ def _write_run(run_dir: Path, seed: int, steps=(0, 10, 20, 30, 40), n: int = 32)
         "conv2d/kernel": ((3, 3, 2, 5), "Conv2D", None),
         "big/kernel": ((96, 64), "MatMul", None),
         "wide/kernel": ((40, 600), "MatMul", 2048),
+        # Almost no mean gradient: |G|^2 = |m|^2 - tr(Sigma)/n < 0, a noise-dominated
+        # (negative) noise scale at every step, smoothed or not.
+        "noise/bias": ((3,), "BiasAdd", None),
     }
     writer = tf.summary.create_file_writer(str(run_dir))
     with writer.as_default():
@@ -161,6 +164,8 @@ def _write_run(run_dir: Path, seed: int, steps=(0, 10, 20, 30, 40), n: int = 32)
             model = None
             for tag, (shape, op, max_elements) in variables.items():
                 m1 = rng.normal(0.0, 0.1, shape) / (1 + k)
+                if tag == "noise/bias":
+                    m1 = m1 * 1e-6
                 var = 10.0 ** rng.uniform(-6, -2, shape)
                 m2 = m1**2 + var * (n - 1) / n
                 m1, m2 = np.stack([m1, m2]).astype(np.float32).astype(np.float64)
@@ -715,18 +720,32 @@ def test_noise_curves_overlay_runs_and_export(page):
     # Smoothing is on by default: the raw per-step values and the smoothed ones, both exported.
     smoothing = float(pg.locator("input.smoothing").input_value())
     assert smoothing == 0.9
-    assert rows[0] == ["run", "step", "wall_time", "noise_scale", "noise_scale_smoothed"]
+    assert rows[0] == [
+        "run",
+        "step",
+        "wall_time",
+        "noise_scale",
+        "noise_scale_smoothed",
+        "noise_scale_smoothed_se",
+        "noise_scale_status",
+    ]
     for run in runs:
         ref = get_json(page.base, "series", run=run, tag="dense/kernel", smoothing=smoothing)
-        got = [(int(r[1]), float(r[3]), float(r[4])) for r in rows[1:] if r[0] == run]
+        got = [(int(r[1]), float(r[3]), float(r[4]), float(r[5])) for r in rows[1:] if r[0] == run]
         want = list(
             zip(
                 ref["steps"],
                 map(js_value, ref["values"]["noise_scale"]),
                 map(js_value, ref["smoothed"]["noise_scale"]),
+                map(js_value, ref["smoothed_se"]["noise_scale"]),
                 strict=True,
             )
         )
+        # What a noise scale that is not a value is, spelled out.
+        for r in rows[1:]:
+            v = float(r[4])
+            want_status = "undefined" if math.isnan(v) else "" if v > 0 else "noise-dominated"
+            assert r[6] == want_status, r
         assert len(got) == len(want)
         for (s1, *v1), (s2, *v2) in zip(got, want, strict=True):
             assert s1 == s2
@@ -753,18 +772,88 @@ def test_noise_curves_overlay_runs_and_export(page):
     assert decode_png(png).shape[0] > 100
 
 
+def curve_value_at(pg, view: str, run: str, step: int) -> dict:
+    """The value a curve draws at a step, as the tab holds it (from /series), and the tooltip
+    text there: the pointer moved over the plot at that step."""
+    data = pg.evaluate(
+        """([view, run, step]) => {
+          const m = window.gradmom.views[view].model;
+          const steps = m.series.flatMap((s) => s.steps);
+          const s = m.series.find((x) => x.run === run);
+          const k = s.steps.indexOf(step);
+          return {smoothed: s.smoothed ? s.smoothed[k] : s.values[k], raw: s.values[k],
+                  se: s.se ? s.se[k] : null, lo: Math.min(...steps), hi: Math.max(...steps)};
+        }""",
+        [view, run, step],
+    )
+    css = {"layerCurves": ".curves-layer", "modelCurves": ".curves-model"}[view]
+    target = pg.locator(f"{css} rect.hover-target")
+    target.scroll_into_view_if_needed()
+    box = target.bounding_box()
+    x = box["x"] + (step - data["lo"]) / (data["hi"] - data["lo"]) * box["width"]
+    pg.mouse.move(x, box["y"] + box["height"] / 2)
+    tip = pg.locator(f"{css} .tooltip .tip-row", has_text=run).first
+    tip.wait_for(state="visible")
+    data["tip"] = tip.locator(".tip-value").text_content()
+    return data
+
+
+def test_table_shows_the_curves_estimator_and_marks_noise_dominated(page):
+    pg = open_variable_page(page, "alpha", "dense/kernel", "variance")
+    step = max(get_json(page.base, "tags")["model"]["alpha"]["steps"])
+    for smoothing in (0.9, 0.6):
+        if smoothing != 0.9:
+            pg.locator("input.smoothing").fill(str(smoothing))
+            pg.locator("input.smoothing").dispatch_event("change")
+            pg.wait_for_function(
+                "(s) => window.gradmom.views.table.model.smoothing === s", arg=smoothing
+            )
+            page.settle()
+        assert f"smoothed at {smoothing:.2f}" in pg.locator("#summary-card .hint").text_content()
+        for view, row_sel, run in (
+            ("layerCurves", 'tbody tr[data-tag="dense/kernel"]', "alpha"),
+            ("modelCurves", "tfoot tr", "alpha"),
+        ):
+            for key in ("noise_scale",):
+                cell = pg.locator(f'table.summary {row_sel} td[data-key="{key}"]')
+                curve = curve_value_at(pg, view, run, step)
+                # The same number as the curve's at that step (/series writes arrays with 9
+                # significant digits, /summary's scalars exactly: docs/http_api.md)...
+                got = float(cell.get_attribute("data-value"))
+                assert got == pytest.approx(curve["smoothed"], rel=1e-8), (view, key)
+                # ... written the same way as in the curve's tooltip.
+                assert curve["tip"].startswith(cell.text_content()), (curve["tip"], view)
+                # The per-step value is in the cell's tooltip.
+                ref = get_json(page.base, "summary", run=run, step=step, smoothing=smoothing)
+                assert "this step" in cell.get_attribute("title")
+                assert ref["smoothing"] == smoothing
+    # A negative estimate is not shown as a number: "noise-dominated", in the table, its
+    # tooltip and the curves' tooltip.
+    ref = {r["tag"]: r for r in get_json(page.base, "summary", run="alpha", smoothing=0.6)["rows"]}
+    assert js_value(ref["noise/bias"]["smoothed"]["noise_scale"]) < 0
+    cell = pg.locator('table.summary tbody tr[data-tag="noise/bias"] td[data-key="noise_scale"]')
+    assert cell.text_content() == "noise-dominated"
+    assert "noise-dominated" in cell.get_attribute("class")
+    pg.click('table.summary tbody tr[data-tag="noise/bias"]')
+    page.settle()
+    curve = curve_value_at(pg, "layerCurves", "alpha", step)
+    assert curve["smoothed"] < 0 and curve["tip"].startswith("noise-dominated"), curve
+
+
 def test_summary_table_sorts_and_opens_heatmap(page):
     pg = open_variable_page(page, "alpha", "dense/kernel", "variance")
     tags = get_json(page.base, "tags")
     # One call per run (one whole-model tag): no group selector.
     assert pg.locator("select.group-select").count() == 0
     step = max(tags["model"]["alpha"]["steps"])
-    ref = get_json(page.base, "summary", run="alpha", step=step)
+    # The table shows the curves' estimator: smoothed at the slider's value (0.9 by default).
+    ref = get_json(page.base, "summary", run="alpha", step=step, smoothing=0.9)
     rows = pg.locator("table.summary tbody tr")
     assert rows.count() == len(ref["rows"]) == len(tags["runs"]["alpha"])
     # Sorted by total variance, descending, by default.
     order = [rows.nth(k).get_attribute("data-tag") for k in range(rows.count())]
-    want = [r["tag"] for r in sorted(ref["rows"], key=lambda r: -js_value(r["total_variance"]))]
+    shown = lambda r, k: js_value(r["smoothed"][k]) if r.get("smoothed") else js_value(r[k])  # noqa: E731
+    want = [r["tag"] for r in sorted(ref["rows"], key=lambda r: -shown(r, "total_variance"))]
     assert order == want
     # The statistics' headers explain them (name, meaning, formula, reference) from the backend.
     for key, stat in (("noise_scale", "noise_scale"), ("gsnr_mean", "gsnr_mean")):
@@ -788,8 +877,13 @@ def test_summary_table_sorts_and_opens_heatmap(page):
         by_tag["_model"] = ref["model"]
         assert pg.locator("table.summary tfoot td").first.text_content() == "whole model"
     for r in table:
+        row = by_tag[r["tag"]]
         for key in ("size", "total_variance", "gsnr_mean", "noise_scale", "batch_size"):
-            want = by_tag[r["tag"]][key]
+            want = row[key]
+            if key not in ("size", "batch_size") and row.get("smoothed"):
+                want = row["smoothed"][key]
+                per_step = float(r[f"{key}_per_step"])
+                assert per_step == js_value(row[key]) or math.isnan(per_step), (r, key)
             if want is None:  # not available: an empty CSV field
                 assert r[key] == "", (r, key)
                 continue

@@ -1,7 +1,7 @@
 // The model summary table: per variable its size, total variance, GSNR, noise scale and batch
 // size at one step; sortable by any column; a click on a row opens its heatmap.
 
-import { formatValue, sortRows, toCSV } from "../core.js";
+import { estimateStatus, formatEstimate, formatNumber, sortRows, toCSV } from "../core.js";
 import { drawTitle, exportButtons, h, newFigure, toJSON, View } from "./common.js";
 
 // The tab's columns with their short headers (the statistic columns are keys of /meta's
@@ -36,14 +36,37 @@ export function columnTitle(key, statistics) {
     .join("\n");
 }
 
-const cellText = (col, v) =>
-  v === null || v === undefined
-    ? "–"
-    : col.numeric
-      ? col.key === "size" || col.key === "batch_size"
-        ? formatValue(v, 12)
-        : formatValue(v, 4)
-      : String(v);
+const COUNTS = new Set(["size", "batch_size"]);
+
+/** A cell's text: counts in full, statistics by core.formatEstimate (the tab's one format). */
+export function cellText(col, row, positiveOnly = []) {
+  const v = row[col.key];
+  if (!col.numeric) return v === null || v === undefined ? "–" : String(v);
+  if (COUNTS.has(col.key)) return formatNumber(v, { integer: true });
+  return formatEstimate(v, { positiveOnly: positiveOnly.includes(col.key) });
+}
+
+/**
+ * A statistic cell's tooltip: the value shown (smoothed, with its standard error), and the
+ * per-step value at the row's step.
+ */
+export function cellTitle(col, row, smoothing, positiveOnly = []) {
+  if (!col.numeric || COUNTS.has(col.key) || !row.perStep) return null;
+  const pos = { positiveOnly: positiveOnly.includes(col.key) };
+  const raw = row.perStep[col.key];
+  const lines = [];
+  if (smoothing > 0 && row.smoothed)
+    lines.push(
+      `smoothed (${smoothing.toFixed(2)}, as the curves): ${formatEstimate(row[col.key], { ...pos, se: row.se[col.key] })}`,
+    );
+  lines.push(
+    `this step (${row.step ?? "–"}) alone: ${formatEstimate(raw, pos)}` +
+      (Number.isFinite(raw) && estimateStatus(raw, pos.positiveOnly) !== "value"
+        ? ` (${formatNumber(raw)})`
+        : ""),
+  );
+  return lines.join("\n");
+}
 
 export class TableView extends View {
   /** `onSelect(tag)` is called when a row is clicked; rows start sorted by `sortKey`, descending. */
@@ -55,9 +78,10 @@ export class TableView extends View {
   }
 
   /**
-   * model: {rows, model (the whole model's row or null), run, step, selected, group (its label
-   * when the tab shows one group of several, else null), statistics (the columns'
-   * explanations, /meta's statistics), theme, exportTheme}.
+   * model: {rows and model (the whole model's row or null) as core.tableRow gives them, run,
+   * step, selected, group (its label when the tab shows one group of several, else null),
+   * statistics (the columns' explanations, /meta's statistics), smoothing (the curves'; 0: per
+   * step), positiveOnly (/meta's positive_only), theme, exportTheme}.
    */
   update(model) {
     this.model = model;
@@ -115,9 +139,7 @@ export class TableView extends View {
             "data-tag": row.tag,
             title: "Open the heatmap of this variable",
           },
-          COLUMNS.map((col) =>
-            h("td", { class: col.numeric ? "num" : "tag-cell", text: cellText(col, row[col.key]) }),
-          ),
+          COLUMNS.map((col) => this.cell(col, row)),
         );
         tr.addEventListener("click", () => this.onSelect(row.tag));
         tr.addEventListener("keydown", (e) => {
@@ -134,10 +156,9 @@ export class TableView extends View {
           "tr",
           { class: "model-row" },
           COLUMNS.map((col) =>
-            h("td", {
-              class: col.numeric ? "num" : "tag-cell",
-              text: col.key === "tag" ? this.wholeLabel() : cellText(col, whole[col.key]),
-            }),
+            col.key === "tag"
+              ? h("td", { class: "tag-cell", text: this.wholeLabel() })
+              : this.cell(col, whole),
           ),
         ),
       ]);
@@ -145,7 +166,7 @@ export class TableView extends View {
       h("div", { class: "card-tools" }, [
         h("span", {
           class: "hint",
-          text: `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · ${this.model.rows.length} variables`,
+          text: `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · ${this.model.rows.length} variables · ${this.caption()}`,
         }),
         exportButtons({
           figure: () => this.figure(this.model.exportTheme).node(),
@@ -158,6 +179,27 @@ export class TableView extends View {
         h("table", { class: "summary" }, [h("thead", {}, [head]), body, foot]),
       ]),
     );
+  }
+
+  /** What the statistic columns show: the curves' smoothed estimate at this step, or the step's. */
+  caption() {
+    const s = this.model.smoothing;
+    return s > 0
+      ? `statistics smoothed at ${s.toFixed(2)} as the curves (hover a cell for this step's own value)`
+      : "statistics of this step alone (smoothing 0)";
+  }
+
+  cell(col, row) {
+    const status = col.numeric
+      ? estimateStatus(row[col.key], (this.model.positiveOnly ?? []).includes(col.key))
+      : "value";
+    return h("td", {
+      class: `${col.numeric ? "num" : "tag-cell"}${status === "value" || status === "missing" ? "" : ` ${status}`}`,
+      "data-key": col.key,
+      "data-value": col.numeric ? String(row[col.key]) : undefined,
+      title: cellTitle(col, row, this.model.smoothing, this.model.positiveOnly) ?? undefined,
+      text: cellText(col, row, this.model.positiveOnly),
+    });
   }
 
   /** The table as a figure (for PNG/SVG export). */
@@ -173,7 +215,7 @@ export class TableView extends View {
     drawTitle(
       svg,
       "Model summary",
-      `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`,
+      `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · ${this.caption()} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`,
       theme,
     );
     const g = svg.append("g").attr("transform", "translate(12,52)");
@@ -201,7 +243,7 @@ export class TableView extends View {
           .attr("y", y)
           .attr("text-anchor", col.numeric ? "end" : "start")
           .attr("fill", theme.text)
-          .text(cellText(col, row[col.key]));
+          .text(cellText(col, row, this.model.positiveOnly));
       });
     });
     if (whole) {
@@ -219,7 +261,9 @@ export class TableView extends View {
           .attr("text-anchor", col.numeric ? "end" : "start")
           .attr("font-weight", 600)
           .attr("fill", theme.text)
-          .text(col.key === "tag" ? this.wholeLabel() : cellText(col, whole[col.key]));
+          .text(
+            col.key === "tag" ? this.wholeLabel() : cellText(col, whole, this.model.positiveOnly),
+          );
       });
     }
     return svg;
@@ -229,14 +273,30 @@ export class TableView extends View {
     return this.model.group ? `whole model ${this.model.group}` : "whole model";
   }
 
+  /**
+   * The table as CSV: each column's shown value in full precision; for each statistic also
+   * its per-step value, its standard error and, where an estimate is not a value, what it is
+   * (`<key>_status`: "noise-dominated" or "undefined").
+   */
   csv() {
-    const rows = this.sorted().map((row) => COLUMNS.map((c) => row[c.key]));
-    if (this.model.model)
-      rows.push(
-        COLUMNS.map((c) => (c.key === "tag" ? this.model.model.tag : this.model.model[c.key])),
-      );
+    const stats = COLUMNS.filter((c) => c.numeric && !COUNTS.has(c.key)).map((c) => c.key);
+    const pos = this.model.positiveOnly ?? [];
+    const line = (row, tag) => [
+      ...COLUMNS.map((c) => (c.key === "tag" ? tag : row[c.key])),
+      ...stats.flatMap((k) => {
+        const st = estimateStatus(row[k], pos.includes(k));
+        return [row.perStep?.[k], row.se?.[k], st === "value" || st === "missing" ? "" : st];
+      }),
+      this.model.smoothing,
+    ];
+    const rows = this.sorted().map((row) => line(row, row.tag));
+    if (this.model.model) rows.push(line(this.model.model, this.model.model.tag));
     return toCSV(
-      COLUMNS.map((c) => c.key),
+      [
+        ...COLUMNS.map((c) => c.key),
+        ...stats.flatMap((k) => [`${k}_per_step`, `${k}_se`, `${k}_status`]),
+        "smoothing",
+      ],
       rows,
     );
   }

@@ -94,10 +94,56 @@ test("formatTick and formatValue", () => {
   assert.equal(core.formatTick(1e-7), "1e-7");
   assert.equal(core.formatTick(2.5e-7), "2.5e-7");
   assert.equal(core.formatTick(25000), "25k");
+  assert.equal(core.formatTick(1500), "1.5k");
   assert.equal(core.formatValue(0.000123456), "1.235e-4");
   assert.equal(core.formatValue(12.3456), "12.35");
   assert.equal(core.formatValue(NaN), "NaN");
   assert.equal(core.formatValue(-Infinity), "-∞");
+});
+
+test("formatNumber: significant digits, SI from 1000, scientific below 0.01", () => {
+  // The column (4608, 0.0021, 0.003135, -1.428e5) in one style.
+  const f = (v, o) => core.formatNumber(v, o);
+  assert.equal(f(4608), "4.608k");
+  assert.equal(f(0.0021), "2.100e-3");
+  assert.equal(f(0.003135), "3.135e-3");
+  assert.equal(f(-1.428e5), "-142.8k");
+  assert.equal(f(8545), "8.545k");
+  assert.equal(f(999.96), "1.000k"); // rounding carries into the next range
+  assert.equal(f(999_960_000), "1.000G");
+  assert.equal(f(0.0099996), "0.01000");
+  assert.equal(f(12.3456), "12.35");
+  assert.equal(f(0.5), "0.5000");
+  assert.equal(f(0.5, { trim: true }), "0.5");
+  assert.equal(f(3.2e6, { trim: true }), "3.2M");
+  assert.equal(f(2e18), "2.000e18");
+  assert.equal(f(1e-300, { trim: true }), "1e-300");
+  assert.equal(f(4608, { integer: true }), "4\u2009608");
+  assert.equal(f(-1234567, { integer: true }), "-1\u2009234\u2009567");
+  assert.equal(f(12.5, { integer: true }), "12.50");
+  assert.equal(f(0), "0");
+  assert.equal(f(null), "–");
+  assert.equal(f(NaN), "NaN");
+  assert.equal(f(Infinity), "∞");
+  // Read back (suffix expanded), every number is its value to the digits asked.
+  const scale = { k: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15 };
+  const read = (t) => (t.at(-1) in scale ? Number(t.slice(0, -1)) * scale[t.at(-1)] : Number(t));
+  for (const v of [1.234567e-5, 0.0123456, 1.5, 99.99, 1234.5678, 5.5e7, -3.3e-4, 7.7e16])
+    assert.ok(Math.abs(read(f(v, { digits: 6 })) - v) <= 5e-6 * Math.abs(v), v);
+});
+
+test("formatEstimate marks noise-dominated and undefined estimates the same everywhere", () => {
+  const pos = { positiveOnly: true };
+  assert.equal(core.formatEstimate(-7059, pos), "noise-dominated");
+  assert.equal(core.formatEstimate(Infinity, pos), "noise-dominated");
+  assert.equal(core.formatEstimate(0, pos), "noise-dominated");
+  assert.equal(core.formatEstimate(NaN, pos), "undefined");
+  assert.equal(core.formatEstimate(null, pos), "–");
+  assert.equal(core.formatEstimate(-7059), "-7.059k"); // a signed statistic is a number
+  assert.equal(core.formatEstimate(1234.5, { ...pos, se: 56.7 }), "1.235k ± 57");
+  assert.equal(core.formatEstimate(1234.5, { ...pos, se: NaN }), "1.235k");
+  assert.equal(core.estimateStatus(-1, true), "noise-dominated");
+  assert.equal(core.estimateStatus(-1, false), "value");
 });
 
 test("cellElements recovers a conv kernel's multi-dimensional index", () => {
