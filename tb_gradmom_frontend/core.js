@@ -108,19 +108,21 @@ export function normalizer(domain, scale = "linear") {
 
 /**
  * RGBA pixels (Uint8ClampedArray, 4 bytes per value) for values under a colour map and a
- * normaliser; values with no colour (NaN, or <= 0 on a log scale) get `missing` [r, g, b, a].
+ * normaliser; values with no colour get `missing` [r, g, b, a] (NaN) or `nonPositive` (a value
+ * <= 0 on a log scale; default: `missing`), so that the two stay distinguishable.
  */
-export function colorize(values, name, normalize, missing = [0, 0, 0, 0]) {
+export function colorize(values, name, normalize, missing = [0, 0, 0, 0], nonPositive = missing) {
   const lut = colormapLUT(name);
   const out = new Uint8ClampedArray(values.length * 4);
   for (let k = 0; k < values.length; k++) {
     const t = normalize(values[k]);
     const o = 4 * k;
     if (Number.isNaN(t)) {
-      out[o] = missing[0];
-      out[o + 1] = missing[1];
-      out[o + 2] = missing[2];
-      out[o + 3] = missing[3];
+      const c = Number.isNaN(values[k]) ? missing : nonPositive;
+      out[o] = c[0];
+      out[o + 1] = c[1];
+      out[o + 2] = c[2];
+      out[o + 3] = c[3];
     } else {
       const i = 3 * lutIndex(t);
       out[o] = lut[i];
@@ -533,6 +535,7 @@ const META_SHAPE = Object.freeze({
   version: "number",
   element_statistics: "array",
   statistics: "object",
+  statistic_groups: "object",
   summary_statistics: "array",
   series_keys: "array",
   series_names: "object",
@@ -608,7 +611,22 @@ export function isSigned(stat, meta) {
 export function defaultView(stat, meta) {
   const signed = isSigned(stat, meta);
   const known = meta.element_statistics.find((e) => e.key === stat)?.default_scale;
-  return { scale: known ?? (signed ? "linear" : "log"), colormap: signed ? "rdbu_r" : "viridis" };
+  const scale = known ?? (signed ? "linear" : "log");
+  // Histograms open on the heatmap's scale: log x for variances (they span decades).
+  return { scale, colormap: signed ? "rdbu_r" : "viridis", histLog: scale === "log" };
+}
+
+/**
+ * How to bin the histograms of a variable of `size` elements: `bins` by the Rice rule
+ * (2 size^(1/3), between 4 and `maxBins`: a 4-element bias gets 4 bins, not 30 mostly empty
+ * ones) and at most `ridges` steps in the all-steps view (twice the elements, between 8 and
+ * `maxRidges`: a handful of values per ridge reads badly in 40 overlapping outlines).
+ */
+export function histogramPlan(size, maxBins = 30, maxRidges = 40) {
+  const n = Math.max(1, Math.floor(size) || 1);
+  const bins = Math.max(4, Math.min(maxBins, Math.ceil(2 * Math.cbrt(n))));
+  const ridges = Math.max(8, Math.min(maxRidges, 2 * n));
+  return { bins, ridges };
 }
 
 /** The run colours (TensorBoard's palette, light or dark), assigned in sorted run order. */
@@ -635,6 +653,46 @@ export function curveChoices(meta) {
   const stats = Object.keys(meta.statistics);
   const rest = meta.series_keys.filter((k) => !stats.includes(k) && k !== "loss");
   return [...stats, ...rest];
+}
+
+/**
+ * The curves' quantities grouped by what they are, in display order: one entry per kind of
+ * statistic of /meta's statistic_groups ({key, name, description, keys}), then the logged
+ * quantities (batch size, learning rate; not the loss, drawn in its own plot).
+ */
+export function curveGroups(meta) {
+  const groups = Object.entries(meta.statistic_groups ?? {}).map(([key, g]) => ({
+    key,
+    name: g.name,
+    description: g.description,
+    keys: Object.keys(meta.statistics).filter((k) => meta.statistics[k].group === key),
+  }));
+  const grouped = new Set(groups.flatMap((g) => g.keys));
+  const rest = curveChoices(meta).filter((k) => !grouped.has(k));
+  if (rest.length)
+    groups.push({
+      key: "logged",
+      name: "Logged with the moments",
+      description: "",
+      keys: rest,
+    });
+  return groups.filter((g) => g.keys.length);
+}
+
+/** A quantity's name with its symbol: "Gradient noise scale Bₛᵢₘₚₗₑ" (no code names). */
+export function seriesTitle(key, meta) {
+  const st = seriesInfo(key, meta);
+  return st.symbol && !st.name.includes(st.symbol) ? `${st.name} ${st.symbol}` : st.name;
+}
+
+/** An axis label: the short name, symbol and unit, "noise scale Bₛᵢₘₚₗₑ [examples]". */
+export function axisLabel(key, meta) {
+  const st = seriesInfo(key, meta);
+  const short = st.short ?? st.name;
+  const symbol =
+    st.symbol && st.symbol !== short && !short.includes(st.symbol) ? ` ${st.symbol}` : "";
+  const unit = st.unit ? ` [${st.unit.replace(/ \(.*\)$/, "")}]` : "";
+  return `${short}${symbol}${unit}`;
 }
 
 /** Whether a curve's values <= 0 mean "noise-dominated" (marked, not drawn). */
@@ -715,7 +773,10 @@ export const THEMES = Object.freeze({
     muted: "#616161",
     grid: "#e0e0e0",
     axis: "#9e9e9e",
-    missing: [204, 204, 204, 255],
+    // Cells without a colour: NaN (undefined) in magenta, <= 0 on a log scale in grey; neither
+    // is a colour of the maps' low ends.
+    missing: [255, 0, 255, 255],
+    nonPositive: [189, 189, 189, 255],
   },
   dark: {
     background: "#303030",
@@ -723,7 +784,8 @@ export const THEMES = Object.freeze({
     muted: "#a0a0a0",
     grid: "#484848",
     axis: "#8a8a8a",
-    missing: [90, 90, 90, 255],
+    missing: [255, 64, 255, 255],
+    nonPositive: [176, 176, 176, 255],
   },
 });
 

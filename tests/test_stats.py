@@ -395,3 +395,20 @@ def test_smoothed_at_is_smoothed_and_se_at_one_step():
     for k in stats.STATISTICS:
         assert values[k] == pytest.approx(full[k][17], rel=1e-12, nan_ok=True), k
         assert se[k] == pytest.approx(full_se[k][17], rel=1e-12, nan_ok=True), k
+
+
+def test_statistics_have_human_names_typeset_formulas_and_a_group():
+    from tb_gradmom.analysis import views
+
+    for key, s in stats.STATISTICS.items():
+        # No code names or ASCII math in what people read.
+        for text in (s.name, s.short, s.formula, s.reading, s.smoothing):
+            assert key not in text and "Sigma" not in text and "^2" not in text, (key, text)
+            assert "sqrt(" not in text and "sum_" not in text, (key, text)
+        assert s.group in views.STATISTIC_GROUPS, key
+    assert stats.STATISTICS["total_variance"].symbol == "tr(Σ)"
+    assert "|G|²" in stats.STATISTICS["noise_scale"].formula
+    # The two batch sizes are in different groups, with different units.
+    ns, cabs = stats.STATISTICS["noise_scale"], stats.STATISTICS["cabs_batch_size"]
+    assert (ns.group, cabs.group) == ("noise_scale", "step_size")
+    assert ns.unit != cabs.unit and "learning rate" in cabs.unit

@@ -50,9 +50,13 @@ class Statistic:
     """What a derived statistic is, for people: shown by the tab, the CLI's help and exports.
 
     Attributes:
-      name: the human name ("Gradient noise scale").
+      name: the human name ("Gradient noise scale"), without symbols.
+      short: a short label for table headers and legends ("noise scale").
+      symbol: its symbol, typeset in Unicode ("Bₛᵢₘₚₗₑ", "tr(Σ)").
+      group: what kind of statistic it is (a key of `tb_gradmom.analysis.views.STATISTIC_GROUPS`:
+        "noise_scale", "signal_to_noise", "step_size", "magnitude").
       meaning: one line saying what it measures.
-      formula: the estimator, in plain text (``m = M_1``, ``s2`` the unbiased variance).
+      formula: the estimator, typeset in Unicode (``M₁``, ``s²`` the unbiased variance, ``Σ``).
       unit: what its values count ("examples", "a batch size", "ratio", ...).
       reading: what high and low values suggest.
       reference: the paper it comes from ("" for plain definitions).
@@ -60,6 +64,9 @@ class Statistic:
     """
 
     name: str
+    short: str
+    symbol: str
+    group: str
     meaning: str
     formula: str
     unit: str
@@ -94,7 +101,7 @@ def describe(key: str) -> str:
     """A statistic's explanation as a few lines of plain text (the CLI's help)."""
     s = STATISTICS[key]
     lines = [
-        f"{key}: {s.name} [{s.unit}]",
+        f"{key}: {s.name} {s.symbol} [{s.unit}]",
         f"  {s.meaning}.",
         f"  {s.formula}",
         f"  {s.reading}.",

@@ -61,7 +61,7 @@ export class CurvesView extends View {
     const { width, height } = this.size;
     const svg = newFigure(width, height, theme);
     const { statistic, smoothing } = this.model;
-    const name = statistic?.name ?? metric;
+    const name = this.model.title ?? statistic?.name ?? metric;
     const smooth = series.some((s) => s.smoothed);
     drawTitle(
       svg,
@@ -115,12 +115,11 @@ export class CurvesView extends View {
       tickValues: x.ticks(Math.floor(plotW / 90)).filter(Number.isInteger),
       tickFormat: (v) => String(v),
     });
-    const unit = statistic?.unit ? ` [${statistic.unit.replace(/ \(.*\)$/, "")}]` : "";
     drawAxis(g.append("g"), y, {
       orient: "left",
       log: logy,
       theme,
-      label: `${metric}${unit}`,
+      label: this.model.axisLabel ?? metric,
       gridLength: plotW,
       count: 5,
     });

@@ -110,7 +110,13 @@ export class HeatmapView extends View {
     canvas.width = pooled.cols;
     canvas.height = pooled.rows;
     const ctx = canvas.getContext("2d");
-    const pixels = colorize(pooled.values, colormap, this.colorScale().normalize, theme.missing);
+    const pixels = colorize(
+      pooled.values,
+      colormap,
+      this.colorScale().normalize,
+      theme.missing,
+      theme.nonPositive,
+    );
     ctx.putImageData(new ImageData(pixels, pooled.cols, pooled.rows), 0, 0);
     this.images.set(key, canvas);
     return canvas;
@@ -281,19 +287,24 @@ export class HeatmapView extends View {
         .attr("y", -5)
         .text("◂ value counts");
     }
-    const missing = data.values.some((v) => Number.isNaN(normalizer(domain, scale)(v)));
-    if (missing) {
-      const m = svg.append("g").attr("transform", `translate(${bx},${L.top + L.barH + 12})`);
+    // What has no colour, each in its own: NaN (undefined) and, on a log scale, values <= 0.
+    const nan = data.values.some((v) => Number.isNaN(v));
+    const nonPositive = scale === "log" && data.values.some((v) => v <= 0);
+    const keys = [
+      ...(nan ? [["NaN", theme.missing, "missing-nan"]] : []),
+      ...(nonPositive ? [["≤ 0", theme.nonPositive, "missing-nonpositive"]] : []),
+    ];
+    keys.forEach(([label, colour, cls], k) => {
+      const m = svg
+        .append("g")
+        .attr("class", cls)
+        .attr("transform", `translate(${bx},${L.top + L.barH + 12 + 14 * k})`);
       m.append("rect")
         .attr("width", 14)
         .attr("height", 10)
-        .attr("fill", `rgb(${theme.missing.slice(0, 3).join(",")})`);
-      m.append("text")
-        .attr("x", 18)
-        .attr("y", 9)
-        .attr("fill", theme.muted)
-        .text(scale === "log" ? "NaN or ≤ 0" : "NaN");
-    }
+        .attr("fill", `rgb(${colour.slice(0, 3).join(",")})`);
+      m.append("text").attr("x", 18).attr("y", 9).attr("fill", theme.muted).text(label);
+    });
     // Read bottom to top, its glyphs to the left of the anchor: inside the figure's right edge.
     svg
       .append("text")

@@ -4,16 +4,30 @@
 import { estimateStatus, formatEstimate, formatNumber, sortRows, toCSV } from "../core.js";
 import { drawTitle, exportButtons, h, newFigure, toJSON, View } from "./common.js";
 
-// The tab's columns with their short headers (the statistic columns are keys of /meta's
-// summary_statistics, checked by the node tests; their tooltips are /meta's explanations).
-export const COLUMNS = [
+// The tab's columns. The statistic columns' headers are /meta's short names with their
+// symbols (`columns(statistics)`); their tooltips /meta's explanations.
+const COLUMN_KEYS = [
   { key: "tag", label: "variable", numeric: false },
   { key: "size", label: "size", numeric: true },
-  { key: "total_variance", label: "total variance", numeric: true },
-  { key: "gsnr_mean", label: "GSNR", numeric: true },
-  { key: "noise_scale", label: "noise scale", numeric: true },
+  { key: "total_variance", numeric: true },
+  { key: "gsnr_mean", numeric: true },
+  { key: "noise_scale", numeric: true },
   { key: "batch_size", label: "batch", numeric: true },
 ];
+
+/** The columns with their headers: a statistic's /meta short name, and its symbol. */
+export function columns(statistics) {
+  return COLUMN_KEYS.map((c) => {
+    if (c.label) return c;
+    const st = statistics?.[c.key];
+    const short = st?.short ?? c.key;
+    const symbol = st?.symbol && !short.includes(st.symbol) ? ` ${st.symbol}` : "";
+    return { ...c, label: `${short}${symbol}` };
+  });
+}
+
+// The column keys, for the node tests (the statistic columns are /meta summary_statistics).
+export const COLUMNS = COLUMN_KEYS;
 
 const PLAIN_TITLES = {
   tag: "The variable's tag (its path without the model's name); a click on a row opens its heatmap",
@@ -97,7 +111,7 @@ export class TableView extends View {
     const head = h(
       "tr",
       {},
-      COLUMNS.map((col) => {
+      this.columns().map((col) => {
         const active = col.key === this.sortKey;
         const th = h("th", {
           class: `${col.numeric ? "num" : ""} ${active ? "sorted" : ""}`,
@@ -139,7 +153,7 @@ export class TableView extends View {
             "data-tag": row.tag,
             title: "Open the heatmap of this variable",
           },
-          COLUMNS.map((col) => this.cell(col, row)),
+          this.columns().map((col) => this.cell(col, row)),
         );
         tr.addEventListener("click", () => this.onSelect(row.tag));
         tr.addEventListener("keydown", (e) => {
@@ -155,7 +169,7 @@ export class TableView extends View {
         h(
           "tr",
           { class: "model-row" },
-          COLUMNS.map((col) =>
+          this.columns().map((col) =>
             col.key === "tag"
               ? h("td", { class: "tag-cell", text: this.wholeLabel() })
               : this.cell(col, whole),
@@ -179,6 +193,10 @@ export class TableView extends View {
         h("table", { class: "summary" }, [h("thead", {}, [head]), body, foot]),
       ]),
     );
+  }
+
+  columns() {
+    return columns(this.model.statistics);
   }
 
   /** What the statistic columns show: the curves' smoothed estimate at this step, or the step's. */
@@ -206,7 +224,7 @@ export class TableView extends View {
   figure(theme) {
     const { run, step } = this.model;
     const rows = this.sorted();
-    const widths = [260, 80, 110, 90, 100, 60];
+    const widths = [260, 80, 150, 100, 170, 60];
     const width = 24 + widths.reduce((a, b) => a + b, 0);
     const rowH = 18;
     const whole = this.model.model;
@@ -220,7 +238,8 @@ export class TableView extends View {
     );
     const g = svg.append("g").attr("transform", "translate(12,52)");
     const xs = widths.map((_, k) => widths.slice(0, k).reduce((a, b) => a + b, 0));
-    COLUMNS.forEach((col, k) => {
+    const cols = this.columns();
+    cols.forEach((col, k) => {
       g.append("text")
         .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
         .attr("y", 12)
@@ -237,7 +256,7 @@ export class TableView extends View {
       .attr("stroke", theme.axis);
     rows.forEach((row, r) => {
       const y = 12 + rowH * (r + 1);
-      COLUMNS.forEach((col, k) => {
+      cols.forEach((col, k) => {
         g.append("text")
           .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
           .attr("y", y)
@@ -254,7 +273,7 @@ export class TableView extends View {
         .attr("y1", y - 13)
         .attr("y2", y - 13)
         .attr("stroke", theme.axis);
-      COLUMNS.forEach((col, k) => {
+      cols.forEach((col, k) => {
         g.append("text")
           .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
           .attr("y", y)

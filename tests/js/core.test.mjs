@@ -329,10 +329,12 @@ test("histogramStepsLabel says when the steps are a sample", () => {
 
 test("defaultView: log viridis for variances, linear diverging for signed statistics", () => {
   const c = core;
-  assert.deepEqual(c.defaultView("variance", META), { scale: "log", colormap: "viridis" });
-  assert.deepEqual(c.defaultView("mean", META), { scale: "linear", colormap: "rdbu_r" });
+  const variance = { scale: "log", colormap: "viridis", histLog: true };
+  assert.deepEqual(c.defaultView("variance", META), variance);
+  const mean = { scale: "linear", colormap: "rdbu_r", histLog: false };
+  assert.deepEqual(c.defaultView("mean", META), mean);
   for (const s of META.signed_stats) assert.equal(c.defaultView(s, META).colormap, "rdbu_r", s);
-  assert.deepEqual(c.defaultView("unknown", META), { scale: "log", colormap: "viridis" });
+  assert.deepEqual(c.defaultView("unknown", META), variance);
   assert.ok(c.COLORMAPS.includes("rdbu_r"));
   // diverging: the middle is near white, the ends blue (low) and red (high)
   const [r0, , b0] = c.colormapColor("rdbu_r", 0);
@@ -401,8 +403,8 @@ test("robustRange keeps ordinary curves whole and cuts spikes", () => {
 });
 
 test("/meta: labels, orders and signs of the element-wise statistics", () => {
-  assert.equal(core.statLabel("variance", META), "variance (unbiased, n/(n-1))");
-  assert.equal(core.statLabel("biased_variance", META), "variance (biased, M2 - M1²)");
+  assert.equal(core.statLabel("variance", META), "variance (unbiased, n/(n−1))");
+  assert.equal(core.statLabel("biased_variance", META), "variance (biased, M₂ − M₁²)");
   assert.equal(core.statLabel("nope", META), "nope");
   assert.deepEqual(core.elementStat("kurtosis", META).orders, [1, 2, 3, 4]);
   assert.equal(core.elementStat("snr", META).needs_batch_size, true);
@@ -480,4 +482,52 @@ test("the summary table's columns are fields of /summary rows (/meta)", async ()
     }
   }
   assert.ok(COLUMNS.some((c) => c.key === META.landing.sort)); // the table starts sorted by it
+});
+
+test("curveGroups: statistics grouped by what they are, human names, units", () => {
+  const groups = core.curveGroups(META);
+  const of = (key) => groups.find((g) => g.keys.includes(key))?.key;
+  assert.equal(of("noise_scale"), "noise_scale");
+  assert.equal(of("cabs_batch_size"), "step_size"); // not beside the noise scale
+  assert.equal(of("gsnr_mean"), "signal_to_noise");
+  assert.equal(of("learning_rate"), "logged");
+  assert.equal(of("loss"), undefined); // its own plot
+  // Every curve choice exactly once.
+  assert.deepEqual(groups.flatMap((g) => g.keys).sort(), core.curveChoices(META).sort());
+  for (const g of groups) assert.ok(g.name && !g.name.includes("_"), g.name);
+  assert.equal(core.seriesTitle("noise_scale", META), "Gradient noise scale Bₛᵢₘₚₗₑ");
+  assert.equal(core.axisLabel("noise_scale", META), "noise scale Bₛᵢₘₚₗₑ [examples]");
+  assert.equal(
+    core.axisLabel("total_variance", META),
+    "total variance tr(Σ) [squared gradient units]",
+  );
+  assert.equal(core.axisLabel("learning_rate", META), "Learning rate");
+  for (const key of core.curveChoices(META)) {
+    assert.ok(!core.axisLabel(key, META).includes(key), key); // no code names
+    assert.ok(!core.seriesTitle(key, META).includes("_"), key);
+  }
+});
+
+test("histogramPlan: a bin count and a ridge count that suit tiny variables", () => {
+  assert.deepEqual(core.histogramPlan(4), { bins: 4, ridges: 8 }); // a 4-element bias
+  assert.deepEqual(core.histogramPlan(72), { bins: 9, ridges: 40 });
+  assert.deepEqual(core.histogramPlan(4608), { bins: 30, ridges: 40 });
+  assert.deepEqual(core.histogramPlan(1), { bins: 4, ridges: 8 });
+  assert.equal(core.histogramPlan(1e9, 60).bins, 60);
+});
+
+test("colorize keeps NaN and <= 0 (log scale) apart, both off the colour map", () => {
+  const norm = core.normalizer([1, 10], "log");
+  const px = core.colorize([NaN, 0, -1, 1], "viridis", norm, [1, 2, 3, 255], [9, 9, 9, 255]);
+  assert.deepEqual([...px.slice(0, 4)], [1, 2, 3, 255]);
+  assert.deepEqual([...px.slice(4, 8)], [9, 9, 9, 255]);
+  assert.deepEqual([...px.slice(8, 12)], [9, 9, 9, 255]);
+  const low = core.colormapColor("viridis", 0);
+  for (const theme of Object.values(core.THEMES)) {
+    assert.notDeepEqual(theme.missing.slice(0, 3), theme.nonPositive.slice(0, 3));
+    for (const c of [theme.missing, theme.nonPositive]) {
+      const far = Math.max(...c.slice(0, 3).map((v, k) => Math.abs(v - low[k])));
+      assert.ok(far > 80, `${c} is close to viridis' low end ${low}`);
+    }
+  }
 });
