@@ -820,6 +820,34 @@ export function splitCurve(values, positiveOnly) {
   return { line, marked };
 }
 
+/**
+ * The uncertainty band of a smoothed curve: `value ± se` (se: the standard error of the
+ * smoothed statistic over the steps in its window, /series smoothed_se, docs/math.md), in
+ * runs of consecutive steps where both are finite (and, with `positiveOnly`, the value
+ * positive: a noise-dominated estimate has no band). Returns [{steps, lo, hi}], one per run.
+ */
+export function bandSegments(steps, values, se, positiveOnly = false) {
+  const out = [];
+  let cur = null;
+  steps.forEach((st, k) => {
+    const v = values[k];
+    const e = se?.[k];
+    const ok = Number.isFinite(v) && Number.isFinite(e) && (!positiveOnly || v > 0);
+    if (!ok) {
+      cur = null;
+      return;
+    }
+    if (!cur) {
+      cur = { steps: [], lo: [], hi: [] };
+      out.push(cur);
+    }
+    cur.steps.push(st);
+    cur.lo.push(v - e);
+    cur.hi.push(v + e);
+  });
+  return out;
+}
+
 /** The index of the row with the largest finite `key` (the noisiest variable), or -1. */
 export function argmaxRow(rows, key) {
   let best = -1;

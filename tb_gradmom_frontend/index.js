@@ -865,6 +865,7 @@ class App {
             data,
             extras,
             stat,
+            label: statLabel(stat, this.meta),
             signed: isSigned(stat, this.meta),
             run,
             tag,

@@ -458,8 +458,9 @@ def canvas_box(pg):
     return canvas, canvas.bounding_box()
 
 
-def check_cell_colours(canvas_png: bytes, data: dict, colormap: str, scale: str):
-    """Every cell's centre pixel in a canvas screenshot has the colour map colour of its value."""
+def check_cell_colours(canvas_png: bytes, data: dict, colormap: str, scale: str, bars=False):
+    """Every cell's centre pixel in a canvas screenshot has the colour map colour of its value
+    (with ``bars``, a 1-D variable drawn as bars: the pixel just above each bar's foot)."""
     img = decode_png(canvas_png)
     rows, cols = data["rows"], data["cols"]
     values = np.array([js_value(v) for v in data["values"]]).reshape(rows, cols)
@@ -474,6 +475,8 @@ def check_cell_colours(canvas_png: bytes, data: dict, colormap: str, scale: str)
             if not math.isfinite(v) or (scale == "log" and v <= 0):
                 continue
             y, x = int((i + 0.5) * h / rows), int((j + 0.5) * w / cols)
+            if bars:
+                y = h - 3
             got = tuple(int(c) for c in img[y, x, :3])
             want = expected_colour(v, lo, hi, lut, scale)
             assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 1, (
@@ -614,7 +617,7 @@ def test_heatmap_exports_png_svg_csv_json(page):
     tree = ET.fromstring(svg)
     ns = {"s": "http://www.w3.org/2000/svg"}
     texts = [t.text or "" for t in tree.iter("{http://www.w3.org/2000/svg}text")]
-    assert "variance of conv2d/kernel" in texts
+    assert "variance (unbiased, n/(n−1)) of conv2d/kernel" in texts
     assert any(t.startswith("run alpha · step") for t in texts)
     assert any("column" in t for t in texts) and any("row" in t for t in texts)
     images = tree.findall(".//s:image", ns)
@@ -899,12 +902,73 @@ def test_summary_table_sorts_and_opens_heatmap(page):
 
     pg.click('table.summary tbody tr[data-tag="dense/bias"]')
     page.settle()
-    assert "variance of dense/bias" in pg.locator("#heatmap-card text.title").text_content()
+    title = pg.locator("#heatmap-card text.title").text_content()
+    assert title.startswith("variance (unbiased") and "of dense/bias (one bar per element)" in title
     assert pg.locator(".tag-list button.selected").get_attribute("data-tag") == "dense/bias"
     bias = heatmap_json(page, "alpha", "dense/bias", "variance")
     assert (bias["rows"], bias["cols"]) == (1, 4)
-    check_cell_colours(pg.locator(".heatmap-canvas").screenshot(), bias, *shown_view(pg))
+    # A 1-D variable is drawn as bars (each its value's colour), not as a thin strip, and its
+    # PNG export is a figure, not mostly blank.
+    canvas = pg.locator(".heatmap-canvas")
+    assert canvas.bounding_box()["height"] >= 150
+    check_cell_colours(canvas.screenshot(), bias, *shown_view(pg), bars=True)
+    _, png = download(pg, pg.locator("#heatmap-card").get_by_role("button", name="PNG"))
+    img = decode_png(png)[..., :3].astype(int)
+    blank = (np.abs(img - 255).sum(axis=2) < 8).mean()
+    assert img.shape[0] >= 2 * 250 and blank < 0.85, (img.shape, blank)
     shot(pg, "summary_and_bias_heatmap.png")
+
+
+def window_se(a, b, beta):
+    """The standard error of the smoothed ratio sum(w a) / sum(w b) at every step, from
+    explicit EMA weights (docs/math.md, "Uncertainty of the smoothed statistics")."""
+    out = []
+    for k in range(len(a)):
+        w = (1 - beta) * beta ** np.arange(k + 1)[::-1]
+        w = w / w.sum()
+        aa, bb = np.asarray(a[: k + 1]), np.asarray(b[: k + 1])
+        r = (w @ aa) / (w @ bb)
+        out.append(
+            math.sqrt((w**2 @ (aa - r * bb) ** 2) / ((w @ bb) ** 2 * (1 - w @ w)))
+            if k
+            else math.nan
+        )
+    return out
+
+
+def test_uncertainty_band_is_the_backends_standard_error(page):
+    pg = page.open_plugin()
+    choose(pg, "select.run-select", "alpha", page)
+    pg.wait_for_selector(".curves-model path.band")
+    bands = pg.evaluate("() => window.gradmom.views.modelCurves.bands")
+    d = get_json(page.base, "series", run="alpha", tag="_model", smoothing=0.9)
+    tv = [js_value(v) for v in d["values"]["total_variance"]]
+    g2 = [js_value(v) for v in d["values"]["grad_norm_sq_unbiased"]]
+    direct = dict(zip(d["steps"], window_se(tv, g2, 0.9), strict=True))
+    served = dict(zip(d["steps"], map(js_value, d["smoothed_se"]["noise_scale"]), strict=True))
+    smoothed = dict(zip(d["steps"], map(js_value, d["smoothed"]["noise_scale"]), strict=True))
+    mine = [b for b in bands if b["run"] == "alpha"]
+    assert mine, bands
+    checked = 0
+    for b in mine:
+        for st, lo, hi in zip(b["steps"], b["lo"], b["hi"], strict=True):
+            assert (hi + lo) / 2 == pytest.approx(smoothed[st], rel=1e-9)
+            assert (hi - lo) / 2 == pytest.approx(served[st], rel=1e-6)
+            # /series arrays carry 9 significant digits: the direct computation from them
+            # agrees to about that.
+            assert (hi - lo) / 2 == pytest.approx(direct[st], rel=1e-5)
+            checked += 1
+    assert checked >= len(d["steps"]) - 1 - sum(1 for v in smoothed.values() if not v > 0)
+    # Drawn: a filled area per run, and the subtitle says what it is.
+    assert pg.locator('.curves-model path.band[data-run="alpha"]').count() == len(mine)
+    sub = pg.locator(".curves-model text.subtitle").text_content()
+    assert "± 1 standard error" in sub
+    # At smoothing 0 (per-step values) there is no band: one step says nothing of its spread.
+    pg.locator("input.smoothing").fill("0")
+    pg.locator("input.smoothing").dispatch_event("change")
+    pg.wait_for_function("() => window.gradmom.state.smoothing === 0")
+    page.settle()
+    assert pg.locator(".curves-model path.band").count() == 0
 
 
 def noisiest(base, run) -> str:
@@ -1195,7 +1259,8 @@ def test_demo_runs_render_with_right_colours(page):
             data = heatmap_json(page, run, tag, "variance")
             canvas, box = canvas_box(pg)
             if box["height"] / data["rows"] >= 2 and box["width"] / data["cols"] >= 2:
-                check_cell_colours(canvas.screenshot(), data, *shown_view(pg))
+                bars = len(data["shape"]) <= 1  # a 1-D variable: bars, their feet checked
+                check_cell_colours(canvas.screenshot(), data, *shown_view(pg), bars=bars)
                 checked += 1
             if len(data["shape"]) == 4:  # a conv kernel: the tooltip names [i, j, c_in, c_out]
                 row, col = data["rows"] - 1, data["cols"] - 1

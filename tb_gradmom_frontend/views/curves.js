@@ -3,6 +3,7 @@
 
 import * as d3 from "../vendor/d3.js";
 import {
+  bandSegments,
   estimateStatus,
   formatEstimate,
   formatValue,
@@ -67,7 +68,7 @@ export class CurvesView extends View {
       svg,
       `${name}: ${label}`,
       `${series.length} run${series.length === 1 ? "" : "s"}${logy ? " · log y" : ""}` +
-        `${smooth ? ` · smoothing ${smoothing} (${statistic?.smoothing ?? "EMA, bias-corrected"}; raw per step faint)` : ""}`,
+        `${smooth ? ` · smoothing ${smoothing} (${statistic?.smoothing ?? "EMA, bias-corrected"}; raw per step faint${series.some((x) => x.se) ? "; band ± 1 standard error over the window" : ""})` : ""}`,
       theme,
     );
     // Positive-only quantities (a noise scale, a batch size) and log axes: values <= 0 are
@@ -137,6 +138,9 @@ export class CurvesView extends View {
       return v >= Math.min(d0, d1) && v <= Math.max(d0, d1);
     };
     let markedCount = 0;
+    // The bands drawn, in values (the browser tests compare them with the backend's numbers).
+    const bands = [];
+    if (interactive) this.bands = bands;
     let clippedCount = 0;
     const [dLo, dHi] = [Math.min(...y.domain()), Math.max(...y.domain())];
     for (const s of series) {
@@ -155,6 +159,29 @@ export class CurvesView extends View {
           .attr("stroke", s.color)
           .attr("stroke-opacity", 0.25)
           .attr("stroke-width", 1);
+      }
+      // The uncertainty band: the smoothed value ± its standard error (docs/math.md), clipped
+      // to the axis.
+      if (s.smoothed && s.se) {
+        const clampY = (v) => y(Math.min(dHi, Math.max(dLo, v)));
+        for (const b of bandSegments(s.steps, s.smoothed, s.se, positiveOnly)) {
+          const upper = b.steps.map((st, k) => [x(st), clampY(b.hi[k])]);
+          const lower = b.steps.map((st, k) => [x(st), clampY(b.lo[k])]).reverse();
+          const d =
+            b.steps.length === 1
+              ? linePath([upper[0], lower[0]])
+              : `${linePath(upper)}L${linePath(lower).slice(1)}Z`;
+          lines
+            .append("path")
+            .attr("class", "band")
+            .attr("data-run", s.run)
+            .attr("d", d)
+            .attr("fill", b.steps.length === 1 ? "none" : s.color)
+            .attr("fill-opacity", 0.15)
+            .attr("stroke", b.steps.length === 1 ? s.color : "none")
+            .attr("stroke-opacity", 0.4);
+          bands.push({ run: s.run, ...b });
+        }
       }
       const { line, marked } = splitCurve(s.smoothed ?? s.values, positiveOnly);
       const pts = s.steps.map((st, k) => [

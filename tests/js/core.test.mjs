@@ -531,3 +531,17 @@ test("colorize keeps NaN and <= 0 (log scale) apart, both off the colour map", (
     }
   }
 });
+
+test("bandSegments: value ± standard error where both are finite", () => {
+  const steps = [0, 10, 20, 30, 40, 50];
+  const v = [5, 6, -1, 7, 8, NaN];
+  const se = [NaN, 1, 1, 2, 0.5, 1];
+  const bands = core.bandSegments(steps, v, se, true);
+  // Step 0 has no SE yet (one step in the window); step 20 is noise-dominated; 50 undefined.
+  assert.deepEqual(bands, [
+    { steps: [10], lo: [5], hi: [7] },
+    { steps: [30, 40], lo: [5, 7.5], hi: [9, 8.5] },
+  ]);
+  assert.equal(core.bandSegments(steps, v, se, false)[0].steps.length, 4); // a signed statistic
+  assert.deepEqual(core.bandSegments(steps, v, null), []);
+});
