@@ -206,8 +206,9 @@ export function newFigure(width, height, theme) {
 }
 
 /** A figure's title (and an optional subtitle) at its top left. */
-export function drawTitle(svg, title, subtitle, theme) {
-  const room = Number(svg.attr("width")) - 24;
+export function drawTitle(svg, title, subtitle, theme, reserve = 0) {
+  // `reserve`: pixels kept free at the right (a legend in the top right corner).
+  const room = Number(svg.attr("width")) - 24 - reserve;
   fitText(
     svg
       .append("text")

@@ -64,12 +64,16 @@ export class CurvesView extends View {
     const { statistic, smoothing } = this.model;
     const name = this.model.title ?? statistic?.name ?? metric;
     const smooth = series.some((s) => s.smoothed);
+    const band = series.some((x) => x.se) ? " · band ± 1 standard error over the window" : "";
+    // The legend (run names, top right) keeps its corner: the title and subtitle stop before it.
+    const legendW = 30 + 6.5 * Math.max(0, ...series.map((x) => String(x.run).length));
     drawTitle(
       svg,
       `${name}: ${label}`,
       `${series.length} run${series.length === 1 ? "" : "s"}${logy ? " · log y" : ""}` +
-        `${smooth ? ` · smoothing ${smoothing} (${statistic?.smoothing ?? "EMA, bias-corrected"}; raw per step faint${series.some((x) => x.se) ? "; band ± 1 standard error over the window" : ""})` : ""}`,
+        `${smooth ? ` · smoothing ${smoothing}${band} · ${statistic?.smoothing ?? "EMA, bias-corrected"}; raw per step faint` : ""}`,
       theme,
+      Math.min(legendW, width / 3),
     );
     // Positive-only quantities (a noise scale, a batch size) and log axes: values <= 0 are
     // not drawn as a line but marked, with the reason, along the bottom of the plot.
