@@ -93,17 +93,19 @@ export async function fetchSeries({ run, tag, smoothing }, signal) {
   const d = await getJSON("series", { run, tag, smoothing }, signal);
   const values = {};
   for (const [k, v] of Object.entries(d.values ?? {})) values[k] = Array.from(numbers(v));
-  let smoothed = null;
-  if (d.smoothed) {
-    smoothed = {};
-    for (const [k, v] of Object.entries(d.smoothed)) smoothed[k] = Array.from(numbers(v));
-  }
+  const decoded = (part) =>
+    part
+      ? Object.fromEntries(Object.entries(part).map(([k, v]) => [k, Array.from(numbers(v))]))
+      : null;
+  const smoothed = decoded(d.smoothed);
+  const smoothedSE = decoded(d.smoothed_se);
   return {
     ...d,
     steps: d.steps ?? [],
     wall_times: Array.from(numbers(d.wall_times)),
     values,
     smoothed,
+    smoothed_se: smoothedSE,
   };
 }
 
@@ -111,15 +113,21 @@ function summaryRow(r, numeric) {
   const out = { ...r };
   // null is "not available" (shown as a dash), "NaN"/"Infinity" are numbers.
   for (const k of numeric) if (k in out && out[k] !== null) out[k] = decodeNumber(out[k]);
+  for (const part of ["smoothed", "smoothed_se"])
+    if (out[part])
+      out[part] = Object.fromEntries(
+        Object.entries(out[part]).map(([k, v]) => [k, decodeNumber(v)]),
+      );
   return out;
 }
 
 /**
  * GET summary: one row per variable at a step, and the whole model's row (or null). `numeric`
- * names the fields to decode as numbers (core.summaryNumericKeys of /meta).
+ * names the fields to decode as numbers (core.summaryNumericKeys of /meta); with `smoothing`
+ * each row has `smoothed` and `smoothed_se` (the curves' values at that step).
  */
-export async function fetchSummary({ run, step, group, numeric }, signal) {
-  const d = await getJSON("summary", { run, step, group }, signal);
+export async function fetchSummary({ run, step, group, numeric, smoothing }, signal) {
+  const d = await getJSON("summary", { run, step, group, smoothing }, signal);
   return {
     ...d,
     rows: (d.rows ?? []).map((r) => summaryRow(r, numeric)),

@@ -108,19 +108,21 @@ export function normalizer(domain, scale = "linear") {
 
 /**
  * RGBA pixels (Uint8ClampedArray, 4 bytes per value) for values under a colour map and a
- * normaliser; values with no colour (NaN, or <= 0 on a log scale) get `missing` [r, g, b, a].
+ * normaliser; values with no colour get `missing` [r, g, b, a] (NaN) or `nonPositive` (a value
+ * <= 0 on a log scale; default: `missing`), so that the two stay distinguishable.
  */
-export function colorize(values, name, normalize, missing = [0, 0, 0, 0]) {
+export function colorize(values, name, normalize, missing = [0, 0, 0, 0], nonPositive = missing) {
   const lut = colormapLUT(name);
   const out = new Uint8ClampedArray(values.length * 4);
   for (let k = 0; k < values.length; k++) {
     const t = normalize(values[k]);
     const o = 4 * k;
     if (Number.isNaN(t)) {
-      out[o] = missing[0];
-      out[o + 1] = missing[1];
-      out[o + 2] = missing[2];
-      out[o + 3] = missing[3];
+      const c = Number.isNaN(values[k]) ? missing : nonPositive;
+      out[o] = c[0];
+      out[o + 1] = c[1];
+      out[o + 2] = c[2];
+      out[o + 3] = c[3];
     } else {
       const i = 3 * lutIndex(t);
       out[o] = lut[i];
@@ -201,27 +203,76 @@ export function logTicks(lo, hi, count = 6) {
   return ticks.length ? ticks : niceTicks(lo, hi, 3).filter((v) => v > 0);
 }
 
-/** Short text for an axis tick: 0.001 -> "0.001", 1e-7 -> "1e-7", 25000 -> "25k". */
-export function formatTick(v) {
-  if (v === 0) return "0";
-  if (!Number.isFinite(v)) return String(v);
-  const a = Math.abs(v);
-  if (a >= 1e-3 && a < 1e4) return String(Number(v.toPrecision(6)));
-  if (a >= 1e4 && a < 1e6 && Number.isInteger(v / 1e3)) return `${v / 1e3}k`;
-  const [m, e] = v.toExponential().split("e");
-  return `${Number(Number(m).toPrecision(3))}e${Number(e)}`;
-}
+// SI suffixes for 1e3 .. 1e15 (k, M, G, T, P); beyond, and below 0.01, scientific notation.
+const SI = ["", "k", "M", "G", "T", "P"];
 
-/** A value for tooltips and tables: 4 significant digits, exponent form when tiny or huge. */
-export function formatValue(v, digits = 4) {
+/**
+ * A number as the tab writes it everywhere (tables, tooltips, axis ticks, figures): `digits`
+ * significant digits; from 0.01 to below 1000 plainly (12.35, 0.03135), from 1000 with an SI
+ * suffix (8.545k, -142.8k, 3.2M), below 0.01 and from 1e18 in scientific notation (3.135e-3).
+ * `trim` drops trailing zeros (ticks: "1.5k"; tables keep them, "1.500k", so a column's
+ * numbers have one precision). `integer` writes whole numbers (sizes, batch sizes) in full
+ * with thin-space thousands ("4 608"). NaN is "NaN", infinities "∞" and "-∞", null "–".
+ */
+export function formatNumber(v, { digits = 4, trim = false, integer = false } = {}) {
   if (v === null || v === undefined) return "–";
   if (Number.isNaN(v)) return "NaN";
   if (v === Infinity) return "∞";
   if (v === -Infinity) return "-∞";
   if (v === 0) return "0";
-  const a = Math.abs(v);
-  if (a >= 1e-3 && a < 1e5) return String(Number(v.toPrecision(digits)));
-  return v.toExponential(digits - 1).replace("e+", "e");
+  const cut = (text) => (trim && text.includes(".") ? text.replace(/\.?0+$/, "") : text);
+  if (integer && Number.isInteger(v) && Math.abs(v) < 1e15) {
+    const text = String(Math.abs(v)).replace(/\B(?=(\d{3})+(?!\d))/g, "\u2009");
+    return `${v < 0 ? "-" : ""}${text}`;
+  }
+  const rounded = Number(v.toPrecision(digits));
+  const a = Math.abs(rounded);
+  if (a >= 0.01 && a < 1e3) return cut(rounded.toPrecision(digits));
+  if (a >= 1e3 && a < 1e18) {
+    const k = Math.min(SI.length - 1, Math.floor(Math.log10(a) / 3 + 1e-12));
+    if (k < SI.length && a < 10 ** (3 * k + 3)) {
+      const m = Number((rounded / 10 ** (3 * k)).toPrecision(digits));
+      if (Math.abs(m) < 1000) return `${cut(m.toPrecision(digits))}${SI[k]}`;
+    }
+  }
+  const [m, e] = rounded.toExponential(digits - 1).split("e");
+  return `${cut(m)}e${Number(e)}`;
+}
+
+/** An axis tick: formatNumber with 3 significant digits and no trailing zeros ("25k", "1e-7"). */
+export function formatTick(v) {
+  return formatNumber(v, { digits: 3, trim: true });
+}
+
+/** A value for tooltips: formatNumber (`digits` significant digits, trailing zeros kept). */
+export function formatValue(v, digits = 4) {
+  return formatNumber(v, { digits });
+}
+
+/**
+ * What an estimate is: "undefined" (NaN: no variance, no loss logged, ...), "noise-dominated"
+ * (a positive-only statistic, such as the noise scale or a batch size, that came out <= 0 or
+ * infinite: its denominator's estimate is <= 0, docs/math.md), "missing" (null: not logged at
+ * this step) or "value".
+ */
+export function estimateStatus(v, positiveOnly = false) {
+  if (v === null || v === undefined) return "missing";
+  if (Number.isNaN(v)) return "undefined";
+  if (!Number.isFinite(v) || (positiveOnly && v <= 0)) return "noise-dominated";
+  return "value";
+}
+
+/**
+ * An estimate as text, the same in the table, the tooltips and the exports: its number by
+ * formatNumber, or "noise-dominated" / "undefined" / "–" (estimateStatus); with `se` (a
+ * standard error) "1.234k ± 56.70".
+ */
+export function formatEstimate(v, { positiveOnly = false, digits = 4, se = null } = {}) {
+  const status = estimateStatus(v, positiveOnly);
+  if (status === "missing") return "–";
+  if (status !== "value") return status;
+  const text = formatNumber(v, { digits });
+  return Number.isFinite(se) ? `${text} ± ${formatNumber(se, { digits: 2 })}` : text;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -484,6 +535,7 @@ const META_SHAPE = Object.freeze({
   version: "number",
   element_statistics: "array",
   statistics: "object",
+  statistic_groups: "object",
   summary_statistics: "array",
   series_keys: "array",
   series_names: "object",
@@ -559,7 +611,22 @@ export function isSigned(stat, meta) {
 export function defaultView(stat, meta) {
   const signed = isSigned(stat, meta);
   const known = meta.element_statistics.find((e) => e.key === stat)?.default_scale;
-  return { scale: known ?? (signed ? "linear" : "log"), colormap: signed ? "rdbu_r" : "viridis" };
+  const scale = known ?? (signed ? "linear" : "log");
+  // Histograms open on the heatmap's scale: log x for variances (they span decades).
+  return { scale, colormap: signed ? "rdbu_r" : "viridis", histLog: scale === "log" };
+}
+
+/**
+ * How to bin the histograms of a variable of `size` elements: `bins` by the Rice rule
+ * (2 size^(1/3), between 4 and `maxBins`: a 4-element bias gets 4 bins, not 30 mostly empty
+ * ones) and at most `ridges` steps in the all-steps view (twice the elements, between 8 and
+ * `maxRidges`: a handful of values per ridge reads badly in 40 overlapping outlines).
+ */
+export function histogramPlan(size, maxBins = 30, maxRidges = 40) {
+  const n = Math.max(1, Math.floor(size) || 1);
+  const bins = Math.max(4, Math.min(maxBins, Math.ceil(2 * Math.cbrt(n))));
+  const ridges = Math.max(8, Math.min(maxRidges, 2 * n));
+  return { bins, ridges };
 }
 
 /** The run colours (TensorBoard's palette, light or dark), assigned in sorted run order. */
@@ -588,9 +655,65 @@ export function curveChoices(meta) {
   return [...stats, ...rest];
 }
 
+/**
+ * The curves' quantities grouped by what they are, in display order: one entry per kind of
+ * statistic of /meta's statistic_groups ({key, name, description, keys}), then the logged
+ * quantities (batch size, learning rate; not the loss, drawn in its own plot).
+ */
+export function curveGroups(meta) {
+  const groups = Object.entries(meta.statistic_groups ?? {}).map(([key, g]) => ({
+    key,
+    name: g.name,
+    description: g.description,
+    keys: Object.keys(meta.statistics).filter((k) => meta.statistics[k].group === key),
+  }));
+  const grouped = new Set(groups.flatMap((g) => g.keys));
+  const rest = curveChoices(meta).filter((k) => !grouped.has(k));
+  if (rest.length)
+    groups.push({
+      key: "logged",
+      name: "Logged with the moments",
+      description: "",
+      keys: rest,
+    });
+  return groups.filter((g) => g.keys.length);
+}
+
+/** A quantity's name with its symbol: "Gradient noise scale Bₛᵢₘₚₗₑ" (no code names). */
+export function seriesTitle(key, meta) {
+  const st = seriesInfo(key, meta);
+  return st.symbol && !st.name.includes(st.symbol) ? `${st.name} ${st.symbol}` : st.name;
+}
+
+/** An axis label: the short name, symbol and unit, "noise scale Bₛᵢₘₚₗₑ [examples]". */
+export function axisLabel(key, meta) {
+  const st = seriesInfo(key, meta);
+  const short = st.short ?? st.name;
+  const symbol =
+    st.symbol && st.symbol !== short && !short.includes(st.symbol) ? ` ${st.symbol}` : "";
+  const unit = st.unit ? ` [${st.unit.replace(/ \(.*\)$/, "")}]` : "";
+  return `${short}${symbol}${unit}`;
+}
+
 /** Whether a curve's values <= 0 mean "noise-dominated" (marked, not drawn). */
 export function isPositiveOnly(key, meta) {
   return meta.positive_only.includes(key);
+}
+
+/**
+ * A /summary row as the table shows it: each statistic (meta.summary_statistics) is its
+ * smoothed value when the row has one (/summary?smoothing=: the curves' value at that step),
+ * else its per-step value; `perStep` and `se` keep the per-step values and the standard
+ * errors (NaN without smoothing).
+ */
+export function tableRow(row, meta) {
+  const out = { ...row, perStep: {}, se: {} };
+  for (const k of meta.summary_statistics) {
+    out.perStep[k] = row[k];
+    out.se[k] = row.smoothed_se?.[k] ?? NaN;
+    if (row.smoothed) out[k] = row.smoothed[k];
+  }
+  return out;
 }
 
 /** The numeric fields of a /summary row: its size and batch size, and the statistics. */
@@ -650,7 +773,10 @@ export const THEMES = Object.freeze({
     muted: "#616161",
     grid: "#e0e0e0",
     axis: "#9e9e9e",
-    missing: [204, 204, 204, 255],
+    // Cells without a colour: NaN (undefined) in magenta, <= 0 on a log scale in grey; neither
+    // is a colour of the maps' low ends.
+    missing: [255, 0, 255, 255],
+    nonPositive: [189, 189, 189, 255],
   },
   dark: {
     background: "#303030",
@@ -658,7 +784,8 @@ export const THEMES = Object.freeze({
     muted: "#a0a0a0",
     grid: "#484848",
     axis: "#8a8a8a",
-    missing: [90, 90, 90, 255],
+    missing: [255, 64, 255, 255],
+    nonPositive: [176, 176, 176, 255],
   },
 });
 
@@ -691,6 +818,34 @@ export function splitCurve(values, positiveOnly) {
     } else line.push(v);
   });
   return { line, marked };
+}
+
+/**
+ * The uncertainty band of a smoothed curve: `value ± se` (se: the standard error of the
+ * smoothed statistic over the steps in its window, /series smoothed_se, docs/math.md), in
+ * runs of consecutive steps where both are finite (and, with `positiveOnly`, the value
+ * positive: a noise-dominated estimate has no band). Returns [{steps, lo, hi}], one per run.
+ */
+export function bandSegments(steps, values, se, positiveOnly = false) {
+  const out = [];
+  let cur = null;
+  steps.forEach((st, k) => {
+    const v = values[k];
+    const e = se?.[k];
+    const ok = Number.isFinite(v) && Number.isFinite(e) && (!positiveOnly || v > 0);
+    if (!ok) {
+      cur = null;
+      return;
+    }
+    if (!cur) {
+      cur = { steps: [], lo: [], hi: [] };
+      out.push(cur);
+    }
+    cur.steps.push(st);
+    cur.lo.push(v - e);
+    cur.hi.push(v + e);
+  });
+  return out;
 }
 
 /** The index of the row with the largest finite `key` (the noisiest variable), or -1. */

@@ -11,19 +11,23 @@ import {
   THEMES,
   argmaxRow,
   availableStats,
-  curveChoices,
+  axisLabel,
+  curveGroups,
   defaultView,
   filterTags,
   groupLabel,
   groupsOf,
+  histogramPlan,
   isPositiveOnly,
   isSigned,
   modelTag,
   nearestStep,
   runColors,
   seriesInfo,
+  seriesTitle,
   statLabel,
   summaryNumericKeys,
+  tableRow,
 } from "./core.js";
 import { checkbox, h, select } from "./views/common.js";
 import { CurvesView } from "./views/curves.js";
@@ -119,7 +123,6 @@ class App {
       step: null,
       follow: true,
       histMode: "step",
-      histLog: false,
       metric: landing.curve,
       logy: false,
       smoothing: meta.default_smoothing,
@@ -217,6 +220,13 @@ class App {
     this.root.replaceChildren(h("div", { class: "app" }, [sidebar, main]));
     this.applyTheme();
     this.watchResize(main);
+    // The sticky toolbar's height, for the cards' scroll margin (style.css --toolbar-h).
+    new ResizeObserver(() => {
+      document.documentElement.style.setProperty(
+        "--toolbar-h",
+        `${this.el.toolbar.offsetHeight}px`,
+      );
+    }).observe(this.el.toolbar);
   }
 
   /** Every plot re-lays out to its card's new width (debounced). */
@@ -319,7 +329,11 @@ class App {
       return;
     }
     this.setStatus("");
-    if (!withTags.includes(s.run)) s.run = withTags[0];
+    if (!this.activeRuns().length) s.checked.add(withTags[0]);
+    if (!this.activeRuns().includes(s.run)) {
+      s.run = this.activeRuns()[0];
+      s.landed = false;
+    }
     this.ensureGroup();
     this.ensureTag();
     if (s.follow) s.step = null;
@@ -405,6 +419,12 @@ class App {
   // -------------------------------------------------------------------------------------------
   // Controls.
 
+  /**
+   * The runs, one selection for every view: a checked run is shown (its curves overlaid); the
+   * active one (bold, also the toolbar's Run) is always checked, and the table, heatmap and
+   * histograms show it. A click on a run's name makes it active; unchecking the active run
+   * makes the next checked run active; the last checked run stays checked.
+   */
   renderRuns() {
     const s = this.state;
     this.el.runs.replaceChildren(
@@ -412,24 +432,77 @@ class App {
         const box = h("input", {
           type: "checkbox",
           checked: s.checked.has(run),
-          "aria-label": `show run ${run} in the noise curves`,
+          "aria-label": `show run ${run}`,
         });
         box.addEventListener("change", () => {
-          if (box.checked) s.checked.add(run);
-          else s.checked.delete(run);
-          const group = s.group;
-          const wasGrouped = this.grouped();
-          this.ensureGroup();
-          if (group !== s.group || wasGrouped !== this.grouped()) this.selectGroup(s.group);
-          else this.loadCurves();
+          if (box.checked) {
+            s.checked.add(run);
+            this.afterRunsChanged();
+            return;
+          }
+          const others = this.activeRuns().filter((r) => r !== run);
+          if (run === s.run && !others.length) {
+            box.checked = true;
+            this.setStatus("At least one run stays shown: check another run first.", "info");
+            return;
+          }
+          s.checked.delete(run);
+          if (run === s.run) this.setRun(others[0]);
+          else this.afterRunsChanged();
         });
-        return h("label", { class: `run-row ${run === s.run ? "active" : ""}`, title: run }, [
-          box,
-          h("span", { class: "swatch", style: `background:${this.colors.get(run)}` }),
-          h("span", { class: "run-name", text: run }),
-        ]);
+        const name = h("span", {
+          class: "run-name",
+          text: run,
+          title: `show ${run} in every view`,
+        });
+        name.addEventListener("click", (e) => {
+          e.preventDefault(); // not a click on the checkbox
+          if (Object.keys(s.runs[run] ?? {}).length) this.setRun(run);
+        });
+        return h(
+          "label",
+          {
+            class: `run-row ${run === s.run ? "active" : ""}`,
+            title: run,
+            "data-run": run,
+          },
+          [box, h("span", { class: "swatch", style: `background:${this.colors.get(run)}` }), name],
+        );
       }),
     );
+  }
+
+  /** The checked runs that have variables: those the toolbar's Run offers. */
+  activeRuns() {
+    const s = this.state;
+    return s.runList.filter((r) => s.checked.has(r) && Object.keys(s.runs[r] ?? {}).length);
+  }
+
+  /** Shows `run` in every view (checked, active) and lands on its noisiest variable. */
+  setRun(run) {
+    const s = this.state;
+    s.run = run;
+    s.checked.add(run);
+    s.landed = false; // the noisiest variable of this run, once its table is in
+    this.ensureGroup();
+    this.ensureTag();
+    this.renderRuns();
+    this.renderTags();
+    this.renderToolbar();
+    this.loadViews();
+  }
+
+  /** After a run other than the active one was checked or unchecked: the overlays. */
+  afterRunsChanged() {
+    const s = this.state;
+    this.setStatus("");
+    const group = s.group;
+    const wasGrouped = this.grouped();
+    this.ensureGroup();
+    this.renderRuns();
+    this.renderToolbar();
+    if (group !== s.group || wasGrouped !== this.grouped()) this.selectGroup(s.group);
+    else this.loadCurves();
   }
 
   renderTags() {
@@ -470,7 +543,7 @@ class App {
     const info = this.tagInfo();
     const steps = this.steps();
     const step = this.currentStep();
-    const withTags = s.runList.filter((r) => Object.keys(s.runs[r] ?? {}).length);
+    const withTags = this.activeRuns();
     const field = (label, control) =>
       h("label", { class: "field" }, [h("span", { text: label }), control]);
     const stats = availableStats(info?.orders ?? [1, 2], this.meta).map((v) => ({
@@ -513,20 +586,10 @@ class App {
     this.el.toolbar.replaceChildren(
       field(
         "Run",
-        select(
-          withTags,
-          s.run,
-          (v) => {
-            s.run = v;
-            this.ensureGroup();
-            this.ensureTag();
-            this.renderRuns();
-            this.renderTags();
-            this.renderToolbar();
-            this.loadViews();
-          },
-          { class: "run-select" },
-        ),
+        select(withTags, s.run, (v) => this.setRun(v), {
+          class: "run-select",
+          title: "The run the table, heatmap and histograms show (the sidebar's checked runs)",
+        }),
       ),
       ...(this.grouped()
         ? [
@@ -628,7 +691,7 @@ class App {
     smoothing.addEventListener("change", () => {
       s.smoothing = +smoothing.value;
       smoothingValue.textContent = s.smoothing.toFixed(2);
-      this.loadCurves();
+      this.loadViews({ only: ["curves", "table"] });
     });
     const infoButton = h("button", {
       type: "button",
@@ -644,7 +707,15 @@ class App {
     });
     this.el.curveControls.replaceChildren(
       select(
-        curveChoices(this.meta).map((k) => ({ value: k, label: seriesInfo(k, this.meta).name })),
+        curveGroups(this.meta).map((g) => ({
+          group: g.name,
+          title: g.description,
+          options: g.keys.map((k) => ({
+            value: k,
+            label: seriesTitle(k, this.meta),
+            title: seriesInfo(k, this.meta).meaning,
+          })),
+        })),
         s.metric,
         (v) => {
           s.metric = v;
@@ -677,6 +748,7 @@ class App {
    */
   renderInfo() {
     const st = seriesInfo(this.state.metric, this.meta);
+    const kind = curveGroups(this.meta).find((g) => g.keys.includes(this.state.metric));
     const row = (k, v) =>
       v &&
       h("div", { class: `info-row info-${k}` }, [
@@ -685,8 +757,9 @@ class App {
       ]);
     this.el.info.replaceChildren(
       ...[
-        h("h3", { text: st.name }),
+        h("h3", { text: seriesTitle(this.state.metric, this.meta) }),
         st.meaning && h("p", { class: "info-meaning", text: `${st.meaning}.` }),
+        kind && row("kind", `${kind.name}${kind.description ? `: ${kind.description}` : ""}`),
         row("formula", st.formula),
         row("unit", st.unit),
         row("reading", st.reading),
@@ -792,6 +865,7 @@ class App {
             data,
             extras,
             stat,
+            label: statLabel(stat, this.meta),
             signed: isSigned(stat, this.meta),
             run,
             tag,
@@ -811,17 +885,21 @@ class App {
     const { run, tag, stat, histMode } = s;
     const step = histMode === "steps" ? "all" : this.currentStep();
     const scale = s.histLog ? "log" : "linear";
+    const size = (this.tagInfo()?.shape ?? []).reduce((a, b) => a * b, 1);
+    const plan = histogramPlan(size);
     return this.load(
       "histogram",
       `the histogram of ${tag}`,
       () =>
-        this.cached(`histogram|${run}|${tag}|${stat}|${step}|${scale}`, () =>
-          api.fetchHistogram({ run, tag, stat, step, bins: 30, scale }),
+        this.cached(`histogram|${run}|${tag}|${stat}|${step}|${scale}|${plan.bins}`, () =>
+          api.fetchHistogram({ run, tag, stat, step, bins: plan.bins, scale }),
         ),
       (data) =>
         this.views.histogram.update({
           data,
           mode: histMode,
+          maxRidges: plan.ridges,
+          label: statLabel(stat, this.meta),
           run,
           tag,
           stat,
@@ -856,6 +934,7 @@ class App {
             wall_times: d.wall_times,
             values: d.values[m] ?? [],
             smoothed: d.smoothed?.[m] ?? null,
+            se: d.smoothed_se?.[m] ?? null,
           });
           out.push({ ...pick(s.metric), loss: pick("loss") });
         } catch (e) {
@@ -875,6 +954,8 @@ class App {
       logy: s.logy,
       smoothing: s.smoothing,
       statistic: seriesInfo(s.metric, this.meta),
+      title: seriesTitle(s.metric, this.meta),
+      axisLabel: axisLabel(s.metric, this.meta),
       positiveOnly: isPositiveOnly(s.metric, this.meta),
       theme: this.theme,
       exportTheme: THEMES.light,
@@ -896,6 +977,8 @@ class App {
           metric: "loss",
           logy: false,
           statistic: seriesInfo("loss", this.meta),
+          title: seriesTitle("loss", this.meta),
+          axisLabel: axisLabel("loss", this.meta),
           positiveOnly: isPositiveOnly("loss", this.meta),
           label: this.grouped() ? `${groupLabel(s.group)}, as logged` : "as logged",
           tag: modelTag(s.group),
@@ -927,12 +1010,25 @@ class App {
       [...modelSteps].sort((a, b) => a - b),
       this.currentStep(),
     );
+    const smoothing = s.smoothing;
     return this.load(
       "table",
       `the summary of run ${run}`,
       () =>
-        this.cached(`summary|${run}|${step}|${group}`, () =>
-          api.fetchSummary({ run, step, group, numeric: summaryNumericKeys(this.meta) }),
+        this.cached(`summary|${run}|${step}|${group}|${smoothing}`, () =>
+          api
+            .fetchSummary({
+              run,
+              step,
+              group,
+              numeric: summaryNumericKeys(this.meta),
+              smoothing: smoothing > 0 ? smoothing : undefined,
+            })
+            .then((d) => ({
+              ...d,
+              rows: d.rows.map((r) => tableRow(r, this.meta)),
+              model: d.model && tableRow(d.model, this.meta),
+            })),
         ),
       (d) => {
         const { tags } = filterTags(
@@ -964,6 +1060,8 @@ class App {
           exportTheme: THEMES.light,
           group: this.grouped() ? groupLabel(s.group) : null,
           statistics: this.meta.statistics,
+          smoothing,
+          positiveOnly: this.meta.positive_only,
         });
       },
     );

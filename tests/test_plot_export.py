@@ -131,7 +131,7 @@ def test_svg_parses_and_is_labelled(logdir, tmp_path, capsys):
     texts = " ".join("".join(t.itertext()) for t in root.iter() if t.tag.endswith("}text"))
     texts = " ".join(texts.split())
     assert "conv/kernel" in texts and f"step {STEPS[-1]}" in texts and "eval/a" in texts
-    assert "variance (unbiased, n/(n-1))" in texts
+    assert "variance (unbiased, n/(n−1))" in texts
     assert "logged as 2×2 block means" in texts
     assert "output index" in texts
 

@@ -849,6 +849,47 @@ def test_summary_rows(env):
     assert at10["conv/kernel"]["total_variance"] == pytest.approx(ref10["tr"], rel=1e-5)
 
 
+def _window_se(a, b, beta):
+    """The standard error of the smoothed ratio at the last step, from explicit EMA weights
+    (docs/math.md, "Uncertainty of the smoothed statistics")."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    w = (1 - beta) * beta ** np.arange(a.size)[::-1]
+    w = w / w.sum()
+    r = (w @ a) / (w @ b)
+    return math.sqrt((w**2 @ (a - r * b) ** 2) / ((w @ b) ** 2 * (1 - w @ w)))
+
+
+def test_series_smoothed_se_is_the_window_standard_error(env):
+    client, _ = env
+    d = get_json(client, "series", run="train", smoothing=0.6)
+    tv = nums(d["values"]["total_variance"])
+    gu = nums(d["values"]["grad_norm_sq_unbiased"])
+    se = nums(d["smoothed_se"]["noise_scale"])
+    assert set(d["smoothed_se"]) == set(stats.STATISTICS)
+    assert math.isnan(se[0])
+    for k in range(1, len(tv)):
+        assert se[k] == pytest.approx(_window_se(tv[: k + 1], gu[: k + 1], 0.6), rel=1e-6)
+    tv_se = nums(d["smoothed_se"]["total_variance"])
+    assert tv_se[-1] == pytest.approx(_window_se(tv, np.ones_like(tv), 0.6), rel=1e-6)
+
+
+def test_summary_with_smoothing_is_the_curves_value_at_that_step(env):
+    client, _ = env
+    series = get_json(client, "series", run="train", tag="conv/kernel", smoothing=0.6)
+    d = get_json(client, "summary", run="train", step=series["steps"][-2], smoothing=0.6)
+    assert d["smoothing"] == 0.6
+    row = {r["tag"]: r for r in d["rows"]}["conv/kernel"]
+    for k in stats.STATISTICS:
+        want = num(series["smoothed"][k][-2])
+        assert num(row["smoothed"][k]) == pytest.approx(want, rel=1e-7, nan_ok=True), k
+        want_se = num(series["smoothed_se"][k][-2])
+        assert num(row["smoothed_se"][k]) == pytest.approx(want_se, rel=1e-7, nan_ok=True), k
+        # The per-step values stay where they were.
+        assert num(row[k]) == pytest.approx(num(series["values"][k][-2]), rel=1e-7, nan_ok=True)
+    assert {r["tag"]: r for r in d["rows"]}["nostats/kernel"]["smoothed"] is None
+    assert "smoothed" not in get_json(client, "summary", run="train")["rows"][0]
+
+
 # --------------------------------------------------------------------------------- /meta
 
 

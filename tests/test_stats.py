@@ -304,3 +304,111 @@ def test_the_tabs_meta_fixture_is_views_meta():
     )
     assert got == fixture.text(), f"tests/js/meta.json: keys out of order or reformatted; {rewrite}"
     assert views.meta()["default_smoothing"] == stats.DEFAULT_SMOOTHING == plot.DEFAULT_SMOOTHING
+
+
+def _direct_se(a, b, beta, ratio=False):
+    """SE of the EMA ratio at every step from explicit weights (docs/math.md, Uncertainty);
+    with ``ratio`` also the ratio itself over the same steps."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    ok = np.isfinite(a) & np.isfinite(b)
+    out = np.full(a.size, np.nan)
+    rs = np.full(a.size, np.nan)
+    for k in range(a.size):
+        idx = np.flatnonzero(ok[: k + 1])
+        if idx.size < 1:
+            continue
+        age = idx.size - 1 - np.arange(idx.size)
+        w = (1 - beta) * beta**age
+        w = w / w.sum()
+        rs[k] = (w @ a[idx]) / (w @ b[idx])
+        if idx.size < 2 or beta == 0:
+            continue
+        age = idx.size - 1 - np.arange(idx.size)  # finite steps after each one
+        w = (1 - beta) * beta**age
+        w = w / w.sum()
+        big_a, big_b = w @ a[idx], w @ b[idx]
+        r = big_a / big_b
+        out[k] = math.sqrt((w**2 @ (a[idx] - r * b[idx]) ** 2) / (big_b**2 * (1 - w @ w)))
+    return (out, rs) if ratio else out
+
+
+def _series_sums(steps=40, seed=3):
+    rng = np.random.default_rng(seed)
+    n = np.full(steps, 64.0)
+    tv = 100 * np.exp(rng.normal(0, 0.3, steps))
+    m2 = tv / n + 0.5 + rng.normal(0, 0.4, steps)  # |G|^2 = m2 - tv/n, sometimes < 0
+    return {
+        "batch_size": n,
+        "num_elements": np.full(steps, 1000.0),
+        "sum_m2": m2,
+        "sum_var": tv,
+        "sum_gsnr": 30 + rng.normal(0, 5, steps),
+        "gsnr_count": np.full(steps, 990.0) - rng.integers(0, 5, steps),
+        "sum_m2_raw": m2 + tv * 63 / 64,
+        "loss": 2 * np.exp(-np.arange(steps) / 30) + rng.normal(0, 0.05, steps),
+        "learning_rate": np.full(steps, 0.01),
+    }
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 0.9, 0.99])
+def test_smoothed_se_is_the_delta_method_over_the_window(beta):
+    sums = _series_sums()
+    sums["sum_var"][[5, 6]] = np.nan  # skipped steps (both parts of the noise scale)
+    got = stats.smoothed_se(sums, beta)
+    assert list(got) == list(stats.STATISTICS)
+    n = sums["batch_size"]
+    tv, m2 = sums["sum_var"], sums["sum_m2"]
+    ones = np.ones_like(tv)
+    cabs_num = sums["learning_rate"] * (sums["sum_m2_raw"] - m2)
+    want = {
+        "total_variance": _direct_se(tv, ones, beta),
+        "grad_norm_sq": _direct_se(m2, ones, beta),
+        "grad_norm_sq_unbiased": _direct_se(m2 - tv / n, ones, beta),
+        "noise_scale": _direct_se(tv, m2 - tv / n, beta),
+        "gsnr_mean": _direct_se(sums["sum_gsnr"], sums["gsnr_count"], beta),
+        "eb_criterion": _direct_se(n / 1000 * sums["sum_gsnr"], ones, beta),
+        "cabs_batch_size": _direct_se(cabs_num, sums["loss"], beta),
+    }
+    se_r, r = _direct_se(tv / n, m2, beta, ratio=True)
+    want["norm_test"] = se_r / (2 * np.sqrt(r))
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-8, atol=0, err_msg=k)
+    if beta == 0:
+        assert np.isnan(got["noise_scale"]).all()
+    else:
+        assert np.isnan(got["noise_scale"][0]) and np.isfinite(got["noise_scale"][-1])
+
+
+def test_smoothed_se_shrinks_with_a_longer_window_on_stationary_data():
+    sums = _series_sums(steps=400, seed=5)
+    se = [np.nanmedian(stats.smoothed_se(sums, b)["total_variance"][200:]) for b in (0.5, 0.9)]
+    assert se[1] < se[0]
+    # About sd / sqrt(effective steps (1 + beta) / (1 - beta)) for independent steps.
+    sd = np.std(sums["sum_var"], ddof=1)
+    assert se[1] == pytest.approx(sd / math.sqrt(19), rel=0.35)
+
+
+def test_smoothed_at_is_smoothed_and_se_at_one_step():
+    sums = _series_sums()
+    values, se = stats.smoothed_at(sums, 17, 0.9)
+    full, full_se = stats.smoothed(sums, 0.9), stats.smoothed_se(sums, 0.9)
+    for k in stats.STATISTICS:
+        assert values[k] == pytest.approx(full[k][17], rel=1e-12, nan_ok=True), k
+        assert se[k] == pytest.approx(full_se[k][17], rel=1e-12, nan_ok=True), k
+
+
+def test_statistics_have_human_names_typeset_formulas_and_a_group():
+    from tb_gradmom.analysis import views
+
+    for key, s in stats.STATISTICS.items():
+        # No code names or ASCII math in what people read.
+        for text in (s.name, s.short, s.formula, s.reading, s.smoothing):
+            assert key not in text and "Sigma" not in text and "^2" not in text, (key, text)
+            assert "sqrt(" not in text and "sum_" not in text, (key, text)
+        assert s.group in views.STATISTIC_GROUPS, key
+    assert stats.STATISTICS["total_variance"].symbol == "tr(Σ)"
+    assert "|G|²" in stats.STATISTICS["noise_scale"].formula
+    # The two batch sizes are in different groups, with different units.
+    ns, cabs = stats.STATISTICS["noise_scale"], stats.STATISTICS["cabs_batch_size"]
+    assert (ns.group, cabs.group) == ("noise_scale", "step_size")
+    assert ns.unit != cabs.unit and "learning rate" in cabs.unit

@@ -58,16 +58,16 @@ STATS: tuple[str, ...] = (
 
 # Readable labels (colour bars, axis labels, CSV headers), naming which variance is meant.
 STAT_LABELS: dict[str, str] = {
-    "mean": "mean gradient M1",
-    "second_moment": "second raw moment M2",
-    "variance": "variance (unbiased, n/(n-1))",
-    "biased_variance": "variance (biased, M2 - M1²)",
-    "std": "standard deviation (sqrt of unbiased variance)",
-    "snr": "SNR M1² / variance (unbiased)",
-    "third_moment": "third raw moment M3",
-    "fourth_moment": "fourth raw moment M4",
-    "skewness": "skewness μ3 / v^1.5 (biased v)",
-    "kurtosis": "kurtosis μ4 / v² (biased v)",
+    "mean": "mean gradient M₁",
+    "second_moment": "second raw moment M₂",
+    "variance": "variance (unbiased, n/(n−1))",
+    "biased_variance": "variance (biased, M₂ − M₁²)",
+    "std": "standard deviation (√ of the unbiased variance)",
+    "snr": "SNR M₁² / variance (unbiased)",
+    "third_moment": "third raw moment M₃",
+    "fourth_moment": "fourth raw moment M₄",
+    "skewness": "skewness μ₃ / v¹·⁵ (biased v)",
+    "kurtosis": "kurtosis μ₄ / v² (biased v)",
 }
 
 SCALES: tuple[str, ...] = ("linear", "log")

@@ -38,6 +38,9 @@ __all__ = [
     "derived",
     "ema",
     "smoothed",
+    "smoothed_se",
+    "smoothed_at",
+    "RATIO_FORMS",
     "describe",
 ]
 
@@ -47,9 +50,13 @@ class Statistic:
     """What a derived statistic is, for people: shown by the tab, the CLI's help and exports.
 
     Attributes:
-      name: the human name ("Gradient noise scale").
+      name: the human name ("Gradient noise scale"), without symbols.
+      short: a short label for table headers and legends ("noise scale").
+      symbol: its symbol, typeset in Unicode ("Bₛᵢₘₚₗₑ", "tr(Σ)").
+      group: what kind of statistic it is (a key of `tb_gradmom.analysis.views.STATISTIC_GROUPS`:
+        "noise_scale", "signal_to_noise", "step_size", "magnitude").
       meaning: one line saying what it measures.
-      formula: the estimator, in plain text (``m = M_1``, ``s2`` the unbiased variance).
+      formula: the estimator, typeset in Unicode (``M₁``, ``s²`` the unbiased variance, ``Σ``).
       unit: what its values count ("examples", "a batch size", "ratio", ...).
       reading: what high and low values suggest.
       reference: the paper it comes from ("" for plain definitions).
@@ -57,6 +64,9 @@ class Statistic:
     """
 
     name: str
+    short: str
+    symbol: str
+    group: str
     meaning: str
     formula: str
     unit: str
@@ -91,7 +101,7 @@ def describe(key: str) -> str:
     """A statistic's explanation as a few lines of plain text (the CLI's help)."""
     s = STATISTICS[key]
     lines = [
-        f"{key}: {s.name} [{s.unit}]",
+        f"{key}: {s.name} {s.symbol} [{s.unit}]",
         f"  {s.meaning}.",
         f"  {s.formula}",
         f"  {s.reading}.",
@@ -307,6 +317,104 @@ def smoothed(sums: Mapping[str, float | np.ndarray], beta: float) -> dict[str, n
         v = np.atleast_1d(np.broadcast_to(v, shape).astype(np.float64))
         smooth[k] = ema(v, beta).reshape(shape)
     return {k: np.asarray(v, dtype=np.float64) for k, v in _from_parts(smooth).items()}
+
+
+# Every statistic as ``f(EMA(num) / EMA(den))`` over the additive parts of `_raw_parts` (``den``
+# None: the statistic is the EMA of ``num`` itself): the form `smoothed_se` differentiates.
+# ``f`` is "identity", "sqrt" (the norm test) or "one_minus" (the EB criterion).
+RATIO_FORMS: dict[str, tuple[str, str | None, str]] = {
+    "total_variance": ("tv", None, "identity"),
+    "grad_norm_sq": ("m2", None, "identity"),
+    "grad_norm_sq_unbiased": ("g2", None, "identity"),
+    "noise_scale": ("tv", "g2", "identity"),
+    "gsnr_mean": ("gs", "gc", "identity"),
+    "norm_test": ("tv_n", "m2", "sqrt"),
+    "eb_criterion": ("eb", None, "one_minus"),
+    "cabs_batch_size": ("cabs_num", "loss", "identity"),
+}
+
+
+def _ratio_se(a: np.ndarray, b: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray]:
+    # The standard error of R_k = A_k / B_k, A and B the EMAs of a and b over the steps where
+    # both are finite (docs/math.md, "Uncertainty"): with the EMA's normalised weights w_t,
+    #   SE^2 = sum_t w_t^2 (a_t - R b_t)^2 / (B^2 (1 - sum_t w_t^2)),
+    # where sum_t w_t^2 x_t = (sum_t w_t^2) * EMA_{beta^2}(x) and, over m finite steps,
+    #   sum_t w_t^2 = (1 - beta)(1 + beta^m) / ((1 + beta)(1 - beta^m)).
+    ok = np.isfinite(a) & np.isfinite(b)
+    a = np.where(ok, a, np.nan)
+    b = np.where(ok, b, np.nan)
+    big_a, big_b = ema(a, beta), ema(b, beta)
+    b2 = beta * beta
+    aa, ab, bb = ema(a * a, b2), ema(a * b, b2), ema(b * b, b2)
+    m = np.cumsum(ok, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        bm = np.power(beta, m)
+        w2 = np.where(m > 0, (1 - beta) * (1 + bm) / ((1 + beta) * (1 - bm)), np.nan)
+        r = big_a / big_b
+        resid = np.maximum(aa - 2 * r * ab + r * r * bb, 0.0)
+        var = w2 * resid / (big_b * big_b * (1 - w2))
+        return np.where((m > 1) & (beta > 0), np.sqrt(var), np.nan), r
+
+
+def smoothed_se(sums: Mapping[str, float | np.ndarray], beta: float) -> dict[str, np.ndarray]:
+    """The standard error of every statistic of `smoothed`, over the steps in its window.
+
+    Each smoothed statistic is ``f(A / B)``, ``A`` and ``B`` bias-corrected EMAs of additive
+    per-step parts (`RATIO_FORMS`; ``B = 1`` for the additive statistics). Treating the logged
+    steps inside the window as independent draws around the smoothed value, the linearised
+    (delta-method) standard error of the ratio of the two weighted means is
+    ``SE(R)^2 = sum_t w_t^2 (a_t - R b_t)^2 / (B^2 (1 - sum_t w_t^2))`` with ``w_t`` the EMA's
+    normalised weights (the ``1 - sum w^2`` makes it unbiased for equal weights, the ``n - 1``
+    of a sample variance); then ``SE(sqrt R) = SE(R) / (2 sqrt R)`` and ``SE(1 - R) = SE(R)``.
+    Steps where ``a`` or ``b`` is not finite are left out. NaN with fewer than two finite
+    steps, and for ``beta = 0`` (a single step says nothing about its own spread). See
+    docs/math.md, "Uncertainty of the smoothed statistics".
+
+    Args:
+      sums: as for `smoothed`, each a 1-D array over steps (oldest first).
+      beta: the decay in ``[0, 1)``.
+
+    Returns:
+      A dict with the keys of `STATISTICS`, float64 arrays shaped like the steps.
+    """
+    beta = _check_beta(beta)
+    a = _parts(sums)
+    raw = _raw_parts(a)
+    shape = np.broadcast_shapes(*(np.shape(v) for v in raw.values()))
+    parts = {k: np.atleast_1d(np.broadcast_to(v, shape).astype(np.float64)) for k, v in raw.items()}
+    ones = np.ones(np.atleast_1d(np.empty(shape)).shape)
+    out = {}
+    for key, (num, den, f) in RATIO_FORMS.items():
+        se, r = _ratio_se(parts[num], ones if den is None else parts[den], beta)
+        if f == "sqrt":
+            with np.errstate(divide="ignore", invalid="ignore"):
+                se = np.where(r > 0, se / (2 * np.sqrt(np.where(r > 0, r, 1.0))), np.nan)
+        out[key] = np.asarray(se, dtype=np.float64).reshape(shape)
+    return out
+
+
+def smoothed_at(
+    sums: Mapping[str, np.ndarray], index: int, beta: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """`smoothed` and `smoothed_se` of every statistic at one step of a series.
+
+    The EMA is causal, so only the steps up to ``index`` are smoothed.
+
+    Args:
+      sums: as for `smoothed`, 1-D arrays over steps (oldest first).
+      index: the step's position in the arrays.
+      beta: the decay in ``[0, 1)``.
+
+    Returns:
+      ``(values, standard_errors)``, each a dict with the keys of `STATISTICS`.
+    """
+    head = {k: np.atleast_1d(np.asarray(v, dtype=np.float64))[: index + 1] for k, v in sums.items()}
+    values = smoothed(head, beta)
+    se = smoothed_se(head, beta)
+    return (
+        {k: float(np.atleast_1d(v)[-1]) for k, v in values.items()},
+        {k: float(np.atleast_1d(v)[-1]) for k, v in se.items()},
+    )
 
 
 def derived(sums: Mapping[str, float | np.ndarray], ema: float | None = None) -> dict:

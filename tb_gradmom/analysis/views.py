@@ -30,10 +30,12 @@ __all__ = [
     "SERIES_NAMES",
     "LANDING",
     "SUMMARY_STATISTICS",
+    "STATISTIC_GROUPS",
     "META_VERSION",
     "element_statistics",
     "meta",
     "summary_row",
+    "smoothed_columns",
 ]
 
 # Element-wise statistics that take both signs: drawn with a diverging colour map (RdBu_r)
@@ -81,6 +83,34 @@ SERIES_NAMES: dict[str, dict[str, str]] = {
         "unit": "",
     },
 }
+# What kinds of statistics there are, in display order: each `stats.Statistic.group` is one
+# of these keys. The tab groups its curve selector and explains each kind with them; two
+# statistics in examples from different groups (the noise scale and the CABS batch size)
+# answer different questions and may be a thousand times apart.
+STATISTIC_GROUPS: dict[str, dict[str, str]] = {
+    "noise_scale": {
+        "name": "Noise scale (critical batch size)",
+        "description": "the batch size, in examples, at which the gradient's noise and signal "
+        "balance (McCandlish et al. 2018): a property of the problem at this point of "
+        "training, not of the optimizer's settings",
+    },
+    "signal_to_noise": {
+        "name": "Signal-to-noise",
+        "description": "dimensionless ratios of the mean gradient to the spread of the "
+        "per-example gradients, and the tests built on them",
+    },
+    "step_size": {
+        "name": "Step-size rules",
+        "description": "what an adaptive rule would set for the current learning rate: CABS "
+        "(Balles et al. 2017) picks a batch size proportional to lr · tr(Σ) / loss; in "
+        "examples too, but not an estimate of the noise scale and usually far below it",
+    },
+    "magnitude": {
+        "name": "Gradient magnitudes",
+        "description": "the sizes the ratios are made of: the total variance tr(Σ) and the "
+        "squared norms of the batch and true gradients",
+    },
+}
 # What the tab opens with: the heatmap's statistic, the curves' quantity, and the summary
 # column it sorts by (descending) and lands on (the variable with the largest value).
 LANDING: dict[str, str] = {"stat": "variance", "curve": "noise_scale", "sort": "total_variance"}
@@ -120,6 +150,29 @@ def summary_row(
     return row
 
 
+def smoothed_columns(history: Mapping[str, Any] | None, smoothing: float) -> dict[str, Any]:
+    """The summary row's smoothed statistics at its step: the curves' estimator there.
+
+    Args:
+      history: the sums of the steps up to and including the row's step (1-D arrays, oldest
+        first), or None (the row has no stats).
+      smoothing: the decay in ``[0, 1)`` (`stats.smoothed_at`).
+
+    Returns:
+      ``{"smoothed": {statistic: float}, "smoothed_se": {statistic: float}}`` over
+      SUMMARY_STATISTICS (`stats.smoothed` and `stats.smoothed_se` at the last step), each
+      None without a history.
+    """
+    if history is None:
+        return {"smoothed": None, "smoothed_se": None}
+    size = len(next(iter(history.values())))
+    values, se = stats.smoothed_at(history, size - 1, smoothing)
+    return {
+        "smoothed": {k: values[k] for k in SUMMARY_STATISTICS},
+        "smoothed_se": {k: se[k] for k in SUMMARY_STATISTICS},
+    }
+
+
 def default_scale(stat: str) -> str:
     """The colour scale a heatmap of ``stat`` opens with, in the tab and in exports: log for the
     non-negative statistics (variances span decades; log shows dead filters at once), linear
@@ -156,7 +209,8 @@ def meta() -> dict[str, Any]:
 
     Returns:
       ``{"version", "element_statistics" (`element_statistics`), "signed_stats",
-      "statistics" ({key: `stats.Statistic` as a dict}, in display order), "summary_statistics",
+      "statistics" ({key: `stats.Statistic` as a dict}, in display order), "statistic_groups"
+      (`STATISTIC_GROUPS`), "summary_statistics",
       "series_keys", "series_names", "positive_only", "curve_defaults", "default_smoothing",
       "run_palette": {"light", "dark"}, "landing", "scales", "max_bins"}``.
     """
@@ -165,6 +219,7 @@ def meta() -> dict[str, Any]:
         "element_statistics": element_statistics(),
         "signed_stats": list(SIGNED_STATS),
         "statistics": {k: v.as_dict() for k, v in stats.STATISTICS.items()},
+        "statistic_groups": {k: dict(v) for k, v in STATISTIC_GROUPS.items()},
         "summary_statistics": list(SUMMARY_STATISTICS),
         "series_keys": list(SERIES_KEYS),
         "series_names": {k: dict(v) for k, v in SERIES_NAMES.items()},

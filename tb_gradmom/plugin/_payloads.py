@@ -161,6 +161,14 @@ def smoothed_series(sums: dict[str, np.ndarray], beta: float) -> dict[str, np.nd
     return out
 
 
+def smoothed_series_se(sums: dict[str, np.ndarray], beta: float) -> dict[str, np.ndarray]:
+    """The /series ``smoothed_se``: the standard error of every `stats.STATISTICS` entry of
+    ``smoothed`` over the steps in its window (`stats.smoothed_se`, docs/math.md)."""
+    if next(iter(sums.values())).size == 0:
+        return {k: np.empty(0) for k in stats.STATISTICS}
+    return {k: np.atleast_1d(v) for k, v in stats.smoothed_se(sums, beta).items()}
+
+
 def series(sums: dict[str, np.ndarray], ema: float | None = None) -> dict[str, np.ndarray]:
     """The /series ``values``: batch size, `stats.DERIVED`, loss and learning rate per step."""
     if next(iter(sums.values())).size == 0:

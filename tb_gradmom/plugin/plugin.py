@@ -553,7 +553,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
 
         With ``smoothing`` (a decay in ``[0, 1)``), ``smoothed`` holds every statistic from
         separately smoothed numerators and denominators (`stats.smoothed`) and the smoothed
-        loss. ``statistics`` explains each statistic (`stats.STATISTICS`).
+        loss, ``smoothed_se`` their standard errors (`stats.smoothed_se`). ``statistics`` explains each statistic (`stats.STATISTICS`).
         """
         ri = self._reader.run_index(ctx, experiment, run)
         st = ri.stats_for(tag)
@@ -584,6 +584,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         if smoothing is not None:
             out["smoothing"] = smoothing
             out["smoothed"] = _payloads.smoothed_series(s.sums, smoothing)
+            out["smoothed_se"] = _payloads.smoothed_series_se(s.sums, smoothing)
         return out
 
     # ----------------------------------------------------------------------- /summary
@@ -594,16 +595,21 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         run = _params.string(request, "run", required=True)
         step = _params.step(request)
         group = _params.string(request, "group", default=None)
+        smoothing = _params.number(request, "smoothing", default=None, lo=0.0, hi=1.0, hi_open=True)
         return self._json(
-            request, self.summary_impl(ctx, experiment, run=run, step=step, group=group)
+            request,
+            self.summary_impl(
+                ctx, experiment, run=run, step=step, group=group, smoothing=smoothing
+            ),
         )
 
-    def summary_impl(self, ctx, experiment, *, run, step, group=None) -> dict:
+    def summary_impl(self, ctx, experiment, *, run, step, group=None, smoothing=None) -> dict:
         """One row per moments tag (and the model) at ``step`` (None: each tag's latest).
 
         ``group`` (None: every variable and the ``_model`` row): only the variables of that
         group of tags (``""`` the unprefixed one) and its whole-model row
-        (`metadata.model_tag`).
+        (`metadata.model_tag`). With ``smoothing``, each row also holds the statistics smoothed
+        up to its step and their standard errors (`views.summary_row`), as /series smooths.
         """
         ri = self._reader.run_index(ctx, experiment, run)
         names = _groups_of(ri)
@@ -620,9 +626,16 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             if s is not None and s.steps.size:
                 i = s.steps.size - 1 if step is None else s.index_of(step)
             if i is None:
-                return views.summary_row(tag, None, None, **info), False
+                r = views.summary_row(tag, None, None, **info)
+                if smoothing is not None:
+                    r.update(views.smoothed_columns(None, smoothing))
+                return r, False
             sums = {f: float(v[i]) for f, v in s.sums.items()}
-            return views.summary_row(tag, int(s.steps[i]), sums, **info), True
+            row = views.summary_row(tag, int(s.steps[i]), sums, **info)
+            if smoothing is not None:
+                history = {f: v[: i + 1] for f, v in s.sums.items()}
+                row.update(views.smoothed_columns(history, smoothing))
+            return row, True
 
         rows = []
         found = False
@@ -664,6 +677,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         }
         if group is not None:
             out["group"] = group
+        if smoothing is not None:
+            out["smoothing"] = smoothing
         return out
 
     # ------------------------------------------------------------------------ /export

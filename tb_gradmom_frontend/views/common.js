@@ -27,9 +27,15 @@ export function h(tag, options = {}, children = []) {
 /** A <select> with options [{value, label}] or plain strings. */
 export function select(options, value, onchange, attrs = {}) {
   const node = h("select", { ...attrs, onchange: () => onchange(node.value) });
+  const option = (o) => {
+    const { value: v, label, title } = typeof o === "string" ? { value: o, label: o } : o;
+    return h("option", { value: v, text: label, title, selected: v === value });
+  };
   for (const o of options) {
-    const { value: v, label } = typeof o === "string" ? { value: o, label: o } : o;
-    node.append(h("option", { value: v, text: label, selected: v === value }));
+    // {group, title, options}: an <optgroup> of options.
+    if (o && typeof o === "object" && Array.isArray(o.options))
+      node.append(h("optgroup", { label: o.group, title: o.title }, o.options.map(option)));
+    else node.append(option(o));
   }
   node.value = value;
   return node;
@@ -200,8 +206,9 @@ export function newFigure(width, height, theme) {
 }
 
 /** A figure's title (and an optional subtitle) at its top left. */
-export function drawTitle(svg, title, subtitle, theme) {
-  const room = Number(svg.attr("width")) - 24;
+export function drawTitle(svg, title, subtitle, theme, reserve = 0) {
+  // `reserve`: pixels kept free at the right (a legend in the top right corner).
+  const room = Number(svg.attr("width")) - 24 - reserve;
   fitText(
     svg
       .append("text")

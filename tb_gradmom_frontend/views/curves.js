@@ -2,7 +2,17 @@
 // line per run, for one variable or the whole model. Hover shows each run's value.
 
 import * as d3 from "../vendor/d3.js";
-import { formatValue, linePath, niceDomain, robustRange, splitCurve, toCSV } from "../core.js";
+import {
+  bandSegments,
+  estimateStatus,
+  formatEstimate,
+  formatValue,
+  linePath,
+  niceDomain,
+  robustRange,
+  splitCurve,
+  toCSV,
+} from "../core.js";
 import {
   drawAxis,
   drawEmpty,
@@ -52,14 +62,18 @@ export class CurvesView extends View {
     const { width, height } = this.size;
     const svg = newFigure(width, height, theme);
     const { statistic, smoothing } = this.model;
-    const name = statistic?.name ?? metric;
+    const name = this.model.title ?? statistic?.name ?? metric;
     const smooth = series.some((s) => s.smoothed);
+    const band = series.some((x) => x.se) ? " · band ± 1 standard error over the window" : "";
+    // The legend (run names, top right) keeps its corner: the title and subtitle stop before it.
+    const legendW = 30 + 6.5 * Math.max(0, ...series.map((x) => String(x.run).length));
     drawTitle(
       svg,
       `${name}: ${label}`,
       `${series.length} run${series.length === 1 ? "" : "s"}${logy ? " · log y" : ""}` +
-        `${smooth ? ` · smoothing ${smoothing} (${statistic?.smoothing ?? "EMA, bias-corrected"}; raw per step faint)` : ""}`,
+        `${smooth ? ` · smoothing ${smoothing}${band} · ${statistic?.smoothing ?? "EMA, bias-corrected"}; raw per step faint` : ""}`,
       theme,
+      Math.min(legendW, width / 3),
     );
     // Positive-only quantities (a noise scale, a batch size) and log axes: values <= 0 are
     // not drawn as a line but marked, with the reason, along the bottom of the plot.
@@ -76,17 +90,15 @@ export class CurvesView extends View {
     const allValues = series.flatMap(shown);
     const pool = logy ? allValues.filter((v) => v > 0).map(Math.log10) : allValues;
     const rr = robustRange(pool);
-    const yext = rr && (logy ? [10 ** rr.lo, 10 ** rr.hi] : [rr.lo, rr.hi]);
-    if (!allSteps.length || !yext) {
-      drawEmpty(
-        svg,
-        width,
-        height,
-        `no ${logy ? "positive " : ""}finite values of ${metric}`,
-        theme,
-      );
+    let yext = rr && (logy ? [10 ** rr.lo, 10 ** rr.hi] : [rr.lo, rr.hi]);
+    if (!allSteps.length) {
+      drawEmpty(svg, width, height, `no steps of ${metric}`, theme);
       return svg;
     }
+    // Steps but no value to draw (every estimate noise-dominated or undefined): the axes, the
+    // markers along the bottom and the tooltip still say what each step is.
+    const nothing = !yext;
+    if (nothing) yext = logy ? [1, 10] : [0, 1];
     let [s0, s1] = [Math.min(...allSteps), Math.max(...allSteps)];
     if (s0 === s1) [s0, s1] = [s0 - 1, s1 + 1];
     const x = d3.scaleLinear().domain([s0, s1]).range([0, plotW]);
@@ -108,21 +120,31 @@ export class CurvesView extends View {
       tickValues: x.ticks(Math.floor(plotW / 90)).filter(Number.isInteger),
       tickFormat: (v) => String(v),
     });
-    const unit = statistic?.unit ? ` [${statistic.unit.replace(/ \(.*\)$/, "")}]` : "";
     drawAxis(g.append("g"), y, {
       orient: "left",
       log: logy,
       theme,
-      label: `${metric}${unit}`,
+      label: this.model.axisLabel ?? metric,
       gridLength: plotW,
       count: 5,
     });
+    if (nothing)
+      g.append("text")
+        .attr("class", "empty-note")
+        .attr("x", plotW / 2)
+        .attr("y", plotH / 2)
+        .attr("text-anchor", "middle")
+        .attr("fill", theme.muted)
+        .text(`no ${logy || this.model.positiveOnly ? "positive " : ""}finite values to draw`);
     const lines = g.append("g").attr("class", "lines");
     const inRange = (v) => {
       const [d0, d1] = y.domain();
       return v >= Math.min(d0, d1) && v <= Math.max(d0, d1);
     };
     let markedCount = 0;
+    // The bands drawn, in values (the browser tests compare them with the backend's numbers).
+    const bands = [];
+    if (interactive) this.bands = bands;
     let clippedCount = 0;
     const [dLo, dHi] = [Math.min(...y.domain()), Math.max(...y.domain())];
     for (const s of series) {
@@ -141,6 +163,29 @@ export class CurvesView extends View {
           .attr("stroke", s.color)
           .attr("stroke-opacity", 0.25)
           .attr("stroke-width", 1);
+      }
+      // The uncertainty band: the smoothed value ± its standard error (docs/math.md), clipped
+      // to the axis.
+      if (s.smoothed && s.se) {
+        const clampY = (v) => y(Math.min(dHi, Math.max(dLo, v)));
+        for (const b of bandSegments(s.steps, s.smoothed, s.se, positiveOnly)) {
+          const upper = b.steps.map((st, k) => [x(st), clampY(b.hi[k])]);
+          const lower = b.steps.map((st, k) => [x(st), clampY(b.lo[k])]).reverse();
+          const d =
+            b.steps.length === 1
+              ? linePath([upper[0], lower[0]])
+              : `${linePath(upper)}L${linePath(lower).slice(1)}Z`;
+          lines
+            .append("path")
+            .attr("class", "band")
+            .attr("data-run", s.run)
+            .attr("d", d)
+            .attr("fill", b.steps.length === 1 ? "none" : s.color)
+            .attr("fill-opacity", 0.15)
+            .attr("stroke", b.steps.length === 1 ? s.color : "none")
+            .attr("stroke-opacity", 0.4);
+          bands.push({ run: s.run, ...b });
+        }
       }
       const { line, marked } = splitCurve(s.smoothed ?? s.values, positiveOnly);
       const pts = s.steps.map((st, k) => [
@@ -283,31 +328,30 @@ export class CurvesView extends View {
         if (Math.abs(st - wanted) < Math.abs(s.steps[best] - wanted)) best = k;
       });
       at = at ?? s.steps[best];
-      rows.push([
-        s.run,
-        s.color,
-        s.steps[best],
-        s.smoothed ? s.smoothed[best] : s.values[best],
-        s.smoothed ? s.values[best] : null,
-      ]);
+      rows.push({
+        run: s.run,
+        color: s.color,
+        step: s.steps[best],
+        value: s.smoothed ? s.smoothed[best] : s.values[best],
+        se: s.se ? s.se[best] : null,
+        raw: s.smoothed ? s.values[best] : null,
+      });
     }
     if (!rows.length) return;
     rule.attr("x1", x(at)).attr("x2", x(at)).attr("visibility", "visible");
     const tip = this.tooltip;
-    const note = (v) =>
-      Number.isNaN(v)
-        ? " (undefined)"
-        : !(v > 0) && this.model.positiveOnly
-          ? " (noise-dominated)"
-          : "";
+    const positiveOnly = !!this.model.positiveOnly;
     tip.replaceChildren(
-      ...rows.map(([run, color, step, v, raw]) =>
+      ...rows.map(({ run, color, step, value, se, raw }) =>
         h("div", { class: "tip-row" }, [
           h("span", { class: "swatch", style: `background:${color}` }),
           h("span", { class: "tip-key", text: run }),
           h("span", {
             class: "tip-value",
-            text: `${formatValue(v, 5)}${note(v)} @ ${step}${raw === null ? "" : ` · raw ${formatValue(raw, 4)}`}`,
+            "data-status": estimateStatus(value, positiveOnly),
+            text:
+              `${formatEstimate(value, { positiveOnly, se })} @ ${step}` +
+              (raw === null ? "" : ` · this step ${formatEstimate(raw, { positiveOnly })}`),
           }),
         ]),
       ),
@@ -318,23 +362,41 @@ export class CurvesView extends View {
     tip.style.top = `${top + py + 10}px`;
   }
 
+  /**
+   * The curves as CSV: per run and step the per-step value, the smoothed value and its
+   * standard error (with smoothing), and what a positive-only estimate is when it is not a
+   * value (`<metric>_status`: "noise-dominated" or "undefined", core.estimateStatus).
+   */
   csv() {
-    const { metric, series } = this.model;
+    const { metric, series, positiveOnly } = this.model;
     const rows = [];
     const smooth = series.some((s) => s.smoothed);
+    const status = (v) => {
+      const st = estimateStatus(v, !!positiveOnly);
+      return st === "value" || st === "missing" ? "" : st;
+    };
     for (const s of series) {
-      s.steps.forEach((st, k) =>
+      s.steps.forEach((st, k) => {
+        const shown = s.smoothed ? s.smoothed[k] : s.values[k];
         rows.push([
           s.run,
           st,
           s.wall_times?.[k],
           s.values[k],
-          ...(smooth ? [s.smoothed?.[k]] : []),
-        ]),
-      );
+          ...(smooth ? [s.smoothed?.[k], s.se?.[k]] : []),
+          status(shown),
+        ]);
+      });
     }
     return toCSV(
-      ["run", "step", "wall_time", metric, ...(smooth ? [`${metric}_smoothed`] : [])],
+      [
+        "run",
+        "step",
+        "wall_time",
+        metric,
+        ...(smooth ? [`${metric}_smoothed`, `${metric}_smoothed_se`] : []),
+        `${metric}_status`,
+      ],
       rows,
     );
   }

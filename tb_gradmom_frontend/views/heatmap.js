@@ -4,6 +4,7 @@
 
 import * as d3 from "../vendor/d3.js";
 import {
+  lutIndex,
   cellElements,
   colorize,
   colormapLUT,
@@ -25,10 +26,22 @@ const MIN_PLOT_H = 36;
 const MAX_PLOT_H = 520;
 const MIN_BAR_H = 160;
 
-/** Plot geometry for a grid of rows x cols in a figure `width` wide. */
-export function heatmapLayout(width, rows, cols) {
+// A 1-D variable (a bias, a norm's scale) is drawn as bars this tall, not as a thin strip.
+export const BARS_PLOT_H = 200;
+// Bars start this far (a fraction of the plot) above the bottom: the smallest value shows.
+const BAR_FLOOR = 0.04;
+
+/** Whether a heatmap payload is drawn as bars: one row of a variable with at most one axis. */
+export function isBars(data) {
+  return data.rows === 1 && (data.shape?.length ?? 0) <= 1;
+}
+
+/** Plot geometry for a grid of rows x cols in a figure `width` wide (`bars`: 1-D as bars). */
+export function heatmapLayout(width, rows, cols, bars = false) {
   const plotW = Math.max(80, width - MARGIN.left - MARGIN.right);
-  const plotH = Math.round(Math.max(MIN_PLOT_H, Math.min(MAX_PLOT_H, (rows * plotW) / cols)));
+  const plotH = bars
+    ? BARS_PLOT_H
+    : Math.round(Math.max(MIN_PLOT_H, Math.min(MAX_PLOT_H, (rows * plotW) / cols)));
   const barH = Math.max(plotH, MIN_BAR_H);
   return { width, height: MARGIN.top + barH + MARGIN.bottom, plotW, plotH, barH, ...MARGIN };
 }
@@ -110,15 +123,69 @@ export class HeatmapView extends View {
     canvas.width = pooled.cols;
     canvas.height = pooled.rows;
     const ctx = canvas.getContext("2d");
-    const pixels = colorize(pooled.values, colormap, this.colorScale().normalize, theme.missing);
+    const pixels = colorize(
+      pooled.values,
+      colormap,
+      this.colorScale().normalize,
+      theme.missing,
+      theme.nonPositive,
+    );
     ctx.putImageData(new ImageData(pixels, pooled.cols, pooled.rows), 0, 0);
     this.images.set(key, canvas);
     return canvas;
   }
 
+  /**
+   * The bar of each element of a 1-D variable, in fractions of the plot's height from the
+   * bottom ([from, to]; the colour scale's domain spans the height above BAR_FLOOR), and the
+   * colour; NaN and (log) values <= 0 get a short bar of their own colour.
+   */
+  barGeometry(theme) {
+    const { data, colormap, scale, signed } = this.model;
+    const { normalize } = this.colorScale();
+    const lut = colormapLUT(colormap);
+    const f = (t) => BAR_FLOOR + (1 - BAR_FLOOR) * t;
+    const base = scale === "linear" && signed ? f(Math.max(0, Math.min(1, normalize(0)))) : 0;
+    return Array.from(data.values, (v) => {
+      const t = normalize(v);
+      if (Number.isNaN(t)) {
+        const c = Number.isNaN(v) ? theme.missing : theme.nonPositive;
+        return { from: 0, to: BAR_FLOOR, rgb: c.slice(0, 3) };
+      }
+      const i = 3 * lutIndex(t);
+      const top = f(Math.max(0, Math.min(1, t)));
+      return {
+        from: Math.min(base, top),
+        to: Math.max(base, top, BAR_FLOOR / 2),
+        rgb: [lut[i], lut[i + 1], lut[i + 2]],
+      };
+    });
+  }
+
   /** Draws the cells under the zoom transform onto a 2-D context of a plotW x plotH area. */
   paint(ctx, L, transform, pixelScale = 1) {
     const { data } = this.model;
+    if (this.bars) {
+      ctx.save();
+      ctx.clearRect(0, 0, L.plotW * pixelScale, L.plotH * pixelScale);
+      ctx.setTransform(
+        pixelScale * transform.k,
+        0,
+        0,
+        pixelScale * transform.k,
+        pixelScale * transform.x,
+        pixelScale * transform.y,
+      );
+      const w = L.plotW / data.cols;
+      const gap = w > 6 ? Math.min(2, w * 0.1) : 0;
+      this.barGeometry(this.model.theme).forEach((b, k) => {
+        ctx.fillStyle = `rgb(${b.rgb.join(",")})`;
+        const y0 = L.plotH * (1 - b.to);
+        ctx.fillRect(k * w + gap / 2, y0, w - gap, L.plotH * (b.to - b.from));
+      });
+      ctx.restore();
+      return;
+    }
     const k = transform.k;
     // Pool on the client when one screen pixel would cover several cells (no aliasing).
     const pxPerCol = (L.plotW * k * pixelScale) / data.cols;
@@ -155,7 +222,7 @@ export class HeatmapView extends View {
         : "";
     drawTitle(
       svg,
-      `${stat} of ${tag}`,
+      `${this.model.label ?? stat} of ${tag}${this.bars ? " (one bar per element)" : ""}`,
       `run ${run} · step ${data.step} · batch ${data.batch_size} · shape [${shape.join(", ")}]${pooledNote}`,
       theme,
     );
@@ -186,19 +253,38 @@ export class HeatmapView extends View {
         label: `column: axis ${Math.max(0, shape.length - 1)} (${C})`,
       },
     );
-    drawIndexAxis(plot.append("g").attr("class", "y-axis"), y, {
-      n: R,
-      length: L.plotH,
-      spacing: 40,
-      orient: "left",
-      theme,
-      label:
-        shape.length > 2
-          ? `row: flat index over [${shape.slice(0, -1).join(", ")}]`
-          : shape.length === 2
-            ? `row: axis 0 (${R})`
-            : "row",
-    });
+    if (this.bars) {
+      // Bars: the value on the colour scale's axis (the domain spans the plot above the floor).
+      const { domain } = this.colorScale();
+      if (domain) {
+        const log = scale === "log";
+        const d = domain[0] === domain[1] ? [domain[0], domain[0] + (log ? domain[0] : 1)] : domain;
+        const v = (log ? d3.scaleLog() : d3.scaleLinear())
+          .domain(d)
+          .range([L.plotH * (1 - BAR_FLOOR), 0]);
+        drawAxis(plot.append("g").attr("class", "y-axis"), transform.rescaleY(v), {
+          orient: "left",
+          log,
+          theme,
+          count: 4,
+          gridLength: L.plotW,
+          label: this.model.label ?? stat,
+        });
+      }
+    } else
+      drawIndexAxis(plot.append("g").attr("class", "y-axis"), y, {
+        n: R,
+        length: L.plotH,
+        spacing: 40,
+        orient: "left",
+        theme,
+        label:
+          shape.length > 2
+            ? `row: flat index over [${shape.slice(0, -1).join(", ")}]`
+            : shape.length === 2
+              ? `row: axis 0 (${R})`
+              : "row",
+      });
 
     // Colour bar: the LUT as an image, ticks on the colour scale, the values' distribution.
     const { domain } = this.colorScale();
@@ -281,19 +367,24 @@ export class HeatmapView extends View {
         .attr("y", -5)
         .text("◂ value counts");
     }
-    const missing = data.values.some((v) => Number.isNaN(normalizer(domain, scale)(v)));
-    if (missing) {
-      const m = svg.append("g").attr("transform", `translate(${bx},${L.top + L.barH + 12})`);
+    // What has no colour, each in its own: NaN (undefined) and, on a log scale, values <= 0.
+    const nan = data.values.some((v) => Number.isNaN(v));
+    const nonPositive = scale === "log" && data.values.some((v) => v <= 0);
+    const keys = [
+      ...(nan ? [["NaN", theme.missing, "missing-nan"]] : []),
+      ...(nonPositive ? [["≤ 0", theme.nonPositive, "missing-nonpositive"]] : []),
+    ];
+    keys.forEach(([label, colour, cls], k) => {
+      const m = svg
+        .append("g")
+        .attr("class", cls)
+        .attr("transform", `translate(${bx},${L.top + L.barH + 12 + 14 * k})`);
       m.append("rect")
         .attr("width", 14)
         .attr("height", 10)
-        .attr("fill", `rgb(${theme.missing.slice(0, 3).join(",")})`);
-      m.append("text")
-        .attr("x", 18)
-        .attr("y", 9)
-        .attr("fill", theme.muted)
-        .text(scale === "log" ? "NaN or ≤ 0" : "NaN");
-    }
+        .attr("fill", `rgb(${colour.slice(0, 3).join(",")})`);
+      m.append("text").attr("x", 18).attr("y", 9).attr("fill", theme.muted).text(label);
+    });
     // Read bottom to top, its glyphs to the left of the anchor: inside the figure's right edge.
     svg
       .append("text")
@@ -309,7 +400,8 @@ export class HeatmapView extends View {
   render() {
     const { data, theme } = this.model;
     const width = Math.max(360, Math.min(this.container.clientWidth || 720, 1100));
-    const L = heatmapLayout(width, data.rows, data.cols);
+    this.bars = isBars(data);
+    const L = heatmapLayout(width, data.rows, data.cols, this.bars);
     this.layout = L;
 
     const figure = h("div", {

@@ -58,7 +58,8 @@ export class HistogramView extends View {
     const svg = newFigure(width, height, theme);
     const series = [...data.series].sort((a, b) => a.step - b.step);
     const log = data.scale === "log";
-    const shown = mode === "steps" ? evenSample(series, MAX_RIDGES) : series.slice(-1);
+    const maxRidges = this.model.maxRidges ?? MAX_RIDGES;
+    const shown = mode === "steps" ? evenSample(series, maxRidges) : series.slice(-1);
     // The ridges' x range: the bins holding the 0.5-99.5 % quantiles of the shown counts (a few
     // extreme values would otherwise squeeze the data into a few pixels); the rest is counted.
     const full = { first: 0, last: data.edges.length - 2, outside: 0 };
@@ -71,7 +72,7 @@ export class HistogramView extends View {
     ].filter(Boolean);
     drawTitle(
       svg,
-      `Histogram of ${stat} over the elements of ${tag}`,
+      `Histogram of the ${this.model.label ?? stat} over the elements of ${tag}`,
       `run ${run} · ${notes.join(" · ")}`,
       theme,
     );
@@ -88,7 +89,7 @@ export class HistogramView extends View {
       .domain([edges[0], edges[edges.length - 1]])
       .range([0, plotW]);
     const g = svg.append("g").attr("transform", `translate(${MARGIN.left},${MARGIN.top})`);
-    const xlabel = `${stat}${log ? " (log scale)" : ""}`;
+    const xlabel = `${this.model.label ?? stat}${log ? " (log scale)" : ""}`;
     // The x axis (the statistic's bins), below the plot in both modes.
     drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, {
       orient: "bottom",

@@ -1,19 +1,33 @@
 // The model summary table: per variable its size, total variance, GSNR, noise scale and batch
 // size at one step; sortable by any column; a click on a row opens its heatmap.
 
-import { formatValue, sortRows, toCSV } from "../core.js";
+import { estimateStatus, formatEstimate, formatNumber, sortRows, toCSV } from "../core.js";
 import { drawTitle, exportButtons, h, newFigure, toJSON, View } from "./common.js";
 
-// The tab's columns with their short headers (the statistic columns are keys of /meta's
-// summary_statistics, checked by the node tests; their tooltips are /meta's explanations).
-export const COLUMNS = [
+// The tab's columns. The statistic columns' headers are /meta's short names with their
+// symbols (`columns(statistics)`); their tooltips /meta's explanations.
+const COLUMN_KEYS = [
   { key: "tag", label: "variable", numeric: false },
   { key: "size", label: "size", numeric: true },
-  { key: "total_variance", label: "total variance", numeric: true },
-  { key: "gsnr_mean", label: "GSNR", numeric: true },
-  { key: "noise_scale", label: "noise scale", numeric: true },
+  { key: "total_variance", numeric: true },
+  { key: "gsnr_mean", numeric: true },
+  { key: "noise_scale", numeric: true },
   { key: "batch_size", label: "batch", numeric: true },
 ];
+
+/** The columns with their headers: a statistic's /meta short name, and its symbol. */
+export function columns(statistics) {
+  return COLUMN_KEYS.map((c) => {
+    if (c.label) return c;
+    const st = statistics?.[c.key];
+    const short = st?.short ?? c.key;
+    const symbol = st?.symbol && !short.includes(st.symbol) ? ` ${st.symbol}` : "";
+    return { ...c, label: `${short}${symbol}` };
+  });
+}
+
+// The column keys, for the node tests (the statistic columns are /meta summary_statistics).
+export const COLUMNS = COLUMN_KEYS;
 
 const PLAIN_TITLES = {
   tag: "The variable's tag (its path without the model's name); a click on a row opens its heatmap",
@@ -36,14 +50,37 @@ export function columnTitle(key, statistics) {
     .join("\n");
 }
 
-const cellText = (col, v) =>
-  v === null || v === undefined
-    ? "–"
-    : col.numeric
-      ? col.key === "size" || col.key === "batch_size"
-        ? formatValue(v, 12)
-        : formatValue(v, 4)
-      : String(v);
+const COUNTS = new Set(["size", "batch_size"]);
+
+/** A cell's text: counts in full, statistics by core.formatEstimate (the tab's one format). */
+export function cellText(col, row, positiveOnly = []) {
+  const v = row[col.key];
+  if (!col.numeric) return v === null || v === undefined ? "–" : String(v);
+  if (COUNTS.has(col.key)) return formatNumber(v, { integer: true });
+  return formatEstimate(v, { positiveOnly: positiveOnly.includes(col.key) });
+}
+
+/**
+ * A statistic cell's tooltip: the value shown (smoothed, with its standard error), and the
+ * per-step value at the row's step.
+ */
+export function cellTitle(col, row, smoothing, positiveOnly = []) {
+  if (!col.numeric || COUNTS.has(col.key) || !row.perStep) return null;
+  const pos = { positiveOnly: positiveOnly.includes(col.key) };
+  const raw = row.perStep[col.key];
+  const lines = [];
+  if (smoothing > 0 && row.smoothed)
+    lines.push(
+      `smoothed (${smoothing.toFixed(2)}, as the curves): ${formatEstimate(row[col.key], { ...pos, se: row.se[col.key] })}`,
+    );
+  lines.push(
+    `this step (${row.step ?? "–"}) alone: ${formatEstimate(raw, pos)}` +
+      (Number.isFinite(raw) && estimateStatus(raw, pos.positiveOnly) !== "value"
+        ? ` (${formatNumber(raw)})`
+        : ""),
+  );
+  return lines.join("\n");
+}
 
 export class TableView extends View {
   /** `onSelect(tag)` is called when a row is clicked; rows start sorted by `sortKey`, descending. */
@@ -55,9 +92,10 @@ export class TableView extends View {
   }
 
   /**
-   * model: {rows, model (the whole model's row or null), run, step, selected, group (its label
-   * when the tab shows one group of several, else null), statistics (the columns'
-   * explanations, /meta's statistics), theme, exportTheme}.
+   * model: {rows and model (the whole model's row or null) as core.tableRow gives them, run,
+   * step, selected, group (its label when the tab shows one group of several, else null),
+   * statistics (the columns' explanations, /meta's statistics), smoothing (the curves'; 0: per
+   * step), positiveOnly (/meta's positive_only), theme, exportTheme}.
    */
   update(model) {
     this.model = model;
@@ -73,7 +111,7 @@ export class TableView extends View {
     const head = h(
       "tr",
       {},
-      COLUMNS.map((col) => {
+      this.columns().map((col) => {
         const active = col.key === this.sortKey;
         const th = h("th", {
           class: `${col.numeric ? "num" : ""} ${active ? "sorted" : ""}`,
@@ -115,9 +153,7 @@ export class TableView extends View {
             "data-tag": row.tag,
             title: "Open the heatmap of this variable",
           },
-          COLUMNS.map((col) =>
-            h("td", { class: col.numeric ? "num" : "tag-cell", text: cellText(col, row[col.key]) }),
-          ),
+          this.columns().map((col) => this.cell(col, row)),
         );
         tr.addEventListener("click", () => this.onSelect(row.tag));
         tr.addEventListener("keydown", (e) => {
@@ -133,11 +169,10 @@ export class TableView extends View {
         h(
           "tr",
           { class: "model-row" },
-          COLUMNS.map((col) =>
-            h("td", {
-              class: col.numeric ? "num" : "tag-cell",
-              text: col.key === "tag" ? this.wholeLabel() : cellText(col, whole[col.key]),
-            }),
+          this.columns().map((col) =>
+            col.key === "tag"
+              ? h("td", { class: "tag-cell", text: this.wholeLabel() })
+              : this.cell(col, whole),
           ),
         ),
       ]);
@@ -145,7 +180,7 @@ export class TableView extends View {
       h("div", { class: "card-tools" }, [
         h("span", {
           class: "hint",
-          text: `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · ${this.model.rows.length} variables`,
+          text: `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · ${this.model.rows.length} variables · ${this.caption()}`,
         }),
         exportButtons({
           figure: () => this.figure(this.model.exportTheme).node(),
@@ -160,11 +195,36 @@ export class TableView extends View {
     );
   }
 
+  columns() {
+    return columns(this.model.statistics);
+  }
+
+  /** What the statistic columns show: the curves' smoothed estimate at this step, or the step's. */
+  caption() {
+    const s = this.model.smoothing;
+    return s > 0
+      ? `statistics smoothed at ${s.toFixed(2)} as the curves (hover a cell for this step's own value)`
+      : "statistics of this step alone (smoothing 0)";
+  }
+
+  cell(col, row) {
+    const status = col.numeric
+      ? estimateStatus(row[col.key], (this.model.positiveOnly ?? []).includes(col.key))
+      : "value";
+    return h("td", {
+      class: `${col.numeric ? "num" : "tag-cell"}${status === "value" || status === "missing" ? "" : ` ${status}`}`,
+      "data-key": col.key,
+      "data-value": col.numeric ? String(row[col.key]) : undefined,
+      title: cellTitle(col, row, this.model.smoothing, this.model.positiveOnly) ?? undefined,
+      text: cellText(col, row, this.model.positiveOnly),
+    });
+  }
+
   /** The table as a figure (for PNG/SVG export). */
   figure(theme) {
     const { run, step } = this.model;
     const rows = this.sorted();
-    const widths = [260, 80, 110, 90, 100, 60];
+    const widths = [260, 80, 150, 100, 170, 60];
     const width = 24 + widths.reduce((a, b) => a + b, 0);
     const rowH = 18;
     const whole = this.model.model;
@@ -173,12 +233,13 @@ export class TableView extends View {
     drawTitle(
       svg,
       "Model summary",
-      `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`,
+      `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · ${this.caption()} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`,
       theme,
     );
     const g = svg.append("g").attr("transform", "translate(12,52)");
     const xs = widths.map((_, k) => widths.slice(0, k).reduce((a, b) => a + b, 0));
-    COLUMNS.forEach((col, k) => {
+    const cols = this.columns();
+    cols.forEach((col, k) => {
       g.append("text")
         .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
         .attr("y", 12)
@@ -195,13 +256,13 @@ export class TableView extends View {
       .attr("stroke", theme.axis);
     rows.forEach((row, r) => {
       const y = 12 + rowH * (r + 1);
-      COLUMNS.forEach((col, k) => {
+      cols.forEach((col, k) => {
         g.append("text")
           .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
           .attr("y", y)
           .attr("text-anchor", col.numeric ? "end" : "start")
           .attr("fill", theme.text)
-          .text(cellText(col, row[col.key]));
+          .text(cellText(col, row, this.model.positiveOnly));
       });
     });
     if (whole) {
@@ -212,14 +273,16 @@ export class TableView extends View {
         .attr("y1", y - 13)
         .attr("y2", y - 13)
         .attr("stroke", theme.axis);
-      COLUMNS.forEach((col, k) => {
+      cols.forEach((col, k) => {
         g.append("text")
           .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
           .attr("y", y)
           .attr("text-anchor", col.numeric ? "end" : "start")
           .attr("font-weight", 600)
           .attr("fill", theme.text)
-          .text(col.key === "tag" ? this.wholeLabel() : cellText(col, whole[col.key]));
+          .text(
+            col.key === "tag" ? this.wholeLabel() : cellText(col, whole, this.model.positiveOnly),
+          );
       });
     }
     return svg;
@@ -229,14 +292,30 @@ export class TableView extends View {
     return this.model.group ? `whole model ${this.model.group}` : "whole model";
   }
 
+  /**
+   * The table as CSV: each column's shown value in full precision; for each statistic also
+   * its per-step value, its standard error and, where an estimate is not a value, what it is
+   * (`<key>_status`: "noise-dominated" or "undefined").
+   */
   csv() {
-    const rows = this.sorted().map((row) => COLUMNS.map((c) => row[c.key]));
-    if (this.model.model)
-      rows.push(
-        COLUMNS.map((c) => (c.key === "tag" ? this.model.model.tag : this.model.model[c.key])),
-      );
+    const stats = COLUMNS.filter((c) => c.numeric && !COUNTS.has(c.key)).map((c) => c.key);
+    const pos = this.model.positiveOnly ?? [];
+    const line = (row, tag) => [
+      ...COLUMNS.map((c) => (c.key === "tag" ? tag : row[c.key])),
+      ...stats.flatMap((k) => {
+        const st = estimateStatus(row[k], pos.includes(k));
+        return [row.perStep?.[k], row.se?.[k], st === "value" || st === "missing" ? "" : st];
+      }),
+      this.model.smoothing,
+    ];
+    const rows = this.sorted().map((row) => line(row, row.tag));
+    if (this.model.model) rows.push(line(this.model.model, this.model.model.tag));
     return toCSV(
-      COLUMNS.map((c) => c.key),
+      [
+        ...COLUMNS.map((c) => c.key),
+        ...stats.flatMap((k) => [`${k}_per_step`, `${k}_se`, `${k}_status`]),
+        "smoothing",
+      ],
       rows,
     );
   }

@@ -94,10 +94,56 @@ test("formatTick and formatValue", () => {
   assert.equal(core.formatTick(1e-7), "1e-7");
   assert.equal(core.formatTick(2.5e-7), "2.5e-7");
   assert.equal(core.formatTick(25000), "25k");
+  assert.equal(core.formatTick(1500), "1.5k");
   assert.equal(core.formatValue(0.000123456), "1.235e-4");
   assert.equal(core.formatValue(12.3456), "12.35");
   assert.equal(core.formatValue(NaN), "NaN");
   assert.equal(core.formatValue(-Infinity), "-∞");
+});
+
+test("formatNumber: significant digits, SI from 1000, scientific below 0.01", () => {
+  // The issue's column (4608, 0.0021, 0.003135, -1.428e5) in one style.
+  const f = (v, o) => core.formatNumber(v, o);
+  assert.equal(f(4608), "4.608k");
+  assert.equal(f(0.0021), "2.100e-3");
+  assert.equal(f(0.003135), "3.135e-3");
+  assert.equal(f(-1.428e5), "-142.8k");
+  assert.equal(f(8545), "8.545k");
+  assert.equal(f(999.96), "1.000k"); // rounding carries into the next range
+  assert.equal(f(999_960_000), "1.000G");
+  assert.equal(f(0.0099996), "0.01000");
+  assert.equal(f(12.3456), "12.35");
+  assert.equal(f(0.5), "0.5000");
+  assert.equal(f(0.5, { trim: true }), "0.5");
+  assert.equal(f(3.2e6, { trim: true }), "3.2M");
+  assert.equal(f(2e18), "2.000e18");
+  assert.equal(f(1e-300, { trim: true }), "1e-300");
+  assert.equal(f(4608, { integer: true }), "4\u2009608");
+  assert.equal(f(-1234567, { integer: true }), "-1\u2009234\u2009567");
+  assert.equal(f(12.5, { integer: true }), "12.50");
+  assert.equal(f(0), "0");
+  assert.equal(f(null), "–");
+  assert.equal(f(NaN), "NaN");
+  assert.equal(f(Infinity), "∞");
+  // Read back (suffix expanded), every number is its value to the digits asked.
+  const scale = { k: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15 };
+  const read = (t) => (t.at(-1) in scale ? Number(t.slice(0, -1)) * scale[t.at(-1)] : Number(t));
+  for (const v of [1.234567e-5, 0.0123456, 1.5, 99.99, 1234.5678, 5.5e7, -3.3e-4, 7.7e16])
+    assert.ok(Math.abs(read(f(v, { digits: 6 })) - v) <= 5e-6 * Math.abs(v), v);
+});
+
+test("formatEstimate marks noise-dominated and undefined estimates the same everywhere", () => {
+  const pos = { positiveOnly: true };
+  assert.equal(core.formatEstimate(-7059, pos), "noise-dominated");
+  assert.equal(core.formatEstimate(Infinity, pos), "noise-dominated");
+  assert.equal(core.formatEstimate(0, pos), "noise-dominated");
+  assert.equal(core.formatEstimate(NaN, pos), "undefined");
+  assert.equal(core.formatEstimate(null, pos), "–");
+  assert.equal(core.formatEstimate(-7059), "-7.059k"); // a signed statistic is a number
+  assert.equal(core.formatEstimate(1234.5, { ...pos, se: 56.7 }), "1.235k ± 57");
+  assert.equal(core.formatEstimate(1234.5, { ...pos, se: NaN }), "1.235k");
+  assert.equal(core.estimateStatus(-1, true), "noise-dominated");
+  assert.equal(core.estimateStatus(-1, false), "value");
 });
 
 test("cellElements recovers a conv kernel's multi-dimensional index", () => {
@@ -283,10 +329,12 @@ test("histogramStepsLabel says when the steps are a sample", () => {
 
 test("defaultView: log viridis for variances, linear diverging for signed statistics", () => {
   const c = core;
-  assert.deepEqual(c.defaultView("variance", META), { scale: "log", colormap: "viridis" });
-  assert.deepEqual(c.defaultView("mean", META), { scale: "linear", colormap: "rdbu_r" });
+  const variance = { scale: "log", colormap: "viridis", histLog: true };
+  assert.deepEqual(c.defaultView("variance", META), variance);
+  const mean = { scale: "linear", colormap: "rdbu_r", histLog: false };
+  assert.deepEqual(c.defaultView("mean", META), mean);
   for (const s of META.signed_stats) assert.equal(c.defaultView(s, META).colormap, "rdbu_r", s);
-  assert.deepEqual(c.defaultView("unknown", META), { scale: "log", colormap: "viridis" });
+  assert.deepEqual(c.defaultView("unknown", META), variance);
   assert.ok(c.COLORMAPS.includes("rdbu_r"));
   // diverging: the middle is near white, the ends blue (low) and red (high)
   const [r0, , b0] = c.colormapColor("rdbu_r", 0);
@@ -355,8 +403,8 @@ test("robustRange keeps ordinary curves whole and cuts spikes", () => {
 });
 
 test("/meta: labels, orders and signs of the element-wise statistics", () => {
-  assert.equal(core.statLabel("variance", META), "variance (unbiased, n/(n-1))");
-  assert.equal(core.statLabel("biased_variance", META), "variance (biased, M2 - M1²)");
+  assert.equal(core.statLabel("variance", META), "variance (unbiased, n/(n−1))");
+  assert.equal(core.statLabel("biased_variance", META), "variance (biased, M₂ − M₁²)");
   assert.equal(core.statLabel("nope", META), "nope");
   assert.deepEqual(core.elementStat("kurtosis", META).orders, [1, 2, 3, 4]);
   assert.equal(core.elementStat("snr", META).needs_batch_size, true);
@@ -434,4 +482,66 @@ test("the summary table's columns are fields of /summary rows (/meta)", async ()
     }
   }
   assert.ok(COLUMNS.some((c) => c.key === META.landing.sort)); // the table starts sorted by it
+});
+
+test("curveGroups: statistics grouped by what they are, human names, units", () => {
+  const groups = core.curveGroups(META);
+  const of = (key) => groups.find((g) => g.keys.includes(key))?.key;
+  assert.equal(of("noise_scale"), "noise_scale");
+  assert.equal(of("cabs_batch_size"), "step_size"); // not beside the noise scale
+  assert.equal(of("gsnr_mean"), "signal_to_noise");
+  assert.equal(of("learning_rate"), "logged");
+  assert.equal(of("loss"), undefined); // its own plot
+  // Every curve choice exactly once.
+  assert.deepEqual(groups.flatMap((g) => g.keys).sort(), core.curveChoices(META).sort());
+  for (const g of groups) assert.ok(g.name && !g.name.includes("_"), g.name);
+  assert.equal(core.seriesTitle("noise_scale", META), "Gradient noise scale Bₛᵢₘₚₗₑ");
+  assert.equal(core.axisLabel("noise_scale", META), "noise scale Bₛᵢₘₚₗₑ [examples]");
+  assert.equal(
+    core.axisLabel("total_variance", META),
+    "total variance tr(Σ) [squared gradient units]",
+  );
+  assert.equal(core.axisLabel("learning_rate", META), "Learning rate");
+  for (const key of core.curveChoices(META)) {
+    assert.ok(!core.axisLabel(key, META).includes(key), key); // no code names
+    assert.ok(!core.seriesTitle(key, META).includes("_"), key);
+  }
+});
+
+test("histogramPlan: a bin count and a ridge count that suit tiny variables", () => {
+  assert.deepEqual(core.histogramPlan(4), { bins: 4, ridges: 8 }); // a 4-element bias
+  assert.deepEqual(core.histogramPlan(72), { bins: 9, ridges: 40 });
+  assert.deepEqual(core.histogramPlan(4608), { bins: 30, ridges: 40 });
+  assert.deepEqual(core.histogramPlan(1), { bins: 4, ridges: 8 });
+  assert.equal(core.histogramPlan(1e9, 60).bins, 60);
+});
+
+test("colorize keeps NaN and <= 0 (log scale) apart, both off the colour map", () => {
+  const norm = core.normalizer([1, 10], "log");
+  const px = core.colorize([NaN, 0, -1, 1], "viridis", norm, [1, 2, 3, 255], [9, 9, 9, 255]);
+  assert.deepEqual([...px.slice(0, 4)], [1, 2, 3, 255]);
+  assert.deepEqual([...px.slice(4, 8)], [9, 9, 9, 255]);
+  assert.deepEqual([...px.slice(8, 12)], [9, 9, 9, 255]);
+  const low = core.colormapColor("viridis", 0);
+  for (const theme of Object.values(core.THEMES)) {
+    assert.notDeepEqual(theme.missing.slice(0, 3), theme.nonPositive.slice(0, 3));
+    for (const c of [theme.missing, theme.nonPositive]) {
+      const far = Math.max(...c.slice(0, 3).map((v, k) => Math.abs(v - low[k])));
+      assert.ok(far > 80, `${c} is close to viridis' low end ${low}`);
+    }
+  }
+});
+
+test("bandSegments: value ± standard error where both are finite", () => {
+  const steps = [0, 10, 20, 30, 40, 50];
+  const v = [5, 6, -1, 7, 8, NaN];
+  const se = [NaN, 1, 1, 2, 0.5, 1];
+  const bands = core.bandSegments(steps, v, se, true);
+  // Step 0 has no SE yet (one step in the window); step 20 is noise-dominated; 50 undefined.
+  assert.deepEqual(bands, [
+    { steps: [10], lo: [5], hi: [7] },
+    { steps: [30, 40], lo: [5, 7.5], hi: [9, 8.5] },
+  ]);
+  assert.equal(core.bandSegments(steps, v, se, false)[0].steps.length, 4); // a signed statistic
+  assert.deepEqual(core.bandSegments(steps, v, null), []);
 });
