@@ -908,6 +908,23 @@ def _raw_sums(
 ) -> dict[int, tf.Tensor]:
     """``{p: sum_j g_j ** p}`` with ``g_j`` from the output gradients times ``factor`` (and
     ``inv_scale``, the loss scale's inverse, folded into the same multiply)."""
+    deltas = site_deltas(plan, out_grads, index, inv_scale, factor)
+    if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
+        chunk = _chunk(plan, chunk_size, fast=True)
+        sums = plan.sites[0][1].power_sums(deltas[0], n, tuple(orders), chunk)
+        return {p: reshape(sums[p], plan.variable.shape) for p in orders}
+    return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size, n=n))
+
+
+def site_deltas(
+    plan: VariablePlan,
+    out_grads: Sequence[tf.Tensor | None],
+    index: dict[Any, int],
+    inv_scale: tf.Tensor | None,
+    factor: float | tf.Tensor,
+) -> list[Any]:
+    """Per site of ``plan``, the ``delta`` its rule takes: the output gradient in the moments'
+    dtype times ``factor`` and ``inv_scale`` (a loop's site: its `LoopGrads`)."""
     if inv_scale is not None:
         factor = tf.cast(inv_scale, plan.dtype) * factor
     deltas: list[Any] = []  # output gradients, or a loop's LoopGrads
@@ -923,11 +940,7 @@ def _raw_sums(
         if not (isinstance(factor, float) and factor == 1.0):
             g_out = g_out * factor
         deltas.append(g_out)
-    if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
-        chunk = _chunk(plan, chunk_size, fast=True)
-        sums = plan.sites[0][1].power_sums(deltas[0], n, tuple(orders), chunk)
-        return {p: reshape(sums[p], plan.variable.shape) for p in orders}
-    return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size, n=n))
+    return deltas
 
 
 def variance(
