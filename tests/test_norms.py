@@ -152,20 +152,36 @@ def test_penalised_losses(stem, blocks, loss):
         keras.backend.clear_session()
 
 
-def test_grads_are_those_of_gradients_and_moments():
-    case = CASES_BY_ID["conv2d-valid"]
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("case_id", ["conv2d-valid", "depthwise-conv2d-stride2-same", "mlp"])
+def test_grads_are_those_of_tf_gradients(case_id, reduction, monkeypatch):
+    """A convolution's gradient is the sum of the per-example filter gradients its norms
+    build (TensorFlow's filter gradient is not built), by every conv path, with a penalty and
+    a loss scale; the others are TensorFlow's own, bit for bit."""
+    from tb_gradmom.core.rules import conv
+
+    case = CASES_BY_ID[case_id]
     forward, variables = case.build("float64")
     x, y = case.inputs(np.random.default_rng(0), "float64")
 
-    @tf.function
     def step(x, y):
-        loss = _loss(case, forward(x), y)
-        grads, _ = gradmom.per_example_norms(loss, variables)
+        per = squared_error(forward(x), y)
+        loss = tf.reduce_mean(per) if reduction == "mean" else tf.reduce_sum(per)
+        loss = 4.0 * (loss + 0.1 * tf.add_n([tf.reduce_sum(tf.square(v)) for v in variables]))
+        # (a power of two: the core takes 1 / loss_scale in float32, as for the moments)
+        grads, _ = gradmom.per_example_norms(loss, variables, loss_scale=4.0)
         return grads, tf.gradients(loss, variables)
 
-    ours, tfs = step(tf.constant(x), tf.constant(y))
-    for a, b in zip(ours, tfs):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(conv, "_NATIVE_MAX_EXAMPLES", 0)
+        ours, tfs = tf.function(step)(tf.constant(x), tf.constant(y))
+        for v, a, b in zip(variables, ours, tfs):
+            a, b = np.asarray(a), np.asarray(b)
+            if "conv" in v.path and "kernel" in v.path:
+                np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * np.max(np.abs(b)))
+            else:
+                np.testing.assert_array_equal(a, b)
 
 
 def test_errors_are_those_of_gradients_and_moments():

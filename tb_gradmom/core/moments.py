@@ -565,6 +565,7 @@ def run_backward(
     fused: bool = False,
     gate: tf.Tensor | None = None,
     defer: Iterable[int] = (),
+    from_work: Iterable[int] = (),
 ) -> Backward:
     """Takes the gradients of the plan's loss, once, for the variables and the sites' outputs.
 
@@ -583,6 +584,10 @@ def run_backward(
     The exact fallback's per-example gradients are taken here too, in the step's graph (a
     gradient cannot be taken inside a ``tf.cond`` branch); `gate`, a scalar bool tensor, makes
     them run only on the steps where it is True (see `tb_gradmom.core.fallback`).
+
+    `from_work`: variable indices whose gradient the caller takes from its own per-example
+    work (`tb_gradmom.core.norms`: a convolution's per-example filter gradients): no gradient
+    here (None in ``grads``, listed in ``deferred``).
     """
     options, plans, n, mode = plan.options, plan.variables, plan.n, plan.mode
     variables = [p.variable for p in plans]
@@ -619,6 +624,7 @@ def run_backward(
                 for i, vplan in enumerate(plans)
                 if i in allowed and len(vplan.sites) == 1 and vplan.sites[0][1].gradient_from_sums
             }
+        fused_ids |= set(from_work)
         asked = [v for i, v in enumerate(variables) if i not in fused_ids]
         free = [f.value for f in plan.form.free] if plan.free_ids else []
         targets = [_past_call(out) for out in outputs] if plan.xla else outputs

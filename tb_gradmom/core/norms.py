@@ -23,7 +23,7 @@ variable the cheapest exact form:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -107,12 +107,44 @@ def per_example_norms(
             "gradmom.per_example_norms inside a tf.distribute replica context with several "
             "replicas is not supported yet: call it on one replica (or outside the strategy)"
         )
-    backward = run_backward(plan)
-    return list(backward.grads), sq_norms(backward)
+    # a convolution's gradient is the sum of the per-example filter gradients its norms build
+    # (TensorFlow's own filter gradient is not built), as in `gradients_and_moments`
+    from_work = [
+        i
+        for i, v in enumerate(plan.variables)
+        if len(v.sites) == 1 and v.sites[0][1].sq_norms_and_sum is not None
+    ]
+    backward = run_backward(plan, from_work=from_work)
+    return _with_gradients(backward, sq_norms(backward, from_work=set(from_work)))
 
 
-def sq_norms(backward: Backward, indices: Sequence[int] | None = None) -> list[tf.Tensor]:
-    """``[n]`` per variable (at ``indices``, default all): ``||g_j||^2`` for every example."""
+def _with_gradients(
+    backward: Backward, found: tuple[list[tf.Tensor], dict[int, tf.Tensor]]
+) -> tuple[list[tf.Tensor | None], list[tf.Tensor]]:
+    """``(grads, norms)``: the backward pass's gradients, with those of the variables whose
+    per-example work gave their sum (``found[1]``: ``sum_j`` of the unscaled per-example
+    gradients of the per-example part, as the rules see them) as ``tf.gradients`` gives them:
+    plus the example-free terms' gradient, times the loss scale."""
+    norms, sums = found
+    plan = backward.plan
+    grads = list(backward.grads)
+    for i, total in sums.items():
+        vplan = plan.variables[i]
+        g = reshape(total, vplan.variable.shape)
+        if i in backward.shifts:
+            g = g + backward.shifts[i]
+        if plan.options.loss_scale is not None:
+            g = g * tf.cast(plan.options.loss_scale, g.dtype)
+        grads[i] = tf.cast(g, vplan.variable.dtype)
+    return grads, norms
+
+
+def sq_norms(
+    backward: Backward, indices: Sequence[int] | None = None, from_work: Collection[int] = ()
+) -> tuple[list[tf.Tensor], dict[int, tf.Tensor]]:
+    """``[n]`` per variable (at ``indices``, default all): ``||g_j||^2`` for every example;
+    and for the variables ``from_work`` (their rule has `Contribution.sq_norms_and_sum`) the
+    sum of their per-example gradients from the same work."""
     plan = backward.plan
     indices = list(range(len(plan.variables)) if indices is None else indices)
     n = plan.n
@@ -121,6 +153,7 @@ def sq_norms(backward: Backward, indices: Sequence[int] | None = None) -> list[t
     with tf.name_scope(scope):
         asserts = batch_asserts(plan.checks, n)
     out: dict[int, tf.Tensor] = {}
+    sums: dict[int, tf.Tensor] = {}
     with tf.name_scope(scope), tf.control_dependencies(asserts), static_chunks(plan.xla):
         fallback_ids = [i for i in indices if i in plan.fallback_ids]
         if fallback_ids:
@@ -129,14 +162,16 @@ def sq_norms(backward: Backward, indices: Sequence[int] | None = None) -> list[t
         for i in indices:
             if i in out:
                 continue
-            out[i] = _variable_norms(backward, i)
+            out[i], total = _variable_norms(backward, i, i in from_work)
+            if total is not None:
+                sums[i] = total
     result = []
     for i in indices:
         v = out[i]
         if n_static is not None:
             v.set_shape([int(n_static)])
         result.append(v)
-    return result
+    return result, sums
 
 
 def _nf(plan: _plan.Plan, dtype: tf.DType) -> float | tf.Tensor:
@@ -155,36 +190,47 @@ def _shift(backward: Backward, i: int, dtype: tf.DType) -> tf.Tensor | None:
     return r / (scalar(nf, dtype) if isinstance(nf, float) else nf)
 
 
-def _variable_norms(backward: Backward, i: int) -> tf.Tensor:
+def _variable_norms(
+    backward: Backward, i: int, with_sum: bool = False
+) -> tuple[tf.Tensor, tf.Tensor | None]:
+    """The variable's ``[n]`` norms; with ``with_sum`` (a rule with
+    `Contribution.sq_norms_and_sum`) also ``sum_j a_j``, unscaled, else None."""
     plan = backward.plan
     vplan = plan.variables[i]
     dtype = vplan.dtype
     n = plan.n
     shift = _shift(backward, i, dtype)
-    if (backward.grads[i] is None and i not in backward.fused) or not vplan.sites:
+    connected = backward.grads[i] is not None or i in backward.fused or i in backward.deferred
+    if not connected or not vplan.sites:
+        total = tf.zeros(vplan.variable.shape, dtype) if with_sum else None
         if shift is None:
-            return tf.zeros(tf.reshape(n, [1]), dtype)
+            return tf.zeros(tf.reshape(n, [1]), dtype), total
         nf = _nf(plan, dtype)
         c2 = tf.reduce_sum(tf.square(shift)) * (nf * nf if plan.mode == "mean" else 1.0)
-        return tf.fill(tf.reshape(n, [1]), c2)
+        return tf.fill(tf.reshape(n, [1]), c2), total
     # The rules see G (TensorFlow's output gradients, times 1/loss_scale): the per-example
     # gradients of a mean loss are n times theirs, so their squared norms n**2 times.
     deltas = site_deltas(vplan, backward.out_grads, backward.index, backward.inv_scale, 1.0)
     chunk = plan.options.chunk_size
-    norms = None
+    norms, total = None, None
     if len(vplan.sites) == 1 and vplan.sites[0][1].sq_norms is not None:
-        site = vplan.sites[0][0]
+        site, contribution = vplan.sites[0]
         view_shift = None
         if shift is not None:
             shape = site.var_shape if site.view.dtype == tf.resource else site.view.shape
             view_shift = reshape(shift, shape)
-        norms = vplan.sites[0][1].sq_norms(deltas[0], n, view_shift, chunk)
+        if with_sum and contribution.sq_norms_and_sum is not None:
+            norms, total = contribution.sq_norms_and_sum(deltas[0], n, view_shift, chunk)
+        else:
+            norms = contribution.sq_norms(deltas[0], n, view_shift, chunk)
     if norms is None:
         norms = _materialised(vplan, deltas, n, shift, chunk)
     if plan.mode == "mean":
         nf = _nf(plan, dtype)
         norms = norms * (scalar(nf * nf, dtype) if isinstance(nf, float) else nf * nf)
-    return norms
+    # (the rules' sum_j over the G-scale per-example gradients is the per-example part's
+    # gradient dL/dtheta, for a mean and for a sum alike)
+    return norms, total
 
 
 def _materialised(

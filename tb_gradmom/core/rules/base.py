@@ -39,6 +39,7 @@ __all__ = [
     "example_slice",
     "constant",
     "NormsFn",
+    "NormsAndSumFn",
     "NORMS_CHUNK_ELEMENTS",
     "norms_chunk",
     "norms_over_chunks",
@@ -157,6 +158,15 @@ class NormsFn(Protocol):
     ) -> tf.Tensor | None: ...
 
 
+class NormsAndSumFn(Protocol):
+    """`NormsFn`'s norms and ``sum_j g_j`` (shaped like ``view``, without the shift): the
+    gradient of the per-example part of the loss, from the same per-example work."""
+
+    def __call__(
+        self, delta: Any, n: Count, shift: tf.Tensor | None, chunk: int | None
+    ) -> tuple[tf.Tensor, tf.Tensor]: ...
+
+
 @dataclass(frozen=True)
 class Contribution:
     """A rule's answer for one site.
@@ -187,6 +197,9 @@ class Contribution:
     # Optional: the squared norms of the per-example gradients by the rule's cheapest exact
     # form (`NormsFn`), used when the variable has this site only.
     sq_norms: NormsFn | None = None
+    # Optional: `NormsAndSumFn`, the same norms and ``sum_j g_j`` from the same per-example
+    # work (whose sum is the gradient, as with ``gradient_from_sums``).
+    sq_norms_and_sum: NormsAndSumFn | None = None
 
 
 def example_count(t: tf.Tensor, axis: int, partners: int = 1) -> Count:

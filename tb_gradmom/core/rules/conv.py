@@ -496,6 +496,18 @@ def conv_contribution(
     ) -> tf.Tensor:
         """``||g_j + C||^2`` from the per-example gradients the power sums build: the kernel
         offsets' blocks partition the filter, so the squared norm is the blocks' sum."""
+        return norms_and_sum(delta, n, shift, chunk, False)[0]
+
+    def sq_norms_and_sum(
+        delta: tf.Tensor, n: Count, shift: tf.Tensor | None, chunk: int | None = None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """`sq_norms` and ``sum_j g_j`` (the filter's shape), from the same blocks."""
+        return norms_and_sum(delta, n, shift, chunk, True)
+
+    def norms_and_sum(delta, n, shift, chunk, with_sum):
+        """``([n] norms, the filter's sum or None)``; with the sum, one chunk's norms and its
+        sum travel as one vector (`norms_over_chunks` sums the chunks' vectors)."""
+        size_sum = int(np.prod(spec.filter_shape)) if with_sum else 0
         chunk = norms_chunk(
             chunk,
             max(elements_per_example, 4 * native_elements) if native else elements_per_example,
@@ -504,23 +516,24 @@ def conv_contribution(
         native_chunk = use_native(n, chunk)
         c = None if shift is None else shift_blocks(shift)
 
-        def chunk_norms(start: Count, size: Count) -> tf.Tensor:
+        def chunk_work(start: Count, size: Count) -> tuple[tf.Tensor, tf.Tensor | None]:
             x, d = operands(delta, n, start, size)
             x, out_sizes = padded(x, d)
             g = None
-            if native_depthwise:  # [rows, K, G, o_g]
+            if native_depthwise:  # [rows, K, G, o_g], the filter's order
                 g = depthwise_gradients(x, d)
-                if c is not None:
-                    g = g + reshape(c, [n_off, groups, o_g])
-            elif native_chunk:  # [rows, K c_in, c_out]
+                cg = None if c is None else reshape(c, [n_off, groups, o_g])
+            elif native_chunk:  # [rows, K c_in, c_out], the filter's order
                 g = native_gradients(x, d)
-                if g is not None and c is not None:
-                    g = g + c
+                cg = c
             if g is not None:
-                return sq_norms_of(g)
-            parts = []
+                total = tf.reduce_sum(g, axis=constant(0)) if with_sum else None
+                return sq_norms_of(g if cg is None else g + cg), total
+            parts, sums = [], []
 
             def reduce(g, first, count):
+                if with_sum:
+                    sums.append(tf.reduce_sum(g, axis=constant(0)))
                 if c is not None:
                     if groups == 1:
                         g = g + c[first * c_in : (first + count) * c_in]
@@ -530,9 +543,52 @@ def conv_contribution(
                 return parts[-1:]
 
             products(x, d, out_sizes, offsets_per_product, reduce)
-            return parts[0] if len(parts) == 1 else tf.add_n(parts)
+            norms = parts[0] if len(parts) == 1 else tf.add_n(parts)
+            if not with_sum:
+                return norms, None
+            if groups == 1:  # [k * c_in, c_out] per product -> [K * c_in, c_out]
+                return norms, sums[0] if len(sums) == 1 else tf.concat(sums, 0)
+            stacked = tf.stack(sums)  # [K, G, ...] -> the filter's order
+            if c_g > 1:
+                stacked = tf.transpose(reshape(stacked, [n_off, groups, c_g, o_g]), [0, 2, 1, 3])
+            return norms, stacked
 
-        return norms_over_chunks(n, chunk, dtype, chunk_norms, name="conv_norm_chunks")
+        if not with_sum:
+            norms = norms_over_chunks(
+                n, chunk, dtype, lambda s, k: chunk_work(s, k)[0], name="conv_norm_chunks"
+            )
+            return norms, None
+
+        # per chunk one vector: its examples' norms in their place among n, then its sum
+        n_static = tf.get_static_value(n)
+        if chunk is None or (n_static is not None and int(n_static) <= chunk):
+            norms, total = chunk_work(0, n)
+            both = tf.concat([norms, reshape(total, [-1])], 0)
+        else:
+            count = int(n_static) if n_static is not None else n
+
+            def chunk_vector(start: Count, size: Count) -> dict[int, tf.Tensor]:
+                norms, total = chunk_work(start, size)
+                pads = tf.reshape(
+                    tf.cast(tf.stack([start, count - start - size]), tf.int32), [1, 2]
+                )
+                return {0: tf.concat([tf.pad(norms, pads), reshape(total, [-1])], 0)}
+
+            length = (
+                count + size_sum if isinstance(count, int) else tf.reshape(count + size_sum, [1])
+            )
+            both = sum_over_chunks(
+                n,
+                chunk,
+                (0,),
+                [length] if isinstance(length, int) else length,
+                dtype,
+                chunk_vector,
+                name="conv_norm_chunks",
+                unroll=UNROLL,
+            )[0]
+        norms, total = both[:-size_sum], both[-size_sum:]
+        return norms, reshape(total, spec.filter_shape)
 
     elements = blocks * (positions * n_off * c_in + n_off * c_g * c_out)
     return Contribution(
@@ -549,6 +605,7 @@ def conv_contribution(
         gradient_from_sums=blocks == 1,
         # SpaceToBatch (dilated) convolutions: their per-example gradients, materialised
         sq_norms=sq_norms if blocks == 1 else None,
+        sq_norms_and_sum=sq_norms_and_sum if blocks == 1 else None,
     )
 
 
