@@ -19,6 +19,7 @@ __version__ = "0.1.0"  # the one place: setup.py reads this line (a regex, no im
 
 __all__ = [
     "gradients_and_moments",
+    "per_example_norms",
     "plan_moments",
     "variance",
     "UnsupportedOpError",
@@ -37,6 +38,7 @@ __all__ = [
 _LAZY = {
     "gradients_and_moments": ("tb_gradmom.core.moments", "gradients_and_moments"),
     "variance": ("tb_gradmom.core.moments", "variance"),
+    "per_example_norms": ("tb_gradmom.core.norms", "per_example_norms"),
     "plan_moments": ("tb_gradmom.core.plan", "plan_moments"),
     "UnsupportedOpError": ("tb_gradmom.core.errors", "UnsupportedOpError"),
     "BatchSizeError": ("tb_gradmom.core.errors", "BatchSizeError"),

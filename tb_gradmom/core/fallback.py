@@ -28,7 +28,7 @@ from tb_gradmom.core import graph as _graph
 from tb_gradmom.core.errors import UnsupportedOpError
 from tb_gradmom.core.rules.base import power_sum
 
-__all__ = ["refuse_broken", "power_sums", "DEFAULT_CHUNK"]
+__all__ = ["refuse_broken", "power_sums", "sq_norms", "DEFAULT_CHUNK"]
 
 # Examples per vectorised chunk: each holds about `chunk` backward passes of the whole batch.
 DEFAULT_CHUNK = 32
@@ -146,6 +146,38 @@ def power_sums(
     if gate is not None:
         totals = [{p: _merge_zeros(s, gate) for p, s in t.items()} for t in totals]
     return totals
+
+
+def sq_norms(
+    loss_vector: tf.Tensor,
+    variables: Sequence[tf.Variable],
+    dtypes: Sequence[tf.DType],
+    shifts: Sequence[tf.Tensor | None],
+    n: int | tf.Tensor,
+    chunk: int,
+    inv_scale: tf.Tensor | None = None,
+) -> list[tf.Tensor]:
+    """``[n]`` per variable: ``||g_j + shift||^2`` with ``g_j`` row ``j`` of the jacobian of
+    ``loss_vector`` (chunks of ``chunk`` examples vectorised at once when the batch size is
+    static, the whole batch otherwise; see `power_sums`)."""
+    from tb_gradmom.core.rules.base import sq_norms_of
+
+    tf_private.require("pfor")
+    seed_size = tf.size(loss_vector)
+    n_static = tf.get_static_value(n)
+    starts: list[tuple[int, int | None]] = [(0, None)]
+    if n_static is not None:
+        starts = [(s, min(chunk, int(n_static) - s)) for s in range(0, int(n_static), chunk)]
+    parts: list[list[tf.Tensor]] = [[] for _ in variables]
+    for start, size in starts:
+        rows = _rows(
+            loss_vector, variables, dtypes, seed_size, start, n if size is None else size, inv_scale
+        )
+        for k, (g, shift) in enumerate(zip(rows, shifts)):
+            parts[k].append(sq_norms_of(g if shift is None else g + shift))
+    if not starts:  # a statically empty batch
+        return [tf.zeros([0], d) for d in dtypes]
+    return [p[0] if len(p) == 1 else tf.concat(p, 0) for p in parts]
 
 
 def _rows(

@@ -576,6 +576,7 @@ def run_backward(
     fused: bool = False,
     gate: tf.Tensor | None = None,
     defer: Iterable[int] = (),
+    from_work: Iterable[int] = (),
 ) -> Backward:
     """Takes the gradients of the plan's loss, once, for the variables and the sites' outputs.
 
@@ -594,6 +595,10 @@ def run_backward(
     The exact fallback's per-example gradients are taken here too, in the step's graph (a
     gradient cannot be taken inside a ``tf.cond`` branch); `gate`, a scalar bool tensor, makes
     them run only on the steps where it is True (see `tb_gradmom.core.fallback`).
+
+    `from_work`: variable indices whose gradient the caller takes from its own per-example
+    work (`tb_gradmom.core.norms`: a convolution's per-example filter gradients): no gradient
+    here (None in ``grads``, listed in ``deferred``).
     """
     options, plans, n, mode = plan.options, plan.variables, plan.n, plan.mode
     variables = [p.variable for p in plans]
@@ -630,6 +635,7 @@ def run_backward(
                 for i, vplan in enumerate(plans)
                 if i in allowed and len(vplan.sites) == 1 and vplan.sites[0][1].gradient_from_sums
             }
+        fused_ids |= set(from_work)
         asked = [v for i, v in enumerate(variables) if i not in fused_ids]
         free = [f.value for f in plan.form.free] if plan.free_ids else []
         targets = [_past_call(out) for out in outputs] if plan.xla else outputs
@@ -919,6 +925,23 @@ def _raw_sums(
 ) -> dict[int, tf.Tensor]:
     """``{p: sum_j g_j ** p}`` with ``g_j`` from the output gradients times ``factor`` (and
     ``inv_scale``, the loss scale's inverse, folded into the same multiply)."""
+    deltas = site_deltas(plan, out_grads, index, inv_scale, factor)
+    if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
+        chunk = _chunk(plan, chunk_size, fast=True)
+        sums = plan.sites[0][1].power_sums(deltas[0], n, tuple(orders), chunk)
+        return {p: reshape(sums[p], plan.variable.shape) for p in orders}
+    return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size, n=n))
+
+
+def site_deltas(
+    plan: VariablePlan,
+    out_grads: Sequence[tf.Tensor | None],
+    index: dict[Any, int],
+    inv_scale: tf.Tensor | None,
+    factor: float | tf.Tensor,
+) -> list[Any]:
+    """Per site of ``plan``, the ``delta`` its rule takes: the output gradient in the moments'
+    dtype times ``factor`` and ``inv_scale`` (a loop's site: its `LoopGrads`)."""
     if inv_scale is not None:
         factor = tf.cast(inv_scale, plan.dtype) * factor
     deltas: list[Any] = []  # output gradients, or a loop's LoopGrads
@@ -934,11 +957,7 @@ def _raw_sums(
         if not (isinstance(factor, float) and factor == 1.0):
             g_out = g_out * factor
         deltas.append(g_out)
-    if len(plan.sites) == 1 and plan.sites[0][1].power_sums is not None:
-        chunk = _chunk(plan, chunk_size, fast=True)
-        sums = plan.sites[0][1].power_sums(deltas[0], n, tuple(orders), chunk)
-        return {p: reshape(sums[p], plan.variable.shape) for p in orders}
-    return _power_sums_chunked(plan, deltas, n, tuple(orders), _chunk(plan, chunk_size, n=n))
+    return deltas
 
 
 def variance(

@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 import tensorflow as tf
@@ -38,6 +38,14 @@ __all__ = [
     "reshape",
     "example_slice",
     "constant",
+    "NormsFn",
+    "NormsAndSumFn",
+    "NORMS_CHUNK_ELEMENTS",
+    "norms_chunk",
+    "norms_over_chunks",
+    "sq_norms_of",
+    "ghost_form",
+    "sequence_sq_norms",
 ]
 
 # A static batch of at most this many chunks is summed by unrolled calls chained by control
@@ -136,6 +144,29 @@ PerExampleFn = Callable[[Any, Count, Count, Count], tf.Tensor]
 PowerSumsFn = Callable[[Any, Count, tuple[int, ...], int | None], dict[int, tf.Tensor]]
 
 
+class NormsFn(Protocol):
+    """``sq_norms(delta, n, shift, chunk) -> [n]``: ``||g_j + shift||^2`` for every example
+    ``j`` of a variable with this one site, ``g_j`` its per-example gradient of the consumed
+    tensor (``delta`` as for `PerExampleFn`). ``shift``: None, or a tensor shaped like
+    ``view`` (``var_shape`` for a resource) added to every ``g_j`` (the loss's example-free
+    terms). ``chunk``: the most examples whose per-example work is held at once (None: the
+    rule chooses, see `norms_chunk`). Returns None where the rule has no cheaper form for
+    these arguments: the core then materialises ``per_example``."""
+
+    def __call__(
+        self, delta: Any, n: Count, shift: tf.Tensor | None, chunk: int | None
+    ) -> tf.Tensor | None: ...
+
+
+class NormsAndSumFn(Protocol):
+    """`NormsFn`'s norms and ``sum_j g_j`` (shaped like ``view``, without the shift): the
+    gradient of the per-example part of the loss, from the same per-example work."""
+
+    def __call__(
+        self, delta: Any, n: Count, shift: tf.Tensor | None, chunk: int | None
+    ) -> tuple[tf.Tensor, tf.Tensor]: ...
+
+
 @dataclass(frozen=True)
 class Contribution:
     """A rule's answer for one site.
@@ -163,6 +194,12 @@ class Contribution:
     # power_sums also gives order 1 (sum_j g_j) at no extra cost, so the core may take the
     # variable's gradient from it instead of building TF's own (e.g. Conv2DBackpropFilter).
     gradient_from_sums: bool = False
+    # Optional: the squared norms of the per-example gradients by the rule's cheapest exact
+    # form (`NormsFn`), used when the variable has this site only.
+    sq_norms: NormsFn | None = None
+    # Optional: `NormsAndSumFn`, the same norms and ``sum_j g_j`` from the same per-example
+    # work (whose sum is the gradient, as with ``gradient_from_sums``).
+    sq_norms_and_sum: NormsAndSumFn | None = None
 
 
 def example_count(t: tf.Tensor, axis: int, partners: int = 1) -> Count:
@@ -470,3 +507,108 @@ def _static_loop(
             sums = chunk_sums(full * chunk, rest)
         out = {p: out[p] + sums[p] for p in orders}
     return out
+
+
+# Per-example elements that the norms' work of one chunk of examples may hold at once (16 MiB
+# in float32): a Dense on sequences' per-example kernels, or its per-example Gram matrices.
+NORMS_CHUNK_ELEMENTS = 1 << 22
+
+
+def norms_chunk(chunk: int | None, per_example: int) -> int:
+    """``chunk`` if given, else the examples whose ``per_example`` elements fit in
+    `NORMS_CHUNK_ELEMENTS`."""
+    if chunk is not None:
+        return int(chunk)
+    return max(1, NORMS_CHUNK_ELEMENTS // max(int(per_example), 1))
+
+
+def sq_norms_of(g: tf.Tensor) -> tf.Tensor:
+    """``[rows]``: the squared Euclidean norm of each row of ``g`` (every axis but the first)."""
+    rank = g.shape.rank
+    if rank is not None and rank <= 1:
+        return tf.square(g)
+    axes = constant(list(range(1, rank))) if rank is not None else tf.range(1, tf.rank(g))
+    return tf.reduce_sum(tf.square(g), axis=axes)
+
+
+def norms_over_chunks(
+    n: Count,
+    chunk: int | None,
+    dtype: tf.DType,
+    chunk_norms: Callable[[Count, Count], tf.Tensor],
+    name: str = "norm_chunks",
+) -> tf.Tensor:
+    """The ``[n]`` vector whose entries ``[start, start + size)`` are ``chunk_norms(start,
+    size)``, for chunks of at most ``chunk`` examples taken one at a time (`sum_over_chunks`:
+    each chunk's vector is padded to ``[n]`` with zeros and the chunks summed)."""
+    n_static = tf.get_static_value(n)
+    if chunk is None or (n_static is not None and int(n_static) <= chunk):
+        return chunk_norms(0, n)
+    total = int(n_static) if n_static is not None else n
+
+    def padded(start: Count, size: Count) -> dict[int, tf.Tensor]:
+        v = chunk_norms(start, size)
+        if type(start) is int and type(size) is int and type(total) is int:
+            pads = constant([[start, total - start - size]])
+        else:
+            pads = tf.reshape(tf.stack([start, total - start - size]), [1, 2])
+            pads = tf.cast(pads, tf.int32)
+        return {0: tf.pad(v, pads)}
+
+    shape = [total] if type(total) is int else tf.reshape(tf.cast(total, tf.int32), [1])
+    return sum_over_chunks(n, chunk, (0,), shape, dtype, padded, name=name, unroll=UNROLL)[0]
+
+
+# Tests set it to force one form of `sequence_sq_norms` (True: Gram, False: materialised).
+FORCE_GHOST: bool | None = None
+
+
+def ghost_form(positions: int | None, d_in: int, d_out: int) -> bool:
+    """Whether the squared norms of ``g_j = sum_t a_{j,t} delta_{j,t}^T`` (``positions``
+    terms of ``d_in x d_out``) take the Gram form: ``2 T^2 <= d_in d_out`` (the two ``T x T``
+    Gram matrices against one ``d_in x d_out`` per-example gradient, as fastDP's mixed rule
+    chooses; Bu et al. 2023). Never for a ``T`` unknown at trace time (its memory unbounded)."""
+    if FORCE_GHOST is not None:
+        return FORCE_GHOST
+    return positions is not None and 2 * positions * positions <= d_in * d_out
+
+
+def sequence_sq_norms(
+    a: tf.Tensor,
+    d: tf.Tensor,
+    n: Count,
+    shift: tf.Tensor | None,
+    chunk: int | None,
+    ghost: bool,
+) -> tf.Tensor:
+    """``[n]``: ``||A_j^T D_j + C||^2`` for ``a: [n, T, d_in]``, ``d: [n, T, d_out]`` (the
+    examples first) and ``shift`` ``C: [d_in, d_out]`` or None.
+
+    Gram ("ghost") form: ``||A_j^T D_j||^2 = <A_j A_j^T, D_j D_j^T>`` (Li et al. 2022, "Large
+    language models can be strong differentially private learners"), ``O(T^2 (d_in + d_out))``
+    per example and ``2 T^2`` elements; materialised: ``A_j^T D_j`` itself, ``O(T d_in d_out)``
+    and ``d_in d_out`` elements. The shift enters as ``2 <A_j^T D_j, C> + ||C||^2`` with
+    ``<A_j^T D_j, C> = sum_t (A_j C)_t . D_{j,t}``. Chunks of at most ``chunk`` examples."""
+    t = a.shape[1]
+    d_in, d_out = int(a.shape[-1]), int(d.shape[-1])
+    per_example = 2 * (t or 1024) ** 2 if ghost else d_in * d_out
+    if shift is not None and ghost:
+        per_example += (t or 1024) * d_out
+    c2 = None if shift is None else tf.reduce_sum(tf.square(shift))
+
+    def chunk_norms(start: Count, size: Count) -> tf.Tensor:
+        aj = example_slice(a, start, size)
+        dj = example_slice(d, start, size)
+        if not ghost:
+            g = tf.linalg.matmul(aj, dj, transpose_a=True)  # [size, d_in, d_out]
+            return sq_norms_of(g if shift is None else g + shift)
+        grams = tf.linalg.matmul(aj, aj, transpose_b=True) * tf.linalg.matmul(
+            dj, dj, transpose_b=True
+        )
+        out = tf.reduce_sum(grams, axis=constant([1, 2]))
+        if shift is not None:
+            dots = tf.reduce_sum(tf.linalg.matmul(aj, shift) * dj, axis=constant([1, 2]))
+            out = out + times(dots, 2.0) + c2
+        return out
+
+    return norms_over_chunks(n, norms_chunk(chunk, per_example), a.dtype, chunk_norms)

@@ -23,6 +23,7 @@ from tb_gradmom.core.rules.base import (
     example_slice,
     power_sums_of,
     reshape,
+    sq_norms_of,
 )
 
 __all__ = ["bias_rule"]
@@ -93,6 +94,13 @@ def bias_rule(site: Site) -> Contribution:
     ) -> dict[int, tf.Tensor]:
         return power_sums_of(reduce(contributions(delta), n), sorted(orders))
 
+    def sq_norms(
+        delta: tf.Tensor, n: Count, shift: tf.Tensor | None, chunk: int | None = None
+    ) -> tf.Tensor:
+        # the per-example sums over the broadcast axes are the per-example gradients
+        g = reduce(contributions(delta), n)
+        return sq_norms_of(g if shift is None else g + shift)
+
     per_ex = ax.partners
     for i in rest:
         s = out.shape[i]
@@ -103,6 +111,7 @@ def bias_rule(site: Site) -> Contribution:
         per_example=per_example,
         per_example_elements=int(per_ex),
         power_sums=power_sums,
+        sq_norms=sq_norms,
         # Where the per-example sums reduce positions (sequences, pixels), they are taken
         # anyway and their sum is the parameter's gradient: TF's BiasAddGrad (or the Sum of its
         # Add/Mul gradient) is then not built. On plain rows ([n, d]) the per-example

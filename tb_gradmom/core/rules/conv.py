@@ -46,9 +46,12 @@ from tb_gradmom.core.rules.base import (
     constant,
     example_count,
     example_slice,
+    norms_chunk,
+    norms_over_chunks,
     norms_squared,
     power_sums_of,
     reshape,
+    sq_norms_of,
     sum_over_chunks,
 )
 
@@ -281,6 +284,14 @@ def conv_contribution(
     def native_sums(x, d, orders):
         """{p: [K c_in, c_out]} for the ``rows`` examples of ``x`` (padded) and ``d``, a
         static number; None when it is not (a chunk inside a traced loop)."""
+        g = native_gradients(x, d)
+        if g is None:
+            return None
+        return norms_squared(power_sums_of(g, orders, unsquared=True), orders)
+
+    def native_gradients(x, d):
+        """``[rows, K c_in, c_out]``: the per-example filter gradients of `native_sums`, or
+        None."""
         rows_n = _dim(d, 0)
         if not isinstance(rows_n, int):
             return None
@@ -312,8 +323,7 @@ def conv_contribution(
                 for xj, dj in zip(xs, ds)
             ]
         )
-        g = reshape(g, [rows_n, n_off * c_in, c_out])
-        return norms_squared(power_sums_of(g, orders, unsquared=True), orders)
+        return reshape(g, [rows_n, n_off * c_in, c_out])
 
     # The per-offset sums as each case's product leaves them, concatenated (groups == 1) or
     # stacked over the offsets (the filter's order but for the grouped case's transpose; one
@@ -329,6 +339,11 @@ def conv_contribution(
         sums_shape = [n_off, groups, c_g, o_g]
 
     def depthwise_sums(x, d, orders):
+        sums = power_sums_of(depthwise_gradients(x, d), orders)
+        return {p: reshape(sums[p], sums_shape) for p in orders}
+
+    def depthwise_gradients(x, d):
+        """``[rows, K, G, o_g]``: the per-example filter gradients of a depthwise filter."""
         rows_n = _dim(d, 0)
         xs = [1, _dim(x, 1), _dim(x, 2), rows_n * groups]
         ds = [1, _dim(d, 1), _dim(d, 2), rows_n * c_out]
@@ -342,9 +357,7 @@ def conv_contribution(
             padding="VALID",
         )
         # [kh, kw, rows * G, o_g] -> [rows, K, G, o_g]
-        g = tf.transpose(reshape(g, [n_off, rows_n, groups, o_g]), [1, 0, 2, 3])
-        sums = power_sums_of(g, orders)
-        return {p: reshape(sums[p], sums_shape) for p in orders}
+        return tf.transpose(reshape(g, [n_off, rows_n, groups, o_g]), [1, 0, 2, 3])
 
     def offset_sums(delta, n, start, size, orders, per_product=1, native_chunk=False):
         """{p: sums_shape}: sums of g**p over examples [start, start + size), per offset.
@@ -358,6 +371,27 @@ def conv_contribution(
             out = native_sums(x, d, orders)
             if out is not None:
                 return out
+        sums: dict[int, list] = {p: [] for p in orders}
+
+        def reduce(g, first, count):
+            # order 2 as norms, squared once for every product below
+            g_sums = power_sums_of(g, orders, unsquared=True)
+            for p in orders:
+                sums[p].append(g_sums[p])  # no reshape per product
+            return [sums[p][-1] for p in orders]
+
+        products(x, d, out_sizes, per_product, reduce)
+        if groups == 1:  # [k * c_in, c_out] per product -> [K * c_in, c_out]
+            out = {p: v[0] if len(v) == 1 else tf.concat(v, 0) for p, v in sums.items()}
+        else:
+            out = {p: tf.stack(v) for p, v in sums.items()}
+        return norms_squared(out, orders)
+
+    def products(x, d, out_sizes, per_product, reduce):
+        """The per-example filter gradients of ``per_product`` kernel offsets at a time
+        (``groups == 1``; else one), ``g`` in the layout of `sums_shape`'s rows for offsets
+        ``[first, first + count)``, each handed to ``reduce(g, first, count)``, whose returned
+        tensors the product ``_IN_FLIGHT`` later waits for."""
         rows_n = _dim(d, 0)
         if groups == 1:
             d3 = reshape(d, [rows_n, -1, c_out])
@@ -365,8 +399,7 @@ def conv_contribution(
             d3 = reshape(d, [rows_n, -1, groups])
         else:  # [rows, G, Q, o_g]
             d3 = tf.transpose(reshape(d, [rows_n, -1, groups, o_g]), [0, 2, 1, 3])
-        sums = {p: [] for p in orders}
-        done = []  # per product, its sums
+        done = []  # per product, what `reduce` made of it
         step = per_product if groups == 1 else 1
         for k, first in enumerate(range(0, n_off, step)):
             prev = done[k - _IN_FLIGHT] if k >= _IN_FLIGHT else []
@@ -390,16 +423,7 @@ def conv_contribution(
             else:
                 x_off = tf.transpose(reshape(slices[0], [rows_n, -1, groups, c_g]), [0, 2, 1, 3])
                 g = tf.linalg.matmul(x_off, d3, transpose_a=True)  # [rows, G, c_g, o_g]
-            # order 2 as norms, squared once for every product below
-            g_sums = power_sums_of(g, orders, unsquared=True)
-            for p in orders:
-                sums[p].append(g_sums[p])  # no reshape per product
-            done.append([sums[p][-1] for p in orders])
-        if groups == 1:  # [k * c_in, c_out] per product -> [K * c_in, c_out]
-            out = {p: v[0] if len(v) == 1 else tf.concat(v, 0) for p, v in sums.items()}
-        else:
-            out = {p: tf.stack(v) for p, v in sums.items()}
-        return norms_squared(out, orders)
+            done.append(reduce(g, first, len(slices)))
 
     # Per example, an offset's slice and its gradient, two offsets in flight, and a grouped
     # filter's output gradient regrouped once per chunk. A 1x1 kernel has one offset, but is
@@ -461,6 +485,111 @@ def conv_contribution(
             out[p] = reshape(v, spec.filter_shape)
         return out
 
+    def shift_blocks(shift):
+        """The shift (the filter's shape) in the layout of `sums_shape`: per offset first."""
+        if groups > 1 and c_g > 1:  # [K, c_g, G, o_g] -> [K, G, c_g, o_g]
+            return tf.transpose(reshape(shift, [n_off, c_g, groups, o_g]), [0, 2, 1, 3])
+        return reshape(shift, sums_shape)
+
+    def sq_norms(
+        delta: tf.Tensor, n: Count, shift: tf.Tensor | None, chunk: int | None = None
+    ) -> tf.Tensor:
+        """``||g_j + C||^2`` from the per-example gradients the power sums build: the kernel
+        offsets' blocks partition the filter, so the squared norm is the blocks' sum."""
+        return norms_and_sum(delta, n, shift, chunk, False)[0]
+
+    def sq_norms_and_sum(
+        delta: tf.Tensor, n: Count, shift: tf.Tensor | None, chunk: int | None = None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """`sq_norms` and ``sum_j g_j`` (the filter's shape), from the same blocks."""
+        return norms_and_sum(delta, n, shift, chunk, True)
+
+    def norms_and_sum(delta, n, shift, chunk, with_sum):
+        """``([n] norms, the filter's sum or None)``; with the sum, one chunk's norms and its
+        sum travel as one vector (`norms_over_chunks` sums the chunks' vectors)."""
+        size_sum = int(np.prod(spec.filter_shape)) if with_sum else 0
+        chunk = norms_chunk(
+            chunk,
+            max(elements_per_example, 4 * native_elements) if native else elements_per_example,
+        )
+        offsets_per_product = per_product(n, chunk)
+        native_chunk = use_native(n, chunk)
+        c = None if shift is None else shift_blocks(shift)
+
+        def chunk_work(start: Count, size: Count) -> tuple[tf.Tensor, tf.Tensor | None]:
+            x, d = operands(delta, n, start, size)
+            x, out_sizes = padded(x, d)
+            g = None
+            if native_depthwise:  # [rows, K, G, o_g], the filter's order
+                g = depthwise_gradients(x, d)
+                cg = None if c is None else reshape(c, [n_off, groups, o_g])
+            elif native_chunk:  # [rows, K c_in, c_out], the filter's order
+                g = native_gradients(x, d)
+                cg = c
+            if g is not None:
+                total = tf.reduce_sum(g, axis=constant(0)) if with_sum else None
+                return sq_norms_of(g if cg is None else g + cg), total
+            parts, sums = [], []
+
+            def reduce(g, first, count):
+                if with_sum:
+                    sums.append(tf.reduce_sum(g, axis=constant(0)))
+                if c is not None:
+                    if groups == 1:
+                        g = g + c[first * c_in : (first + count) * c_in]
+                    else:
+                        g = g + c[first]
+                parts.append(sq_norms_of(g))
+                return parts[-1:]
+
+            products(x, d, out_sizes, offsets_per_product, reduce)
+            norms = parts[0] if len(parts) == 1 else tf.add_n(parts)
+            if not with_sum:
+                return norms, None
+            if groups == 1:  # [k * c_in, c_out] per product -> [K * c_in, c_out]
+                return norms, sums[0] if len(sums) == 1 else tf.concat(sums, 0)
+            stacked = tf.stack(sums)  # [K, G, ...] -> the filter's order
+            if c_g > 1:
+                stacked = tf.transpose(reshape(stacked, [n_off, groups, c_g, o_g]), [0, 2, 1, 3])
+            return norms, stacked
+
+        if not with_sum:
+            norms = norms_over_chunks(
+                n, chunk, dtype, lambda s, k: chunk_work(s, k)[0], name="conv_norm_chunks"
+            )
+            return norms, None
+
+        # per chunk one vector: its examples' norms in their place among n, then its sum
+        n_static = tf.get_static_value(n)
+        if chunk is None or (n_static is not None and int(n_static) <= chunk):
+            norms, total = chunk_work(0, n)
+            both = tf.concat([norms, reshape(total, [-1])], 0)
+        else:
+            count = int(n_static) if n_static is not None else n
+
+            def chunk_vector(start: Count, size: Count) -> dict[int, tf.Tensor]:
+                norms, total = chunk_work(start, size)
+                pads = tf.reshape(
+                    tf.cast(tf.stack([start, count - start - size]), tf.int32), [1, 2]
+                )
+                return {0: tf.concat([tf.pad(norms, pads), reshape(total, [-1])], 0)}
+
+            length = (
+                count + size_sum if isinstance(count, int) else tf.reshape(count + size_sum, [1])
+            )
+            both = sum_over_chunks(
+                n,
+                chunk,
+                (0,),
+                [length] if isinstance(length, int) else length,
+                dtype,
+                chunk_vector,
+                name="conv_norm_chunks",
+                unroll=UNROLL,
+            )[0]
+        norms, total = both[:-size_sum], both[-size_sum:]
+        return norms, reshape(total, spec.filter_shape)
+
     elements = blocks * (positions * n_off * c_in + n_off * c_g * c_out)
     return Contribution(
         examples=examples,
@@ -474,6 +603,9 @@ def conv_contribution(
             max(elements_per_example, 4 * native_elements) if native else elements_per_example
         ),
         gradient_from_sums=blocks == 1,
+        # SpaceToBatch (dilated) convolutions: their per-example gradients, materialised
+        sq_norms=sq_norms if blocks == 1 else None,
+        sq_norms_and_sum=sq_norms_and_sum if blocks == 1 else None,
     )
 
 

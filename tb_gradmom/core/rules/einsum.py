@@ -25,7 +25,9 @@ from tb_gradmom.core.rules.base import (
     example_count,
     example_slice,
     examples_first_once,
+    ghost_form,
     reshape,
+    sequence_sq_norms,
 )
 
 __all__ = ["batch_matmul_rule", "einsum_rule"]
@@ -62,10 +64,30 @@ def batch_matmul_rule(site: Site) -> Contribution:
         g = tf.einsum("nti,nto->nio", x3, d3)
         return tf.linalg.matrix_transpose(g) if adj_y else g
 
+    def sq_norms(
+        delta: tf.Tensor, n: Count, shift: tf.Tensor | None, chunk: int | None = None
+    ) -> tf.Tensor | None:
+        x = site.input(0)
+        if adj_x:
+            x = tf.linalg.matrix_transpose(x)
+        x_all = examples_first_once(x, ax, n)
+        d_all = examples_first_once(delta, ax, n)
+        if not (x_all.shape[1:].is_fully_defined() and d_all.shape[1:].is_fully_defined()):
+            return None
+        positions = x_all.shape[1:].num_elements() // int(d_in)
+        x3 = reshape(x_all, [-1, positions, int(d_in)])
+        d3 = reshape(d_all, [-1, positions, int(d_out)])
+        c = None
+        if shift is not None:
+            c = tf.linalg.matrix_transpose(shift) if adj_y else shift
+        ghost = ghost_form(positions, int(d_in), int(d_out))
+        return sequence_sq_norms(x3, d3, n, c, chunk, ghost)
+
     return Contribution(
         examples=example_count(out, ax.axis, ax.partners),
         evidence=f"the examples' {ax} of the output of {op.type} op '{op.name}'",
         per_example=per_example,
+        sq_norms=sq_norms,
         per_example_elements=int(d_in * d_out),
         gradient_from_sums=True,  # materialised anyway: their sum is the weight gradient
     )

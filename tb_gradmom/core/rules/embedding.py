@@ -25,6 +25,7 @@ from tb_gradmom.core.rules.base import (
     example_slice,
     power,
     reshape,
+    times,
 )
 
 __all__ = ["gather_rule"]
@@ -78,6 +79,21 @@ def gather_rule(site: Site) -> Contribution:
             for p in orders
         }
 
+    def sq_norms(
+        delta: tf.Tensor, n: Count, shift: tf.Tensor | None, chunk: int | None = None
+    ) -> tf.Tensor:
+        # g_j's rows are the (example, id) pairs' sums: ||g_j||^2 sums their squared norms;
+        # <g_j, C> sums their dot products with C's rows at those ids
+        example, ids, g = pairs(delta, n, 0, n)
+        per_pair = tf.reduce_sum(tf.square(g), axis=1)
+        if shift is not None:
+            c = reshape(shift, [vocab, row_size])
+            per_pair = per_pair + times(tf.reduce_sum(g * tf.gather(c, ids), axis=1), 2.0)
+        out = tf.math.unsorted_segment_sum(per_pair, example, n)
+        if shift is not None:
+            out = out + tf.reduce_sum(tf.square(c))
+        return out
+
     def per_example(delta: tf.Tensor, n: Count, start: Count, size: Count) -> tf.Tensor:
         example, ids, g = pairs(delta, n, start, size)
         dense = tf.math.unsorted_segment_sum(g, example * vocab + ids, size * vocab)
@@ -89,4 +105,5 @@ def gather_rule(site: Site) -> Contribution:
         per_example=per_example,
         per_example_elements=vocab * row_size,
         power_sums=power_sums,
+        sq_norms=sq_norms,
     )

@@ -23,6 +23,10 @@ from tb_gradmom.core.rules.base import (
     example_count,
     example_slice,
     examples_first_once,
+    ghost_form,
+    sequence_sq_norms,
+    sq_norms_of,
+    times,
 )
 
 __all__ = ["matmul_rule"]
@@ -105,12 +109,26 @@ def matmul_rule(site: Site) -> Contribution:
                 out[p] = finish(tf.matmul(a_pow[p], d_pow[p], transpose_a=True))
             return out
 
+        def sq_norms(
+            delta: tf.Tensor, n: Count, shift: tf.Tensor | None, chunk: int | None = None
+        ) -> tf.Tensor:
+            # ||a_j delta_j^T + C||^2 = ||a_j||^2 ||delta_j||^2 + 2 a_j^T C delta_j + ||C||^2
+            a = rows()
+            d = delta_rows(delta)
+            out = sq_norms_of(a) * sq_norms_of(d)
+            if shift is not None:
+                c = finish(shift)  # the rows form (a transpose is its own inverse)
+                dots = tf.reduce_sum(tf.matmul(a, c) * d, axis=1)
+                out = out + times(dots, 2.0) + tf.reduce_sum(tf.square(c))
+            return out
+
         return Contribution(
             examples=examples(),
             evidence=evidence,
             per_example=per_example,
             per_example_elements=int((d_in or 1) * (d_out or 1)),
             power_sums=power_sums,
+            sq_norms=sq_norms,
         )
 
     # Rows grouped by example: [outer, n, inner] rows -> [n, outer * inner, d].
@@ -119,9 +137,21 @@ def matmul_rule(site: Site) -> Contribution:
         d3 = example_slice(examples_first_once(delta_rows(delta), row_axis, n), start, size)
         return finish(tf.einsum("nti,nto->nio", a3, d3))
 
+    def sq_norms_grouped(
+        delta: tf.Tensor, n: Count, shift: tf.Tensor | None, chunk: int | None = None
+    ) -> tf.Tensor | None:
+        a3 = examples_first_once(rows(), row_axis, n)
+        d3 = examples_first_once(delta_rows(delta), row_axis, n)
+        if a3.shape.rank != 3 or a3.shape[-1] is None or d3.shape[-1] is None:
+            return None
+        ghost = ghost_form(a3.shape[1], int(a3.shape[-1]), int(d3.shape[-1]))
+        c = None if shift is None else finish(shift)
+        return sequence_sq_norms(a3, d3, n, c, chunk, ghost)
+
     return Contribution(
         examples=examples(),
         evidence=evidence,
+        sq_norms=sq_norms_grouped,
         per_example=per_example_grouped,
         per_example_elements=int((d_in or 1) * (d_out or 1)),
         power_sums=None,

@@ -1,0 +1,284 @@
+"""Per-example squared gradient norms: ``||g_j||^2`` per variable, for every example ``j``.
+
+The same plan and backward pass as the moments (`tb_gradmom.core.plan.make_plan`,
+`tb_gradmom.core.moments.run_backward`), the same per-example gradient ``g_j`` (the unscaled
+gradient of example ``j``'s loss, the loss's example-free terms ``R`` included: ``g_j = a_j + c``
+with ``c = dR/dtheta`` for a mean and ``dR/dtheta / n`` for a sum, see docs/math.md). Per
+variable the cheapest exact form:
+
+- a variable with one site whose rule has a norms form (`Contribution.sq_norms`): Dense on
+  ``[n, d]`` rows ``||a_j||^2 ||delta_j||^2``; Dense/EinsumDense on sequences the Gram ("ghost")
+  form ``<A_j A_j^T, D_j D_j^T>`` or the materialised ``||A_j^T D_j||^2``, by the sizes; biases
+  and broadcast parameters from their per-example sums; embeddings from the (example, id)
+  sums; convolutions from the per-example filter gradients their power sums build;
+- otherwise (several sites, whose per-example gradients add before the norm; derived
+  parameters; recurrent layers; the masked VJP) the per-example gradients the rules materialise,
+  summed over the sites, chunk by chunk;
+- the exact fallback: rows of the jacobian of the per-example losses.
+
+``||a_j + c||^2 = ||a_j||^2 + 2 <a_j, c> + ||c||^2``: the rules take ``c`` in their own form
+(``<a_j delta_j^T, C> = a_j^T C delta_j`` for a Dense), or it is added to the materialised
+``a_j``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tb_gradmom.core import fallback as _fallback
+from tb_gradmom.core import loss as _loss
+from tb_gradmom.core import plan as _plan
+from tb_gradmom.core.moments import Backward, _chunk, batch_asserts, run_backward, site_deltas
+from tb_gradmom.core.plan import Options
+from tb_gradmom.core.rules.base import (
+    Count,
+    norms_over_chunks,
+    reshape,
+    scalar,
+    sq_norms_of,
+    static_chunks,
+)
+from tb_gradmom.core.sites import VariablePlan
+
+__all__ = ["per_example_norms", "sq_norms"]
+
+
+@tf.autograph.experimental.do_not_convert
+def per_example_norms(
+    loss: tf.Tensor,
+    var_list: Sequence[tf.Variable],
+    *,
+    batch_size: int | tf.Tensor | None = None,
+    reduction: str | None = None,
+    fallback: str = "exact",
+    chunk_size: int | None = None,
+    name: str | None = None,
+    loss_scale: float | tf.Tensor | tf.Variable | None = None,
+) -> tuple[list[tf.Tensor | None], list[tf.Tensor]]:
+    """Gradients and the squared norms of the per-example gradients, from one backward pass.
+
+    ``sq_norms[i][j] = ||g_j||^2`` for variable ``var_list[i]``, with ``g_j`` the unscaled
+    gradient of example ``j``'s loss, as in `gradients_and_moments` (terms of the loss that
+    hold no example, such as a weight penalty ``R``, are part of every example's loss:
+    ``g_j = d(l_j + R)/dtheta`` for a mean loss, ``d(l_j + R/n)/dtheta`` for a sum). The sum
+    over variables is the whole model's squared per-example norm; ``mean_j ||g_j||^2 -
+    ||mean_j g_j||^2`` is the total variance ``tr(Sigma)`` (biased).
+
+    Call it inside a ``tf.function`` (or a ``tf.compat.v1`` graph), after the forward pass:
+
+        @tf.function
+        def step(x, y):
+            loss = loss_fn(y, model(x, training=True))
+            grads, sq_norms = gradmom.per_example_norms(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return tf.add_n(sq_norms)  # [n]: the whole model's ||g_j||^2
+
+    Args:
+      loss: as for `gradients_and_moments`: a scalar mean or sum of per-example losses (checked
+        in the graph), plus terms that hold no example, or a ``[n]`` vector of them.
+      var_list: ``tf.Variable``s or Keras variables.
+      batch_size: the number of examples ``n`` (inferred from the graph by default, checked).
+      reduction: None (read from the graph), ``"mean"`` or ``"sum"``.
+      fallback: ``"exact"`` (default) or ``"error"`` for variables without an exact rule.
+      chunk_size: examples per chunk where per-example work is materialised (default: chosen
+        per layer to hold at most 4M elements; 32 examples on the fallback).
+      name: a name scope for the added ops.
+      loss_scale: the factor ``loss`` was multiplied by (mixed precision); ``grads`` stay
+        scaled, the norms are those of the unscaled gradients.
+
+    Returns:
+      ``(grads, sq_norms)``: ``grads`` as `gradients_and_moments` returns them
+      (``tf.gradients(loss, var_list)``, of the mean for a vector loss); ``sq_norms[i]`` a
+      ``[n]`` tensor, float32 (float64 for float64 variables); zeros for a variable the loss
+      does not depend on.
+
+    Raises:
+      RuntimeError: when called eagerly.
+      UnsupportedOpError, PerExampleLossError, BatchSizeError: as `gradients_and_moments`.
+      NotImplementedError: inside a ``tf.distribute`` replica context with several replicas.
+    """
+    options = Options.check((1,), reduction, batch_size, chunk_size, fallback, loss_scale)
+    plan = _plan.make_plan(loss, var_list, options, name=name or "per_example_norms")
+    if plan.replica is not None:
+        raise NotImplementedError(
+            "gradmom.per_example_norms inside a tf.distribute replica context with several "
+            "replicas is not supported yet: call it on one replica (or outside the strategy)"
+        )
+    # a convolution's gradient is the sum of the per-example filter gradients its norms build
+    # (TensorFlow's own filter gradient is not built), as in `gradients_and_moments`
+    from_work = [
+        i
+        for i, v in enumerate(plan.variables)
+        if len(v.sites) == 1 and v.sites[0][1].sq_norms_and_sum is not None
+    ]
+    backward = run_backward(plan, from_work=from_work)
+    return _with_gradients(backward, sq_norms(backward, from_work=set(from_work)))
+
+
+def _with_gradients(
+    backward: Backward, found: tuple[list[tf.Tensor], dict[int, tf.Tensor]]
+) -> tuple[list[tf.Tensor | None], list[tf.Tensor]]:
+    """``(grads, norms)``: the backward pass's gradients, with those of the variables whose
+    per-example work gave their sum (``found[1]``: ``sum_j`` of the unscaled per-example
+    gradients of the per-example part, as the rules see them) as ``tf.gradients`` gives them:
+    plus the example-free terms' gradient, times the loss scale."""
+    norms, sums = found
+    plan = backward.plan
+    grads = list(backward.grads)
+    for i, total in sums.items():
+        vplan = plan.variables[i]
+        g = reshape(total, vplan.variable.shape)
+        if i in backward.shifts:
+            g = g + backward.shifts[i]
+        if plan.options.loss_scale is not None:
+            g = g * tf.cast(plan.options.loss_scale, g.dtype)
+        grads[i] = tf.cast(g, vplan.variable.dtype)
+    return grads, norms
+
+
+def sq_norms(
+    backward: Backward, indices: Sequence[int] | None = None, from_work: Collection[int] = ()
+) -> tuple[list[tf.Tensor], dict[int, tf.Tensor]]:
+    """``[n]`` per variable (at ``indices``, default all): ``||g_j||^2`` for every example;
+    and for the variables ``from_work`` (their rule has `Contribution.sq_norms_and_sum`) the
+    sum of their per-example gradients from the same work."""
+    plan = backward.plan
+    indices = list(range(len(plan.variables)) if indices is None else indices)
+    n = plan.n
+    n_static = tf.get_static_value(n)
+    scope = plan.scope.rstrip("/") + "_norms"
+    with tf.name_scope(scope):
+        asserts = batch_asserts(plan.checks, n)
+    out: dict[int, tf.Tensor] = {}
+    sums: dict[int, tf.Tensor] = {}
+    with tf.name_scope(scope), tf.control_dependencies(asserts), static_chunks(plan.xla):
+        fallback_ids = [i for i in indices if i in plan.fallback_ids]
+        if fallback_ids:
+            with tf.name_scope("fallback"):
+                out.update(zip(fallback_ids, _fallback_norms(backward, fallback_ids)))
+        for i in indices:
+            if i in out:
+                continue
+            out[i], total = _variable_norms(backward, i, i in from_work)
+            if total is not None:
+                sums[i] = total
+    result = []
+    for i in indices:
+        v = out[i]
+        if n_static is not None:
+            v.set_shape([int(n_static)])
+        result.append(v)
+    return result, sums
+
+
+def _nf(plan: _plan.Plan, dtype: tf.DType) -> float | tf.Tensor:
+    n_static = tf.get_static_value(plan.n)
+    return float(n_static) if n_static is not None else tf.cast(plan.n, dtype)
+
+
+def _shift(backward: Backward, i: int, dtype: tf.DType) -> tf.Tensor | None:
+    """``dR/dtheta / n``: the example-free terms' share of every example's gradient, in the
+    scale of the output gradients as TensorFlow gives them (``G = delta / n`` for a mean; for a
+    sum ``delta = G`` and the share is ``R / n`` itself)."""
+    r = backward.shifts.get(i)
+    if r is None:
+        return None
+    nf = _nf(backward.plan, dtype)
+    return r / (scalar(nf, dtype) if isinstance(nf, float) else nf)
+
+
+def _variable_norms(
+    backward: Backward, i: int, with_sum: bool = False
+) -> tuple[tf.Tensor, tf.Tensor | None]:
+    """The variable's ``[n]`` norms; with ``with_sum`` (a rule with
+    `Contribution.sq_norms_and_sum`) also ``sum_j a_j``, unscaled, else None."""
+    plan = backward.plan
+    vplan = plan.variables[i]
+    dtype = vplan.dtype
+    n = plan.n
+    shift = _shift(backward, i, dtype)
+    connected = backward.grads[i] is not None or i in backward.fused or i in backward.deferred
+    if not connected or not vplan.sites:
+        total = tf.zeros(vplan.variable.shape, dtype) if with_sum else None
+        if shift is None:
+            return tf.zeros(tf.reshape(n, [1]), dtype), total
+        nf = _nf(plan, dtype)
+        c2 = tf.reduce_sum(tf.square(shift)) * (nf * nf if plan.mode == "mean" else 1.0)
+        return tf.fill(tf.reshape(n, [1]), c2), total
+    # The rules see G (TensorFlow's output gradients, times 1/loss_scale): the per-example
+    # gradients of a mean loss are n times theirs, so their squared norms n**2 times.
+    deltas = site_deltas(vplan, backward.out_grads, backward.index, backward.inv_scale, 1.0)
+    chunk = plan.options.chunk_size
+    norms, total = None, None
+    if len(vplan.sites) == 1 and vplan.sites[0][1].sq_norms is not None:
+        site, contribution = vplan.sites[0]
+        view_shift = None
+        if shift is not None:
+            shape = site.var_shape if site.view.dtype == tf.resource else site.view.shape
+            view_shift = reshape(shift, shape)
+        if with_sum and contribution.sq_norms_and_sum is not None:
+            norms, total = contribution.sq_norms_and_sum(deltas[0], n, view_shift, chunk)
+        else:
+            norms = contribution.sq_norms(deltas[0], n, view_shift, chunk)
+    if norms is None:
+        norms = _materialised(vplan, deltas, n, shift, chunk)
+    if plan.mode == "mean":
+        nf = _nf(plan, dtype)
+        norms = norms * (scalar(nf * nf, dtype) if isinstance(nf, float) else nf * nf)
+    # (the rules' sum_j over the G-scale per-example gradients is the per-example part's
+    # gradient dL/dtheta, for a mean and for a sum alike)
+    return norms, total
+
+
+def _materialised(
+    vplan: VariablePlan,
+    deltas: Sequence[Any],
+    n: Count,
+    shift: tf.Tensor | None,
+    chunk_size: int | None,
+) -> tf.Tensor:
+    """``||sum_sites g_j + shift||^2`` from the rules' per-example gradients, chunk by chunk."""
+    var_shape = vplan.variable.shape
+
+    def chunk_norms(start: Count, size: Count) -> tf.Tensor:
+        g = None
+        for (_site, c), delta in zip(vplan.sites, deltas):
+            part = reshape(c.per_example(delta, n, start, size), [-1, *var_shape])
+            g = part if g is None else g + part
+        assert g is not None
+        if shift is not None:
+            g = g + shift
+        return sq_norms_of(g)
+
+    return norms_over_chunks(n, _chunk(vplan, chunk_size, n=n), vplan.dtype, chunk_norms)
+
+
+def _fallback_norms(backward: Backward, ids: list[int]) -> list[tf.Tensor]:
+    """The squared norms of the rows of the jacobian of the per-example losses (plus the
+    example-free terms' share), for the variables ``ids`` on the exact fallback."""
+    plan = backward.plan
+    if plan.form is None:
+        vector = plan.loss_vector
+    else:
+        vector = _loss.per_example_losses(plan.form, plan.n, plan.mode)
+    dtypes = [plan.variables[i].dtype for i in ids]
+    shifts = []
+    for i, d in zip(ids, dtypes):
+        r = backward.shifts.get(i)
+        if r is not None and plan.mode == "sum":
+            nf = _nf(plan, d)
+            r = r / (scalar(nf, d) if isinstance(nf, float) else nf)
+        shifts.append(r)
+    chunk = plan.options.chunk_size
+    return _fallback.sq_norms(
+        vector,
+        [plan.variables[i].variable for i in ids],
+        dtypes,
+        shifts,
+        plan.n,
+        _fallback.DEFAULT_CHUNK if chunk is None else int(chunk),
+        backward.inv_scale,
+    )
