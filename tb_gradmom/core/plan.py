@@ -169,7 +169,12 @@ def warn_coupled(kept) -> None:
     warnings.warn(
         "tb_gradmom: the examples are coupled between the uses of "
         + lines
-        + " and the loss, and they are not on the exact fallback. Their moments come "
+        + (
+            " and the loss, and coupled='rules' keeps them on their rules."
+            if all(why == "coupled='rules'" for _, _, why in kept)
+            else " and the loss, and the exact fallback cannot run for them."
+        )
+        + " Their moments come "
         "from the rules, whose example j takes row j of n * dL/dz at the layer (the other "
         "examples' losses through the coupling included), not d l_j / d theta: M_1 is the "
         "gradient, the higher moments are those of that split.",
