@@ -52,7 +52,11 @@ __all__ = [
     "read_records",
     "crc32c",
     "masked_crc32c",
+    "short_name",
 ]
+
+# A run or tag name longer than this is shortened in messages (`short_name`).
+SHORT_NAME_CHARS = 160
 
 
 class DataWarning(UserWarning):
@@ -290,8 +294,23 @@ class _Tag:
     events: dict[int, tuple[float, np.ndarray]] = field(default_factory=dict)
 
 
+def short_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
+    """``repr(name)`` for messages; a name longer than ``limit`` characters shows its start and
+    its end around how long it is, so that a warning about it stays readable and still says
+    which tag it is: ``'xxxxxxxx'...(5,009 characters)...'x/d/kernel'``.
+    """
+    if len(name) <= limit:
+        return repr(name)
+    head, tail = name[: 2 * limit // 3], name[-(limit // 3) :]
+    return f"{head!r}...({len(name):,} characters)...{tail!r}"
+
+
 def _warn(run: str, tag: str, step: int, message: str) -> None:
-    warnings.warn(f"run {run!r} tag {tag!r} step {step}: {message}", DataWarning, stacklevel=4)
+    warnings.warn(
+        f"run {short_name(run)} tag {short_name(tag)} step {step}: {message}",
+        DataWarning,
+        stacklevel=4,
+    )
 
 
 def _decode(content: metadata.MomentsContent | metadata.StatsContent, value: Any) -> np.ndarray:
@@ -327,7 +346,7 @@ def _read_run(run: str, files: list[str], errors: list[str]) -> dict[str, _Tag]:
                         try:
                             content = metadata.parse_plugin_content(plugin.content)
                         except metadata.FormatError as e:
-                            errors.append(f"run {run!r} tag {value.tag!r}: {e}")
+                            errors.append(f"run {short_name(run)} tag {short_name(value.tag)}: {e}")
                             _warn(run, value.tag, step, f"{e}; the tag is skipped ({path})")
                     tag = tags[value.tag] = _Tag(content)
                 if tag.content is None or not value.HasField("tensor"):

@@ -58,6 +58,7 @@ from tensorboard.data import provider
 from tensorboard.util import tensor_util
 
 from tb_gradmom import metadata
+from tb_gradmom.analysis import data
 from tb_gradmom.plugin import _tb_compat
 from tb_gradmom.plugin._cache import ByteLRU, MemoryGate, nbytes
 
@@ -132,10 +133,13 @@ class TagEntry:
 
 @dataclasses.dataclass
 class RunIndex:
-    """The Grad Moments tags of one run: moments tags, and stats tags by name."""
+    """The Grad Moments tags of one run: moments tags, stats tags by name, and the tags left
+    out with the reason (a content message that fails its checks, a tag TensorBoard's data
+    provider cannot list)."""
 
     moments: dict[str, TagEntry] = dataclasses.field(default_factory=dict)
     stats: dict[str, TagEntry] = dataclasses.field(default_factory=dict)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def stats_for(self, tag: str) -> TagEntry | None:
         """The stats tag belonging to moments tag ``tag`` (or ``_model``), if logged."""
@@ -246,7 +250,8 @@ class Reader:
     # ------------------------------------------------------------------------ logging
 
     def _warn(self, run: str, tag: str, step, message: str) -> None:
-        """Logs a skipped tag or step once: ``run 'r' tag 't' step s: message``."""
+        """Logs a skipped tag or step once: ``run 'r' tag 't' step s: message`` (a name longer
+        than a log line can show is shortened, `data.short_name`)."""
         key = (run, tag, step)
         with self._warn_lock:
             if key in self._warned:
@@ -254,7 +259,13 @@ class Reader:
             if len(self._warned) >= _MAX_WARNED:
                 self._warned.clear()
             self._warned.add(key)
-        logger.warning("Grad Moments: run %r tag %r step %s: %s", run, tag, step, message)
+        logger.warning(
+            "Grad Moments: run %s tag %s step %s: %s",
+            data.short_name(run),
+            data.short_name(tag),
+            step,
+            message,
+        )
 
     # ----------------------------------------------------------------------- listing
 
@@ -262,21 +273,20 @@ class Reader:
         """``{run: RunIndex}`` of every readable Grad Moments tag (optionally of one run/tags).
 
         Tags whose content message cannot be parsed (a newer format, a corrupt or crafted
-        header) are left out and logged once each.
+        header) are left out, logged once each and listed in `RunIndex.skipped`; so is a tag
+        TensorBoard's data provider cannot list (`_listing`).
         """
-        rtf = None
-        if run is not None:
-            rtf = provider.RunTagFilter(runs=[run], tags=None if tags is None else list(tags))
-        listing = self._provider.list_tensors(
-            ctx, experiment_id=experiment_id, plugin_name=PLUGIN, run_tag_filter=rtf
-        )
+        listing, unlisted = self._listing(ctx, experiment_id, run, tags)
         result: dict[str, RunIndex] = {}
+        for run_name, reasons in unlisted.items():
+            result.setdefault(run_name, RunIndex()).skipped.update(reasons)
         for run_name, tags in listing.items():
             ri = result.setdefault(run_name, RunIndex())
             for tag_name, ts in tags.items():
                 max_step = int(ts.max_step) if ts.max_step is not None else -1
                 content = self._parse(run_name, tag_name, max_step, ts.plugin_content)
-                if content is None:
+                if isinstance(content, str):
+                    ri.skipped[tag_name] = content
                     continue
                 entry = TagEntry(
                     run=run_name,
@@ -291,6 +301,82 @@ class Reader:
                 else:
                     ri.moments[tag_name] = entry
         return result
+
+    def _list_tensors(self, ctx, experiment_id: str, runs, tags) -> dict:
+        rtf = None
+        if runs is not None or tags is not None:
+            rtf = provider.RunTagFilter(runs=runs, tags=None if tags is None else list(tags))
+        return self._provider.list_tensors(
+            ctx, experiment_id=experiment_id, plugin_name=PLUGIN, run_tag_filter=rtf
+        )
+
+    def _listing(self, ctx, experiment_id: str, run: str | None, tags) -> tuple[dict, dict]:
+        """``list_tensors`` of the plugin's tags (of one run and some tags if given), and the
+        tags it could not list: ``({run: {tag: TensorTimeSeries}}, {run: {tag: reason}})``.
+
+        The data provider lists every run at once, and fails as a whole when one series cannot
+        be listed: TensorBoard's Python loader raises ``KeyError`` for a tag whose first event
+        has metadata but no tensor (a crafted or foreign event). Then the runs are listed one by
+        one, and a run that fails tag by tag (its tags from the Python loader's multiplexer,
+        `_tb_compat.plugin_tags`; a run whose tags cannot be named is skipped whole); each tag
+        or run left out is logged once, naming the run, the tag and the error.
+
+        Raises:
+          Whatever the data provider raises when it cannot even list the runs (an unknown
+          experiment).
+        """
+        runs = None if run is None else [run]
+        try:
+            return self._list_tensors(ctx, experiment_id, runs, tags), {}
+        except Exception as e:  # noqa: BLE001 - whatever a data provider raises: list by parts
+            failure = e
+        if run is None:
+            try:
+                names = [
+                    r.run_name for r in self._provider.list_runs(ctx, experiment_id=experiment_id)
+                ]
+            except Exception:  # noqa: BLE001 - the listing itself fails: report the first error
+                raise failure from None
+        else:
+            names = [run]
+        listing: dict[str, dict] = {}
+        unlisted: dict[str, dict[str, str]] = {}
+        for name in names:
+            if run is None:
+                try:
+                    got = self._list_tensors(ctx, experiment_id, [name], tags)
+                except Exception as e:  # noqa: BLE001 - this run fails: tag by tag
+                    failure = e
+                else:
+                    for r, series in got.items():
+                        listing.setdefault(r, {}).update(series)
+                    continue
+            tag_names = list(tags) if tags is not None else None
+            if tag_names is None and self._mux is not None:
+                tag_names = _tb_compat.plugin_tags(self._mux, PLUGIN, name)
+            if tag_names is None:
+                reason = (
+                    f"TensorBoard's data provider cannot list this run "
+                    f"({type(failure).__name__}: {failure}); the run is skipped"
+                )
+                self._warn(name, "*", "(all)", reason)
+                unlisted.setdefault(name, {})["*"] = reason
+                continue
+            for tag in tag_names:
+                try:
+                    got = self._list_tensors(ctx, experiment_id, [name], [tag])
+                except Exception as e:  # noqa: BLE001 - this tag fails: it alone is left out
+                    reason = (
+                        f"TensorBoard's data provider cannot list this tag "
+                        f"({type(e).__name__}: {e}; TensorBoard's Python loader fails so on a "
+                        "summary with metadata and no tensor); the tag is skipped"
+                    )
+                    self._warn(name, tag, "(all)", reason)
+                    unlisted.setdefault(name, {})[tag] = reason
+                    continue
+                for r, series in got.items():
+                    listing.setdefault(r, {}).update(series)
+        return listing, unlisted
 
     def run_index(self, ctx, experiment_id: str, run: str) -> RunIndex:
         """The tags of one run; `errors.NotFoundError` if it has no Grad Moments data."""
@@ -322,6 +408,7 @@ class Reader:
         return entry, ri
 
     def _parse(self, run: str, tag: str, max_step: int, content: bytes):
+        """The parsed content message of a tag, or why it is skipped (a string, logged)."""
         raw = bytes(content)
         key = ("content", raw)
         parsed = self._cache.get(key)
@@ -330,8 +417,9 @@ class Reader:
         try:
             parsed = metadata.parse_plugin_content(raw)
         except metadata.FormatError as e:
-            self._warn(run, tag, f"(last {max_step})", f"{e}; the tag is skipped")
-            return None
+            reason = f"{e}; the tag is skipped"
+            self._warn(run, tag, f"(last {max_step})", reason)
+            return reason
         self._cache.put(key, parsed, size=nbytes(raw) + nbytes(parsed))
         return parsed
 

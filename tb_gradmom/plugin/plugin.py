@@ -188,7 +188,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             (run, tag, e.signature)
             for run, ri in sorted(index.items())
             for tag, e in sorted({**ri.moments, **ri.stats}.items())
-        )
+        ) + tuple((run, tuple(sorted(ri.skipped.items()))) for run, ri in sorted(index.items()))
         key = ("tags", experiment, version)
         text = self._cache.get_or_load(
             key,
@@ -198,13 +198,15 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         return self._json(request, text)
 
     def tags_impl(self, ctx, experiment: str, index=None) -> dict:
-        """``{"runs": {run: {tag: info}}, "model": {run: {"steps": [...]}}}``.
+        """``{"runs": {run: {tag: info}}, "model": {run: {"steps": [...]}}, "groups": ...,
+        "skipped": {run: {tag: reason}}}``.
 
         ``index``: the `_reader.Reader.index` of the experiment, if the caller has it.
         """
         runs: dict = {}
         model: dict = {}
         groups: dict = {}
+        skipped: dict = {}
         if index is None:
             index = self._reader.index(ctx, experiment)
         for run, ri in sorted(index.items()):
@@ -249,7 +251,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                     run_groups[name] = {"tag": metadata.model_tag(name), "steps": gs.steps}
             if run_groups:
                 groups[run] = run_groups
-        return {"runs": runs, "model": model, "groups": groups}
+            if ri.skipped:
+                skipped[run] = dict(sorted(ri.skipped.items()))
+        return {"runs": runs, "model": model, "groups": groups, "skipped": skipped}
 
     def _moment_steps(self, ctx, experiment, entry) -> list[int]:
         # Only for a moments tag logged without its stats tag (not what the writer does).
