@@ -9,12 +9,18 @@ imports TensorFlow.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
+import re
+import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
+import pytest
 
 from tb_gradmom import metadata
 from tb_gradmom.plugin import _cache
@@ -160,3 +166,205 @@ def test_a_tag_tensorboard_cannot_list_affects_no_other(tmp_path):
         )
     status, body = _get(client, "heatmap", run="bad", tag=bad_m)
     assert status == 404 and "no moments tag" in body
+
+
+# ------------------------------------------------------------ torn steps in a live run
+
+
+def _append(path, events):
+    (name,) = [f for f in os.listdir(path) if "tfevents" in f]
+    with open(os.path.join(path, name), "ab") as f:
+        for e in events:
+            f.write(tr._frame(e.SerializeToString()))
+
+
+def _moments_event(run, tag, step):
+    return tr._event(tag, step, tr._proto(tr._stored(tr.moments(run, tag, step))), tr.GOOD_M)
+
+
+def _stats_events(run, tag, step):
+    m = tr.moments(run, tag, step)
+    return [
+        tr._event(metadata.stats_tag(tag), step, tr._proto(tr._stats(m)), tr.GOOD_S),
+        *tr.model_events(run, [tag], steps=(step,)),
+    ]
+
+
+LATEST_ROUTES = [
+    ("heatmap", {"stat": "snr"}),
+    ("heatmap", {"stat": "std", "max_rows": 2}),
+    ("histogram", {"stat": "snr"}),
+    ("export", {"what": "heatmap", "stat": "variance", "format": "json"}),
+    ("export", {"what": "moments", "format": "json"}),
+]
+
+
+def test_a_step_written_while_a_request_runs_is_not_taken_for_the_latest(tmp_path):
+    """A live run: the next step's moments land between the request's listing and its read of
+    the latest record. That record's step has no stats yet, and /heatmap answered 400
+    ("statistic 'snr' needs the batch size ... step 3 does not have"). Every route now shows the
+    step it listed, the latest complete one, with its batch size (issue 30)."""
+    root = str(tmp_path)
+    run = "live"
+    _good_run(root, run)
+    client, plugin, _ = make_app(root)
+    mux = plugin._reader._mux  # noqa: SLF001 - the multiplexer TensorBoard reloads
+    provider = plugin._data_provider  # noqa: SLF001
+    listed = provider.list_tensors
+    torn = []  # the step whose moments the next listing lets in
+
+    def list_then_write(*args, **kwargs):
+        out = listed(*args, **kwargs)
+        if torn:
+            _append(os.path.join(root, run), [_moments_event(run, OK, torn.pop())])
+            mux.Reload()
+        return out
+
+    provider.list_tensors = list_then_write
+    complete = tr.STEPS[-1]
+    for route, q in LATEST_ROUTES:
+        torn.append(complete + 1)
+        d = _json(client, route, run=run, tag=OK, **q)
+        assert not torn  # the moments of the next step came in during the request
+        if route == "histogram":
+            assert [s["step"] for s in d["series"]] == [complete], route
+        else:
+            assert d["step"] == complete, (route, q)
+            assert d["batch_size"] == tr.fx.BATCH, (route, q)
+        if route == "export" and q["what"] == "moments":
+            m = tr.moments(run, OK, complete)
+            np.testing.assert_array_equal(
+                np.asarray(d["moments"]["2"], dtype=np.float32).reshape(tr.SHAPE),
+                np.asarray(m[2], dtype=np.float32),
+            )
+        _append(os.path.join(root, run), _stats_events(run, OK, complete + 1))
+        mux.Reload()
+        complete += 1
+    steps = _json(client, "tags")["runs"][run][OK]["steps"]
+    assert steps == list(range(complete + 1))
+
+
+def _launch(logdir, tmp_path, *flags):
+    """A ``tensorboard`` process serving ``logdir`` (the plugin found by its entry point)."""
+    import test_plugin_subprocess as tps
+
+    pythonpath = [tps.ROOT]
+    if not tps._entry_point_installed():  # noqa: SLF001
+        dist = tmp_path / "ep" / "tb_gradmom-0.1.0.dist-info"
+        dist.mkdir(parents=True, exist_ok=True)
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tb_gradmom\nVersion: 0.1.0\n")
+        (dist / "entry_points.txt").write_text(f"[tensorboard_plugins]\n{tps.ENTRY_POINT}\n")
+        pythonpath.insert(0, str(tmp_path / "ep"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath), TF_CPP_MIN_LOG_LEVEL="3")
+    log = str(tmp_path / f"tensorboard{len(os.listdir(tmp_path))}.log")
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1"]
+            + ["--port", "0", *flags],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+        )
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        m = re.search(r"(http://127\.0\.0\.1:\d+)/", open(log).read())
+        if m:
+            return tps.Server(m.group(1), proc, log)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"tensorboard did not start: {open(log).read()[-3000:]}")
+
+
+def _loaders():
+    import test_plugin_subprocess as tps
+
+    rust = pytest.param(
+        "true",
+        id="rustboard",
+        marks=pytest.mark.skipif(bool(tps._data_server_problem()), reason="no data server"),  # noqa: SLF001
+    )
+    return [pytest.param("false", id="python"), rust]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("load_fast", _loaders())
+def test_clients_polling_a_run_being_written(tmp_path, load_fast):
+    """A real ``tensorboard`` reloading every second while a writer appends steps (each step's
+    moments first, its stats a moment later) and clients poll the latest step on every route:
+    every answer is 200 and shows a complete step with its batch size."""
+    import test_plugin_subprocess as tps
+
+    root = tmp_path / "logs"
+    run = "live"
+    _good_run(str(root), run)
+    server = _launch(str(root), tmp_path, f"--load_fast={load_fast}", "--reload_interval", "1")
+    last = 40
+    done = threading.Event()
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:  # loading is asynchronous
+            status, _, body = server.get(P + "tags")
+            if status == 200 and OK in json.loads(body)["runs"].get(run, {}):
+                break
+            time.sleep(0.3)
+
+        def write():
+            try:
+                for step in range(tr.STEPS[-1] + 1, last + 1):
+                    _append(str(root / run), [_moments_event(run, OK, step)])
+                    time.sleep(0.08)
+                    _append(str(root / run), _stats_events(run, OK, step))
+                    time.sleep(0.08)
+            finally:
+                done.set()
+
+        routes = [
+            ("heatmap", {"tag": OK, "stat": "snr"}),
+            ("histogram", {"tag": OK, "stat": "std"}),
+            ("export", {"tag": OK, "what": "moments", "format": "json"}),
+            ("summary", {}),
+            ("series", {"tag": OK}),
+            ("tags", None),
+        ]
+
+        def poll(c):
+            seen = []
+            i = c
+            while not done.is_set():
+                route, q = routes[i % len(routes)]
+                i += 1
+                status, _, body = server.get(P + route, **({} if q is None else {"run": run, **q}))
+                seen.append((route, status, body))
+            return seen
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = [a for batch in pool.map(poll, range(4)) for a in batch]
+        writer.join()
+        bad = [(r, s, b[:200]) for r, s, b in answers if s != 200]
+        assert not bad, bad[:5]
+        for route, _, body in answers:
+            d = json.loads(body)
+            if route in ("heatmap", "export"):
+                assert d["batch_size"] == tr.fx.BATCH, (route, d["step"])
+            elif route == "histogram":
+                assert len(d["series"]) == 1 and d["series"][0]["step"] < d["stored_steps"]
+            elif route == "summary":
+                assert d["rows"][0]["batch_size"] == tr.fx.BATCH
+        print(f"\n{load_fast=}: {len(answers)} requests while {last - tr.STEPS[-1]} steps came in")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            steps = json.loads(server.get(P + "tags")[2])["runs"][run][OK]["steps"]
+            if steps[-1] == last:
+                break
+            time.sleep(0.5)
+        assert steps == list(range(last + 1))
+        d = server.json(P + "heatmap", run=run, tag=OK)
+        assert d["step"] == last and d["batch_size"] == tr.fx.BATCH
+    finally:
+        done.set()
+        tps.stop(server)

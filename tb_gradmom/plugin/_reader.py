@@ -599,10 +599,12 @@ class Reader:
         stats: StatsSeries | None = None,
         stats_entry: TagEntry | None = None,
     ) -> MomentsAt:
-        """The moments of ``entry`` at ``step`` (None: the last step).
+        """The moments of ``entry`` at ``step`` (None: the last step listed, ``entry.max_step``).
 
         ``stats`` / ``stats_entry``: the tag's stats series and stats tag, if it has one (their
-        steps locate ``step`` in a targeted sample; see the module docstring).
+        steps locate ``step`` in a targeted sample; see the module docstring). The step returned
+        is always the one asked for: when the series has grown since ``entry`` was listed (a
+        live run), its newest record is not taken for the step listed.
 
         Raises:
           errors.NotFoundError: the step is not stored (the message gives the stored range).
@@ -613,19 +615,28 @@ class Reader:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        request = _StepRequest(ctx, experiment_id, entry, want, stats, stats_entry)
         if step is None or want == entry.max_step:
-            load = lambda: self._read_last(ctx, experiment_id, entry)  # noqa: E731
+            load = lambda: self._read_last(request)  # noqa: E731
         else:
-            request = _StepRequest(ctx, experiment_id, entry, want, stats, stats_entry)
             load = lambda: self._read_step(request)  # noqa: E731
         return self._cache.get_or_load(key, load)
 
-    def _read_last(self, ctx, experiment_id: str, entry: TagEntry) -> MomentsAt:
+    def _read_last(self, request: _StepRequest) -> MomentsAt:
+        """The step listed last (``entry.max_step``), read as the series' latest record.
+
+        A live run writes on while a request runs: the series' latest record may be a step
+        listed after ``entry`` (whose stats record may not be written yet). Then the step asked
+        for is read like any other (`_read_step`).
+        """
+        ctx, experiment_id, entry = request.ctx, request.experiment_id, request.entry
         with self.read_gate.reserve(self._read_bytes(entry, 1) + self.bytes_per_step(entry)):
             series = self._fetch(ctx, experiment_id, entry.run, [entry.tag], 1).get(entry.tag)
             if not series:
                 raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
-            return self._moments(entry, series[-1])
+            if series[-1].step == request.want:
+                return self._moments(entry, series[-1])
+        return self._read_step(request)
 
     def last_readable(
         self, ctx, experiment_id: str, entry: TagEntry, stats: StatsSeries | None
