@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tb_gradmom import metadata
-from tb_gradmom.plugin import _cache
+from tb_gradmom.plugin import _cache, loader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -368,3 +368,99 @@ def test_clients_polling_a_run_being_written(tmp_path, load_fast):
     finally:
         done.set()
         tps.stop(server)
+
+
+# ------------------------------------------------------------------- flags and names
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "99999999", "1.5", "lots"])
+def test_cache_flag_out_of_bounds_stops_tensorboard_with_the_fix(tmp_path, value, capsys):
+    """``--gradmom_cache_mb=0`` or ``-5`` silently became 512 and 99999999 was taken
+    (issue 31): TensorBoard's own parser now stops with the flag, the value and the fix."""
+    with pytest.raises(SystemExit) as stopped:
+        make_app(str(tmp_path), f"--gradmom_cache_mb={value}")
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --gradmom_cache_mb" in err and value in err, err
+    assert f"pass an integer from 1 to {loader.max_cache_mb()} (MiB)" in err, err
+
+
+def test_cache_flag_in_bounds_sets_the_budget(tmp_path):
+    _good_run(str(tmp_path), "r")
+    client, plugin, _ = make_app(str(tmp_path), "--gradmom_cache_mb=64")
+    assert plugin._cache.budget_bytes == 64 << 20  # noqa: SLF001
+    _, plugin, _ = make_app(str(tmp_path))
+    assert plugin._cache.budget_bytes == loader.DEFAULT_CACHE_MB << 20  # noqa: SLF001
+
+
+def test_cache_flag_set_without_the_parser_is_checked(caplog):
+    """Flags set without TensorBoard's parser (``configure(**kwargs)``): the plugin is not
+    loaded, and the log says why, instead of a silent default."""
+    import argparse
+
+    from tensorboard.plugins import base_plugin
+
+    from tb_gradmom.plugin.plugin import GradMomentsPlugin
+
+    ctx = base_plugin.TBContext(flags=argparse.Namespace(gradmom_cache_mb=-5), data_provider=None)
+    with pytest.raises(ValueError, match=r"--gradmom_cache_mb=-5 is out of range"):
+        GradMomentsPlugin(ctx)
+    with caplog.at_level(logging.ERROR):
+        assert loader.GradMomentsPluginLoader().load(ctx) is None
+    assert "could not be loaded" in caplog.text and "--gradmom_cache_mb=-5" in caplog.text
+
+
+def test_a_rejected_long_name_is_named_and_explained(tmp_path, capsys):
+    """A layer name over 4,096 characters (``name="x" * 5000``): every reader rejects the
+    tag, and the tab listed the run with 0 variables, silently (issue 31). /tags now lists the
+    tag as skipped with the reason, and every warning names it readably (start, length, end)."""
+    from tb_gradmom import cli
+    from tb_gradmom.analysis import data
+
+    root = str(tmp_path / "logs")
+    long_tag = "x" * 5000 + "/d/kernel"
+    content = tr.mc(layer="x" * 5000 + "/d", variable=long_tag + ":0")
+    for run, tags in (("mixed", [OK, long_tag]), ("only", [long_tag])):
+        events = []
+        for tag in tags:
+            if tag == long_tag:
+                s_content = tr.sc(variable=long_tag + ":0")
+                events += tr.variable_events(run, tag, m_content=content, s_content=s_content)
+            else:
+                events += tr.variable_events(run, tag)
+        tr._write(os.path.join(root, run), events)
+    short = data.short_name(long_tag)
+    assert (
+        short.startswith("'xxx") and "(5,009 characters)" in short and short.endswith("/d/kernel'")
+    )
+    reason = "`layer` must be a string of at most 4096 characters; the tag is skipped"
+
+    with _Logs() as logs:
+        client, _, _ = make_app(root)
+        tags = _json(client, "tags")
+    assert list(tags["runs"]["mixed"]) == [OK] and tags["runs"]["only"] == {}
+    for run in ("mixed", "only"):
+        assert tags["skipped"][run][long_tag].endswith(reason), tags["skipped"][run]
+        stats_reason = tags["skipped"][run][metadata.stats_tag(long_tag)]
+        assert "`variable` must be a string of at most 4096 characters" in stats_reason
+    named = [m for m in logs.messages if short in m and reason in m]
+    assert named and all(len(m) < 600 for m in logs.messages)
+
+    with pytest.warns(data.DataWarning) as caught:
+        runs = data.load(root, run="mixed")
+    assert list(runs["mixed"]) == [OK]
+    msgs = [str(w.message) for w in caught]
+    assert any(short in m and reason in m for m in msgs) and all(len(m) < 800 for m in msgs)
+    with (
+        pytest.raises(ValueError, match="no Grad Moments data") as e,
+        pytest.warns(data.DataWarning),
+    ):
+        data.load(root, run="only")
+    assert short in str(e.value) and "`layer` must be a string" in str(e.value)
+    assert len(str(e.value)) < 800
+
+    out = str(tmp_path / "out")
+    assert cli.main(["export", "--logdir", root, "--out", out, "--format", "csv"]) == 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if short in x]
+    assert lines and all(len(x) < 800 for x in lines), err[:2000]

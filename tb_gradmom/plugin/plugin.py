@@ -28,7 +28,7 @@ from werkzeug import wrappers
 
 from tb_gradmom import metadata
 from tb_gradmom.analysis import encode, reductions, stats, views
-from tb_gradmom.plugin import _params, _payloads, _reader, _static, _tb_compat
+from tb_gradmom.plugin import _params, _payloads, _reader, _static, _tb_compat, loader
 from tb_gradmom.plugin._cache import ByteLRU, MemoryGate
 from tb_gradmom.plugin._reader import Reader
 
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["GradMomentsPlugin", "DEFAULT_CACHE_MB", "WORK_BUDGET_BYTES"]
 
 # Budget of the in-memory cache of decoded arrays and computed responses.
-DEFAULT_CACHE_MB = 512
+DEFAULT_CACHE_MB = loader.DEFAULT_CACHE_MB
 # Arrays being computed and responses being encoded, all requests together (a single request
 # that needs more runs alone): with `_reader.READ_BUDGET_BYTES`, the plugin's memory bound
 # beyond its cache (docs/http_api.md, "Speed and memory").
@@ -124,8 +124,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
     def __init__(self, context: base_plugin.TBContext):
         self._data_provider = context.data_provider
         cache_mb = getattr(context.flags, "gradmom_cache_mb", None) if context.flags else None
-        if not isinstance(cache_mb, (int, float)) or cache_mb <= 0:
-            cache_mb = DEFAULT_CACHE_MB
+        # Checked again: flags set without TensorBoard's parser (`configure(**kwargs)`) are not.
+        cache_mb = DEFAULT_CACHE_MB if cache_mb is None else loader.cache_mb(cache_mb)
         self._cache = ByteLRU(int(cache_mb * 1024 * 1024))
         mux = _tb_compat.multiplexer_of(context, self._data_provider)
         self._reader = Reader(self._data_provider, self._cache, multiplexer=mux)
