@@ -464,3 +464,108 @@ def test_a_rejected_long_name_is_named_and_explained(tmp_path, capsys):
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if short in x]
     assert lines and all(len(x) < 800 for x in lines), err[:2000]
+
+
+# --------------------------------------------------------- two writers on one run
+
+
+def _two_writers(root):
+    """Run ``two``: two event files with the same steps (writers ``A`` then ``B``), and a
+    run ``good`` beside it."""
+    _good_run(root, "good")
+    path = os.path.join(root, "two")
+    for i, who in enumerate("AB"):
+        events = [*tr.variable_events(who, OK), *tr.model_events(who, [OK])]
+        tr._write(path, events, name=f"events.out.tfevents.170000000{i}.{who}")
+
+
+def _check_latest_wins(get_json, logs):
+    tags = get_json("tags")
+    assert tags["runs"]["two"][OK]["steps"] == list(tr.STEPS)
+    assert tags["model"]["two"]["steps"] == list(tr.STEPS)
+    for step in tr.STEPS:
+        d = get_json("heatmap", run="two", tag=OK, step=step)
+        np.testing.assert_allclose(
+            np.asarray(d["values"], dtype=np.float64).reshape(tr.SHAPE),
+            _variance("B", OK, step),
+            rtol=1e-5,
+        )
+    assert get_json("heatmap", run="two", tag=OK)["step"] == tr.STEPS[-1]
+    hist = get_json("histogram", run="two", tag=OK, step="all")
+    assert [s["step"] for s in hist["series"]] == list(tr.STEPS)
+    series = get_json("series", run="two", tag=OK)
+    assert series["steps"] == list(tr.STEPS)
+    want = [float(tr._stats(tr.moments("B", OK, s))[3]) for s in tr.STEPS]  # sum_var
+    np.testing.assert_allclose(series["values"]["total_variance"], want, rtol=1e-6)
+    row = get_json("summary", run="two")["rows"][0]
+    np.testing.assert_allclose(row["total_variance"], want[-1], rtol=1e-6)
+    assert get_json("tags")["runs"]["good"][OK]["steps"] == list(tr.STEPS)
+    assert logs is None or any(
+        f"run 'two' tag {OK!r}" in m and "3 steps are stored more than once (0, 1, 2)" in m
+        for m in logs.messages
+    ), logs.messages
+
+
+def test_two_writers_on_one_run_python_loader(tmp_path):
+    """Two processes writing one run: TensorBoard's Python loader keeps both records of every
+    step and the tab listed each step twice (issue 31). The plugin keeps the latest record, as
+    RustBoard and `data.load` do, and says so once per tag."""
+    from tb_gradmom.analysis import data
+
+    root = str(tmp_path)
+    _two_writers(root)
+    assert metadata.STATS_FIELDS[3] == "sum_var"
+    with _Logs() as logs:
+        client, plugin, _ = make_app(root)
+        assert plugin._reader._mux is not None  # noqa: SLF001
+        _check_latest_wins(lambda route, **q: _json(client, route, **q), logs)
+    with pytest.warns(data.DataWarning, match=r"3 steps are stored more than once \(0, 1, 2\)"):
+        recs = data.load(root, run="two")["two"][OK]
+    assert [r.step for r in recs] == list(tr.STEPS)
+    for r in recs:
+        np.testing.assert_array_equal(r.moments[2], tr._stored(tr.moments("B", OK, r.step))[1])
+
+
+@pytest.mark.slow
+def test_two_writers_on_one_run_rustboard(tmp_path):
+    """The same log directory through RustBoard's data server (which keeps one record per step
+    itself): the same answers."""
+    import test_plugin_subprocess as tps
+    from tensorboard import context
+    from tensorboard.data import provider, server_ingester
+    from tensorboard.util import grpc_util
+
+    problem = tps._data_server_problem()  # noqa: SLF001
+    if problem:
+        pytest.skip(problem)
+    root = str(tmp_path)
+    _two_writers(root)
+    ingester = server_ingester.SubprocessServerDataIngester(
+        server_ingester.get_server_binary(),
+        root,
+        reload_interval=0,
+        channel_creds_type=grpc_util.ChannelCredsType.LOCAL,
+        samples_per_plugin={"gradmom": 500},
+    )
+    ingester.start()
+    dp = ingester.data_provider
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            got = dp.list_tensors(
+                context.RequestContext(),
+                experiment_id="",
+                plugin_name="gradmom",
+                run_tag_filter=provider.RunTagFilter(runs=["two", "good"]),
+            )
+            if all(got.get(r, {}).get(OK) and got[r][OK].max_step == 2 for r in ("two", "good")):
+                break
+            time.sleep(0.3)
+        client, plugin = tr._app_over(root, dp)  # noqa: SLF001
+        assert plugin._reader._stub is not None  # noqa: SLF001
+        # RustBoard hands one record per step: nothing for the plugin to warn about.
+        _check_latest_wins(lambda route, **q: _json(client, route, **q), None)
+    finally:
+        stdin = getattr(ingester, "_stdin_handle", None)
+        if stdin is not None:
+            stdin.close()

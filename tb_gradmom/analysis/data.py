@@ -292,6 +292,8 @@ class _Tag:
     content: metadata.MomentsContent | metadata.StatsContent | None
     # step -> (wall_time, ndarray); a later event at the same step replaces an earlier one.
     events: dict[int, tuple[float, np.ndarray]] = field(default_factory=dict)
+    # The steps stored more than once (the later record kept).
+    repeated: set[int] = field(default_factory=set)
 
 
 def short_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
@@ -356,7 +358,21 @@ def _read_run(run: str, files: list[str], errors: list[str]) -> dict[str, _Tag]:
                 except metadata.FormatError as e:
                     _warn(run, value.tag, step, f"{e}; the step is skipped")
                     continue
+                if step in tag.events:
+                    tag.repeated.add(step)
                 tag.events[step] = (float(event.wall_time), array)
+    for name, t in tags.items():
+        if t.repeated:
+            steps = sorted(t.repeated)
+            shown = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
+            _warn(
+                run,
+                name,
+                steps[0],
+                f"{len(steps)} steps are stored more than once ({shown}): two training processes "
+                "or writers on one run, or a run restarted from a checkpoint; the latest record "
+                "of each step is kept (as the TensorBoard tab and RustBoard do)",
+            )
     return {name: t for name, t in tags.items() if t.content is not None}
 
 

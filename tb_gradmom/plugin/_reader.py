@@ -429,28 +429,30 @@ class Reader:
         self, ctx, experiment_id: str, run: str, tags: list[str], downsample: int
     ) -> dict[str, list[_Raw]]:
         """The stored steps of some tags of one run, undecoded where TensorBoard allows it
-        (`_tb_compat`): ``{tag: [_Raw]}``, in the data provider's order and sample."""
+        (`_tb_compat`): ``{tag: [_Raw]}``, one record per step (`_latest_per_step`), in the data
+        provider's order and sample (the Python loader's: by step)."""
         if self._mux is not None:
             out = {}
             for tag in tags:
                 events = _tb_compat.tensor_events(self._mux, run, tag)
                 if events is None:
                     continue
-                chosen = _tb_compat.downsample_indices(len(events), downsample)
-                out[tag] = [
-                    _Raw(int(events[i].step), float(events[i].wall_time), events[i].tensor_proto)
-                    for i in chosen
-                ]
+                raws = [_Raw(int(e.step), float(e.wall_time), e.tensor_proto) for e in events]
+                raws = self._latest_per_step(run, tag, raws)
+                chosen = _tb_compat.downsample_indices(len(raws), downsample)
+                out[tag] = [raws[i] for i in chosen]
             return out
         if self._stub is not None:
             got = _tb_compat.grpc_read_tensors(
                 self._stub, experiment_id, PLUGIN, run, tags, downsample
             )
             return {
-                tag: [_Raw(int(s), float(w), proto) for s, w, proto in series]
+                tag: self._latest_per_step(
+                    run, tag, [_Raw(int(s), float(w), proto) for s, w, proto in series]
+                )
                 for tag, series in got.items()
             }
-        data = self._provider.read_tensors(
+        read = self._provider.read_tensors(
             ctx,
             experiment_id=experiment_id,
             plugin_name=PLUGIN,
@@ -458,9 +460,38 @@ class Reader:
             run_tag_filter=provider.RunTagFilter(runs=[run], tags=list(tags)),
         ).get(run, {})
         return {
-            tag: [_Raw(int(d.step), float(d.wall_time), None, d.numpy) for d in series]
-            for tag, series in data.items()
+            tag: self._latest_per_step(
+                run, tag, [_Raw(int(d.step), float(d.wall_time), None, d.numpy) for d in series]
+            )
+            for tag, series in read.items()
         }
+
+    def _latest_per_step(self, run: str, tag: str, raws: list[_Raw]) -> list[_Raw]:
+        """One record per step, the latest stored (the provider's last), ordered by step.
+
+        Two training processes writing one run (or two writers on one directory, or a run
+        restarted from a checkpoint, which TensorFlow 2's writers do not mark) store a step
+        twice. TensorBoard's Python loader keeps both records, RustBoard and `data.load` the
+        later one; so does the plugin, and it logs how many steps repeat, once per tag.
+        """
+        latest: dict[int, int] = {}
+        for i, r in enumerate(raws):
+            latest[r.step] = i
+        if len(latest) == len(raws):
+            if all(raws[i].step < raws[i + 1].step for i in range(len(raws) - 1)):
+                return raws
+            return sorted(raws, key=lambda r: r.step)
+        repeated = sorted({r.step for i, r in enumerate(raws) if latest[r.step] != i})
+        shown = ", ".join(map(str, repeated[:5])) + (", ..." if len(repeated) > 5 else "")
+        self._warn(
+            run,
+            tag,
+            "(all)",
+            f"{len(repeated)} steps are stored more than once ({shown}): two training processes "
+            "or writers on one run, or a run restarted from a checkpoint; the latest record of "
+            "each step is shown (as RustBoard and tb_gradmom.data.load do)",
+        )
+        return [raws[i] for i in sorted(latest.values(), key=lambda i: raws[i].step)]
 
     def _read_bytes(self, entry: TagEntry, points: int) -> int:
         """Bytes a fetch of ``points`` steps of ``entry`` holds before any is decoded."""
