@@ -569,3 +569,144 @@ def test_two_writers_on_one_run_rustboard(tmp_path):
         stdin = getattr(ingester, "_stdin_handle", None)
         if stdin is not None:
             stdin.close()
+
+
+# ------------------------------------------------------------ readers that read what is asked
+
+BIG = tr.fx.Var("big/kernel", (100, 500))
+BIG_STEPS = range(20)  # 400 KB of moments per step: 8 MB
+
+
+def _big_logdir(root):
+    """Runs ``a`` and ``b``: `OK` (small) and `BIG` (8 MB of moments) over 20 steps."""
+    content = metadata.create_summary_metadata(tr.fx.moments_content(BIG)).plugin_data.content
+    rng = np.random.default_rng(0)
+    for run in ("a", "b"):
+        events = tr.variable_events(run, OK, steps=BIG_STEPS)
+        for step in BIG_STEPS:
+            m1 = rng.normal(size=BIG.shape).astype(np.float32)
+            m2 = m1**2 + 1
+            events.append(tr._event(BIG.tag, step, tr._proto(np.stack([m1, m2])), content))
+            stats = tr.fx.stats_values(m1, m2, tr.fx.BATCH).astype(np.float32)
+            events.append(tr._event(metadata.stats_tag(BIG.tag), step, tr._proto(stats), tr.GOOD_S))
+        tr._write(os.path.join(root, run), events)
+
+
+def _bytes_read() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def _same_records(got, want):
+    assert [r.step for r in got] == [r.step for r in want]
+    for g, w in zip(got, want):
+        assert g.batch_size == w.batch_size and list(g.stats) == list(w.stats)
+        np.testing.assert_array_equal(list(g.stats.values()), list(w.stats.values()))
+        for p in w.moments:
+            np.testing.assert_array_equal(g.moments[p], w.moments[p])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io")
+def test_data_load_reads_only_the_runs_and_tags_asked(tmp_path):
+    """``data.load(logdir, runs=..., tags=...)`` (issue 31: one tag cost the whole log
+    directory): the other runs' files are not opened and the other tags' records are skipped
+    after their first bytes. The records are those of a whole load; ``run=`` still works."""
+    from tb_gradmom.analysis import data
+
+    root = str(tmp_path)
+    _big_logdir(root)
+    before = _bytes_read()
+    everything = data.load(root)
+    whole = _bytes_read() - before
+    assert whole > 16e6  # both runs' 8 MB of moments
+
+    before = _bytes_read()
+    one = data.load(root, runs=["a"], tags=[OK])
+    read = _bytes_read() - before
+    assert list(one) == ["a"] and list(one["a"]) == [OK]
+    _same_records(one["a"][OK], everything["a"][OK])
+    assert read < 1.2e6, read  # the first big record (to know it is a Grad Moments tag)
+
+    by_function = data.load(root, runs=lambda r: r == "b", tags=lambda t: t.startswith("big"))
+    assert list(by_function) == ["b"] and list(by_function["b"]) == [BIG.tag]
+    _same_records(by_function["b"][BIG.tag], everything["b"][BIG.tag])
+    assert list(data.load(root, run="a", tags=[OK])) == ["a"]
+
+    with pytest.raises(
+        data.SelectionError, match="no tag .* is selected; tags: 'big/kernel', 'ok/kernel'"
+    ):
+        data.load(root, tags=["nope"])
+    with pytest.raises(ValueError, match="no run 'c' under logdir .*; runs: 'a', 'b'"):
+        data.load(root, runs=["a", "c"])
+    with pytest.raises(TypeError, match="tags= takes a list of names"):
+        data.load(root, tags=OK)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's /proc/self/io")
+def test_export_reads_only_the_runs_and_tags_selected(tmp_path, capsys, monkeypatch):
+    """``tb-gradmom export --run --tag`` read the whole log directory (issue 31: 198 s for one
+    tag of a 4.9 GB log). Now it reads what it exports, and says how far a long read is."""
+    from tb_gradmom import cli
+    from tb_gradmom.analysis import data
+
+    root = str(tmp_path / "logs")
+    _big_logdir(root)
+    out = str(tmp_path / "out")
+    before = _bytes_read()
+    args = ["export", "--logdir", root, "--out", out, "--format", "csv", "--quiet"]
+    assert cli.main([*args, "--run", "^a$", "--tag", "^ok"]) == 0
+    assert _bytes_read() - before < 1.2e6
+    assert sorted(os.listdir(out)) == ["a-ok_kernel-step19-variance.csv"]
+
+    monkeypatch.setattr(data, "PROGRESS_MIN_BYTES", 1)
+    assert cli.main([*args[:-1], "--tag", "^big", "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("tb_gradmom: reading event files: ")]
+    assert len(lines) == 4 and lines[-1].endswith("s") and "(100%), run 2 of 2" in lines[-1], err
+    assert sorted(os.listdir(out)) == [
+        "a-big_kernel-step19-variance.csv",
+        "a-ok_kernel-step19-variance.csv",
+        "b-big_kernel-step19-variance.csv",
+    ]
+    assert cli.main([*args, "--tag", "nope"]) == 1
+    assert "no tag matches --tag 'nope'; tags: big/kernel, ok/kernel" in capsys.readouterr().err
+
+
+def test_symlinked_runs_are_read_by_the_tab_data_load_and_the_export(tmp_path, capsys):
+    """A run directory that is a symbolic link: TensorBoard follows it and the tab showed it,
+    while `data.load` and the export left it out silently (issue 31). All three read it now;
+    a link back up the tree is not followed (warned), instead of looping."""
+    from tb_gradmom import cli
+    from tb_gradmom.analysis import data
+
+    root = tmp_path / "logs"
+    _good_run(str(root), "real")
+    _good_run(str(tmp_path / "elsewhere"), "linked")
+    os.symlink(tmp_path / "elsewhere" / "linked", root / "linked")
+
+    client, _, _ = make_app(str(root))
+    tags = _json(client, "tags")
+    assert sorted(tags["runs"]) == ["linked", "real"]
+    d = _json(client, "heatmap", run="linked", tag=OK)
+    np.testing.assert_allclose(
+        np.asarray(d["values"], dtype=np.float64).reshape(tr.SHAPE),
+        _variance("linked", OK, 2),
+        rtol=1e-5,
+    )
+
+    runs = data.load(str(root))
+    assert sorted(runs) == ["linked", "real"]
+    np.testing.assert_array_equal(
+        runs["linked"][OK][-1].moments[2], tr._stored(tr.moments("linked", OK, 2))[1]
+    )
+    out = str(tmp_path / "out")
+    args = ["export", "--logdir", str(root), "--out", out, "--format", "csv", "--quiet"]
+    assert cli.main(args) == 0
+    assert sorted(os.listdir(out)) == [
+        "linked-ok_kernel-step2-variance.csv",
+        "real-ok_kernel-step2-variance.csv",
+    ]
+
+    os.symlink(root, root / "real" / "loop")  # a cycle
+    with pytest.warns(data.DataWarning, match="a symbolic link to a directory above it"):
+        assert sorted(data.load(str(root))) == ["linked", "real"]

@@ -13,8 +13,16 @@ crc32c(data)`` (little endian). Both checksums are verified (crc32c in numpy + P
 stops reading that file with a warning.
 
 A *run* is a directory holding ``*tfevents*`` files; its name is the path relative to the
-logdir, the logdir itself being ``"."`` (as in TensorBoard). Only tags whose metadata (on the
-first event of the tag) names the plugin ``gradmom`` are read.
+logdir, the logdir itself being ``"."`` (as in TensorBoard). Symbolic links to directories are
+followed, as TensorBoard does (a link back to a directory above it is not, with a warning). Only
+tags whose metadata (on the first event of the tag) names the plugin ``gradmom`` are read.
+
+**Reading what is asked.** `load` reads only the runs and tags selected (``runs=``, ``tags=``,
+and each selected tag's ``/_stats``): the files of other runs are not opened, and a record of
+a tag not selected is skipped after its first bytes (the tag is at the start of a serialized
+``Event``), without reading, checking or decoding the rest; only the first record of each tag
+is read whole (to know whether it is a Grad Moments tag). ``progress=`` reports a long read
+(`PROGRESS_MIN_BYTES` of event files or more) as it goes.
 
 Nothing read is trusted: a content message is parsed and bounded by
 `metadata.parse_plugin_content` (a bad one skips its tag), a tensor's declared shape is checked
@@ -32,10 +40,11 @@ import math
 import os
 import stat as stat_module
 import struct
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 from tensorboard.compat.proto import event_pb2
@@ -47,6 +56,7 @@ from tb_gradmom.analysis import stats
 __all__ = [
     "Record",
     "DataWarning",
+    "SelectionError",
     "load",
     "list_runs",
     "read_records",
@@ -61,6 +71,20 @@ SHORT_NAME_CHARS = 160
 
 class DataWarning(UserWarning):
     """A record or tag was skipped (truncated, corrupt or unreadable); the rest was read."""
+
+
+class SelectionError(ValueError):
+    """``load(..., tags=...)`` matched no Grad Moments tag; ``available`` has their names."""
+
+    def __init__(self, message: str, available: list[str]):
+        super().__init__(message)
+        self.available = available
+
+
+# Event files at least this big (all selected runs together) make `load` report its progress.
+PROGRESS_MIN_BYTES = 64 * 1024 * 1024
+# The first bytes of a record read to find its tags (a tag is at most 4,096 characters).
+_PEEK_BYTES = 8192
 
 
 @dataclass
@@ -195,6 +219,20 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
       ever allocated). A file that cannot be opened or is not a regular file is skipped with a
       warning.
     """
+    yield from _read_records(path)
+
+
+def _read_records(
+    path: str | os.PathLike,
+    keep: Callable[[bytes, bool], bool] | None = None,
+    on_read: Callable[[int], None] | None = None,
+) -> Iterator[bytes]:
+    """`read_records`, reading only the records ``keep(first_bytes, whole)`` wants.
+
+    ``keep`` gets the first `_PEEK_BYTES` of a record's data (``whole``: that is all of it) and
+    says whether to read the rest; a record it declines is skipped unread (its checksum is not
+    checked). ``on_read(n)`` is told the bytes of the file each record took, read or not.
+    """
     path = os.fspath(path)
     try:
         # Not opened unless it is a regular file: opening a FIFO would wait for a writer.
@@ -232,8 +270,19 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
                 return
             if length + 4 > size - offset - 12:
                 size = os.fstat(f.fileno()).st_size  # a writer may have appended since
-            # Never read (allocate) more than the file holds, whatever the length claims.
-            body = f.read(min(length + 4, max(0, size - offset - 12)))
+            if keep is not None and length > _PEEK_BYTES and length + 4 <= size - offset - 12:
+                head = f.read(_PEEK_BYTES)
+                if not keep(head, False):
+                    f.seek(length + 4 - _PEEK_BYTES, os.SEEK_CUR)
+                    offset += 12 + length + 4
+                    if on_read is not None:
+                        on_read(16 + length)
+                    continue
+                rest = f.read(length + 4 - _PEEK_BYTES)
+                body = head + rest
+            else:
+                # Never read (allocate) more than the file holds, whatever the length claims.
+                body = f.read(min(length + 4, max(0, size - offset - 12)))
             if len(body) < length + 4:
                 warnings.warn(
                     f"{path}: truncated last record at byte {offset} skipped "
@@ -245,6 +294,10 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
             data = body[:length]
             (data_crc,) = struct.unpack("<I", body[length:])
             offset += 12 + length + 4
+            if on_read is not None:
+                on_read(16 + length)
+            if keep is not None and length <= _PEEK_BYTES and not keep(data, True):
+                continue
             if masked_crc32c(data) != data_crc:
                 warnings.warn(
                     f"{path}: record at byte {offset - length - 16} fails its checksum; skipped",
@@ -253,6 +306,78 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
                 )
                 continue
             yield data
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A protobuf varint at ``pos``: ``(value, next position)``; IndexError past the end."""
+    value = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _skip_field(buf: bytes, pos: int, wire: int) -> int:
+    if wire == 0:
+        return _varint(buf, pos)[1]
+    if wire == 1:
+        return pos + 8
+    if wire == 5:
+        return pos + 4
+    if wire == 2:
+        n, pos = _varint(buf, pos)
+        return pos + n
+    raise ValueError(f"wire type {wire}")
+
+
+def _peek_tags(head: bytes, whole: bool) -> list[str] | None:
+    """The tags of the summary values of a serialized ``Event`` from its first bytes, or None
+    if they are not all within ``head`` (``whole``: ``head`` is the whole record).
+
+    ``Event``: field 5 is the ``Summary``, whose field 1 holds each ``Value``, whose field 1
+    is its tag (serialized first: fields are written in number order).
+    """
+    try:
+        pos, end = 0, len(head)
+        while pos < end:
+            key, pos = _varint(head, pos)
+            if key >> 3 == 5 and key & 7 == 2:  # summary
+                size, pos = _varint(head, pos)
+                stop = pos + size
+                tags = []
+                while pos < stop:
+                    vkey, pos = _varint(head, pos)
+                    if vkey >> 3 != 1 or vkey & 7 != 2:
+                        pos = _skip_field(head, pos, vkey & 7)
+                        continue
+                    vsize, pos = _varint(head, pos)
+                    vstop = pos + vsize
+                    tag = b""
+                    while pos < vstop:  # the value's fields, up to its tag
+                        fkey, pos = _varint(head, pos)
+                        if fkey >> 3 == 1 and fkey & 7 == 2:
+                            n, pos = _varint(head, pos)
+                            if pos + n > end:
+                                return None
+                            tag = head[pos : pos + n]
+                            break
+                        pos = _skip_field(head, pos, fkey & 7)
+                        if pos > end:
+                            return None
+                    tags.append(tag.decode("utf-8", errors="replace"))
+                    pos = vstop
+                    if pos >= end and pos < stop:
+                        return None  # the next value starts beyond what was read
+                return tags
+            pos = _skip_field(head, pos, key & 7)
+        return [] if whole else None
+    except (IndexError, ValueError):
+        return None
 
 
 def _is_event_file(name: str) -> bool:
@@ -275,13 +400,38 @@ def list_runs(logdir: str | os.PathLike) -> dict[str, list[str]]:
     if not os.path.isdir(logdir):
         raise FileNotFoundError(f"logdir {logdir!r} does not exist or is not a directory")
     runs = {}
-    for dirpath, dirnames, filenames in os.walk(logdir):
+    # Symbolic links to directories are followed, as TensorBoard follows them; a link to a
+    # directory above it (a cycle) is not.
+    for dirpath, dirnames, filenames in os.walk(logdir, followlinks=True):
         dirnames.sort()
+        for d in list(dirnames):
+            sub = os.path.join(dirpath, d)
+            if os.path.islink(sub) and _links_above(sub, logdir):
+                warnings.warn(
+                    f"{sub}: a symbolic link to a directory above it; not followed",
+                    DataWarning,
+                    stacklevel=2,
+                )
+                dirnames.remove(d)
         files = sorted(f for f in filenames if _is_event_file(f))
         if files:
             run = os.path.relpath(dirpath, logdir).replace(os.sep, "/")
             runs[run] = [os.path.join(dirpath, f) for f in files]
     return dict(sorted(runs.items()))
+
+
+def _links_above(link: str, logdir: str) -> bool:
+    """Whether ``link`` leads to itself or a directory on its path down from ``logdir``."""
+    target = os.path.realpath(link)
+    path = os.path.dirname(link)
+    top = os.path.realpath(logdir)
+    while True:
+        real = os.path.realpath(path)
+        if real == target:
+            return True
+        if real == top or os.path.dirname(path) == path:
+            return False
+        path = os.path.dirname(path)
 
 
 # ----------------------------------------------------------------------------- events
@@ -326,10 +476,35 @@ def _decode(content: metadata.MomentsContent | metadata.StatsContent, value: Any
     return array
 
 
-def _read_run(run: str, files: list[str], errors: list[str]) -> dict[str, _Tag]:
+def _base_name(tag: str) -> str:
+    """The name `load` returns a tag under: a stats tag's variable (or ``_model``)."""
+    suffix = metadata.STATS_SUFFIX
+    return tag[: -len(suffix)] if tag.endswith(suffix) and len(tag) > len(suffix) else tag
+
+
+def _read_run(
+    run: str,
+    files: list[str],
+    errors: list[str],
+    select: Callable[[str], bool] | None = None,
+    on_read: Callable[[int], None] | None = None,
+    others: set[str] | None = None,
+) -> dict[str, _Tag]:
+    """The Grad Moments tags of one run; with ``select`` only the tags whose base name
+    (`_base_name`) it accepts: the names of the others go to ``others``."""
     tags: dict[str, _Tag] = {}
+
+    def wanted(tag: str) -> bool:
+        return select is None or bool(select(_base_name(tag)))
+
+    def keep(head: bytes, whole: bool) -> bool:
+        names = _peek_tags(head, whole)
+        if names is None:
+            return True  # cannot tell: read it
+        return any(n not in tags or wanted(n) for n in names)
+
     for path in files:
-        for data in read_records(path):
+        for data in _read_records(path, keep if select is not None else None, on_read):
             try:
                 event = event_pb2.Event.FromString(data)
             except Exception as e:  # noqa: BLE001 - a record that is not an Event proto
@@ -340,6 +515,15 @@ def _read_run(run: str, files: list[str], errors: list[str]) -> dict[str, _Tag]:
             step = int(event.step)
             for value in event.summary.value:
                 tag = tags.get(value.tag)
+                if tag is not None and not wanted(value.tag):
+                    continue
+                if tag is None and not wanted(value.tag):
+                    # Its first record, read to tell a Grad Moments tag (for messages).
+                    plugin = value.metadata.plugin_data
+                    tags[value.tag] = _Tag(None)
+                    if others is not None and plugin.plugin_name == metadata.PLUGIN_NAME:
+                        others.add(_base_name(value.tag))
+                    continue
                 if tag is None:
                     # TensorBoard keeps the metadata of a tag's first event only.
                     content = None
@@ -456,19 +640,94 @@ def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
     return {name: out[name] for name in sorted(out) if out[name]}
 
 
-def load(logdir: str | os.PathLike, run: str | None = None) -> dict[str, dict[str, list[Record]]]:
-    """Loads every Grad Moments tag under a logdir.
+Selection = Iterable[str] | Callable[[str], bool]
+
+
+def _selector(selection: Selection | None, what: str) -> Callable[[str], bool] | None:
+    if selection is None:
+        return None
+    if callable(selection):
+        return selection
+    if isinstance(selection, str):
+        raise TypeError(f"{what}= takes a list of names or a function of a name, not a string")
+    names = frozenset(selection)
+    return names.__contains__
+
+
+class _Progress:
+    """Reports a long read on a text stream: a line per quarter, or one updated line on a
+    terminal (at most every half second)."""
+
+    def __init__(self, stream: TextIO | None, total: int, runs: int):
+        self.stream = stream if stream is not None and total >= PROGRESS_MIN_BYTES else None
+        self.total, self.runs, self.done, self.run = total, runs, 0, 0
+        self.tty = bool(self.stream is not None and getattr(self.stream, "isatty", bool)())
+        self.start = self.last = time.monotonic()
+        self.quarter = 0
+
+    def next_run(self) -> None:
+        self.run += 1
+
+    def read(self, n: int) -> None:
+        if self.stream is None:
+            return
+        self.done += n
+        now = time.monotonic()
+        quarter = 4 * self.done // max(1, self.total)
+        if self.tty and now - self.last < 0.5 and self.done < self.total:
+            return
+        if not self.tty and quarter <= self.quarter:
+            return
+        self.quarter, self.last = quarter, now
+        self._show(now)
+
+    def _show(self, now: float) -> None:
+        assert self.stream is not None
+        line = (
+            f"tb_gradmom: reading event files: {self.done / 2**20:,.0f} of "
+            f"{self.total / 2**20:,.0f} MiB ({100 * self.done // max(1, self.total)}%), run "
+            f"{self.run} of {self.runs}, {now - self.start:.0f} s"
+        )
+        self.stream.write(("\r" + line) if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is not None and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def load(
+    logdir: str | os.PathLike,
+    run: str | None = None,
+    *,
+    runs: Selection | None = None,
+    tags: Selection | None = None,
+    progress: TextIO | None = None,
+) -> dict[str, dict[str, list[Record]]]:
+    """Loads the Grad Moments tags under a logdir: all of them, or the runs and tags asked for.
 
     Each variable tag's records carry the stats of the same step from its ``<tag>/_stats``
     tag (``batch_size``, ``stats``, ``hist``). Stats tags without a moments tag (``_model``
     for the whole model, or variables logged without moments) appear under their base name
     (``"_model"``) with empty ``moments``. Records are sorted by step; when a step was written
-    twice (a restarted run), the later event wins.
+    twice (two writers on one run, a restarted run), the later event wins, with a warning.
+
+    Only what is selected is read: the event files of the other runs are not opened, and the
+    records of other tags are skipped unread (see the module docstring), so one tag of a big
+    log directory costs its own records, not the directory.
 
     Args:
       logdir: the directory given to TensorBoard's ``--logdir``.
       run: read only this run (a name as returned by `list_runs`, e.g. ``"."`` or
         ``"train"``); default all runs.
+      runs: read only these runs: a list of names (each must exist) or a function of a run
+        name that says whether to read it.
+      tags: read only these tags (and their ``/_stats``): a list of the names `load` returns
+        (``"dense/kernel"``, ``"_model"``, ``"generator/_model"``) or a function of such a
+        name.
+      progress: a text stream (e.g. ``sys.stderr``) told how far a long read is, from
+        `PROGRESS_MIN_BYTES` of event files on.
 
     Returns:
       ``{run: {tag: [Record, ...]}}``, runs and tags sorted by name; runs without Grad
@@ -477,31 +736,61 @@ def load(logdir: str | os.PathLike, run: str | None = None) -> dict[str, dict[st
     Raises:
       FileNotFoundError: if ``logdir`` does not exist.
       ValueError: if there is no event file, no such run, or no Grad Moments data (the
-        message says which and how to log some).
+        message says which and how to log some); `SelectionError` if ``tags`` matches no
+        Grad Moments tag of the runs read (the message and ``available`` list their tags).
+      TypeError: ``runs`` or ``tags`` given as a single string.
     """
-    runs = list_runs(logdir)
-    if not runs:
-        raise ValueError(
-            f"no TensorBoard event files (*tfevents*) under logdir {os.fspath(logdir)!r}"
-        )
+    where_logdir = os.fspath(logdir)
+    found = list_runs(logdir)
+    if not found:
+        raise ValueError(f"no TensorBoard event files (*tfevents*) under logdir {where_logdir!r}")
+    shown_runs = ", ".join(repr(r) for r in found)
+    chosen = found
     if run is not None:
-        if run not in runs:
+        if run not in found:
+            raise ValueError(f"no run {run!r} under logdir {where_logdir!r}; runs: {shown_runs}")
+        chosen = {run: found[run]}
+    pick_run = _selector(runs, "runs")
+    if runs is not None and not callable(runs):
+        missing = [r for r in runs if r not in found]
+        if missing:
             raise ValueError(
-                f"no run {run!r} under logdir {os.fspath(logdir)!r}; runs: "
-                + ", ".join(repr(r) for r in runs)
+                f"no run {missing[0]!r} under logdir {where_logdir!r}; runs: {shown_runs}"
             )
-        runs = {run: runs[run]}
+    if pick_run is not None:
+        chosen = {r: f for r, f in chosen.items() if pick_run(r)}
+        if not chosen:
+            raise ValueError(f"no run of logdir {where_logdir!r} is selected; runs: {shown_runs}")
+    pick_tag = _selector(tags, "tags")
+    total = 0
+    for files in chosen.values():
+        for f in files:
+            try:
+                total += os.stat(f).st_size
+            except OSError:
+                pass
+    bar = _Progress(progress, total, len(chosen))
     errors: list[str] = []
+    others: set[str] = set()
     out = {}
-    for name, files in runs.items():
-        records = _records_of_run(_read_run(name, files, errors), name)
+    for name, files in chosen.items():
+        bar.next_run()
+        records = _records_of_run(_read_run(name, files, errors, pick_tag, bar.read, others), name)
         if records:
             out[name] = records
+    bar.close()
     if not out:
-        detail = f" ({errors[0]})" if errors else ""
         where = f"run {run!r} of logdir" if run is not None else "logdir"
+        if pick_tag is not None and others:
+            available = sorted(others)
+            raise SelectionError(
+                f"no tag of {where} {where_logdir!r} is selected; tags: "
+                + ", ".join(short_name(t) for t in available),
+                available,
+            )
+        detail = f" ({errors[0]})" if errors else ""
         raise ValueError(
-            f"no Grad Moments data in {where} {os.fspath(logdir)!r}{detail}; log some with "
+            f"no Grad Moments data in {where} {where_logdir!r}{detail}; log some with "
             "tb_gradmom.writers.summary or the Keras callback"
         )
     return out
