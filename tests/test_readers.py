@@ -63,10 +63,12 @@ def _json(client, route, **q):
     return json.loads(body)
 
 
-def _good_run(root, run, steps=tr.STEPS):
+def _good_run(root, run, steps=tr.STEPS, seed=None):
+    """A run of `OK` and ``_model`` over ``steps``, its values drawn for ``seed`` (the run)."""
+    seed = run if seed is None else seed
     tr._write(
         os.path.join(root, run),
-        [*tr.variable_events(run, OK, steps=steps), *tr.model_events(run, [OK], steps=steps)],
+        [*tr.variable_events(seed, OK, steps=steps), *tr.model_events(seed, [OK], steps=steps)],
     )
 
 
@@ -710,3 +712,108 @@ def test_symlinked_runs_are_read_by_the_tab_data_load_and_the_export(tmp_path, c
     os.symlink(root, root / "real" / "loop")  # a cycle
     with pytest.warns(data.DataWarning, match="a symbolic link to a directory above it"):
         assert sorted(data.load(str(root))) == ["linked", "real"]
+
+
+# ------------------------------------------ what stops TensorBoard's own Python loader
+
+NON_UTF8 = os.fsdecode(b"caf\xe9")  # a directory name that is not UTF-8 ('caf\udce9')
+
+
+def _loader_breakers(root):
+    """The cases of README's troubleshooting section beside two good runs: a record with a
+    valid checksum that is not an Event (``not_event``), a FIFO named like an event file
+    (``fifo``), a run directory whose name is not UTF-8, one flipped byte (``flipped``: in the
+    moments record of step 1)."""
+    for run in ("a_good", "z_good"):
+        _good_run(root, run)
+    _good_run(root, "not_event")
+    path = os.path.join(root, "not_event")
+    (name,) = os.listdir(path)
+    with open(os.path.join(path, name), "rb") as f:
+        blob = f.read()
+    records = tr._records(os.path.join(path, name))
+    cut = records[3][0]  # before step 1's moments: the bad record, then the rest
+    with open(os.path.join(path, name), "wb") as f:
+        f.write(blob[:cut] + tr._frame(b"\x0a\xff\xff\xff\xff\x0f" + b"\x01" * 64) + blob[cut:])
+    os.makedirs(os.path.join(root, "fifo"))
+    os.mkfifo(os.path.join(root, "fifo", "events.out.tfevents.1700000000.fifo"))
+    _good_run(root, NON_UTF8, seed="cafe")
+    tr._write(os.path.join(root, "flipped"), tr.variable_events("flipped", OK))
+    path = os.path.join(root, "flipped")
+    (name,) = os.listdir(path)
+    tr._damage(os.path.join(path, name), "flipped-data")  # record 3 of 7: step 1's moments
+
+
+def test_data_load_and_export_survive_what_stops_tensorboards_python_loader(tmp_path, capsys):
+    """TensorBoard's Python loader stops serving the other runs for each of these (README,
+    "Troubleshooting"; they are TensorBoard's). The plugin's own readers read everything else:
+    every good run whole, the run after a bad record on, and a flipped byte costs one record."""
+    from tb_gradmom import cli
+    from tb_gradmom.analysis import data
+
+    root = str(tmp_path / "logs")
+    _loader_breakers(root)
+    with pytest.warns(data.DataWarning) as caught:
+        runs = data.load(root)
+    messages = [str(w.message) for w in caught]
+    assert sorted(runs) == sorted(["a_good", "z_good", "not_event", NON_UTF8, "flipped"])
+    for run in ("a_good", "z_good", "not_event", NON_UTF8):
+        assert [r.step for r in runs[run][OK]] == list(tr.STEPS), run
+        assert [r.step for r in runs[run]["_model"]] == list(tr.STEPS), run
+        seed = "cafe" if run == NON_UTF8 else run
+        np.testing.assert_array_equal(
+            runs[run][OK][-1].moments[2], tr._stored(tr.moments(seed, OK, 2))[1]
+        )
+    assert [r.step for r in runs["flipped"][OK]] == [0, 2]  # only the flipped record is lost
+    assert any("a record is not an Event" in m for m in messages)
+    assert any("not a regular file; skipped" in m and "fifo" in m for m in messages)
+    assert any("fails its checksum" in m and "flipped" in m for m in messages)
+
+    out = str(tmp_path / "out")
+    assert cli.main(["export", "--logdir", root, "--out", out, "--format", "csv"]) == 0
+    written = sorted(os.listdir(out))
+    assert written == sorted(
+        f"{r}-ok_kernel-step2-variance.csv"
+        for r in ("a_good", "z_good", "not_event", "caf", "flipped")
+    )
+    err = capsys.readouterr().err
+    assert "fails its checksum" in err and "not a regular file" in err
+
+
+@pytest.mark.slow
+def test_rustboard_serves_what_stops_tensorboards_python_loader(tmp_path):
+    """The workaround the README gives (``--load_fast=true``): RustBoard serves every run of
+    that log directory, and the plugin over it answers as it does for good data."""
+    import test_plugin_subprocess as tps
+
+    if tps._data_server_problem():  # noqa: SLF001
+        pytest.skip(tps._data_server_problem())  # noqa: SLF001
+    root = tmp_path / "logs"
+    _loader_breakers(str(root))
+    server = _launch(str(root), tmp_path, "--load_fast=true", "--reload_interval", "0")
+    try:
+        want = {"a_good", "z_good", "not_event", "flipped", "caf\ufffd"}
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            status, _, body = server.get(P + "tags")
+            runs = json.loads(body)["runs"] if status == 200 else {}
+            if want <= set(runs) and all(
+                runs[r].get(OK, {}).get("steps", [-1])[-1] == 2 for r in want - {"not_event"}
+            ):
+                break
+            time.sleep(0.5)
+        assert want <= set(runs), sorted(runs)
+        for run in ("a_good", "z_good"):
+            assert runs[run][OK]["steps"] == list(tr.STEPS)
+            d = server.json(P + "heatmap", run=run, tag=OK)
+            np.testing.assert_allclose(
+                np.asarray(d["values"], dtype=np.float64).reshape(tr.SHAPE),
+                _variance(run, OK, 2),
+                rtol=1e-5,
+            )
+        # RustBoard stops reading a file at a record that is not an Event (the steps before it
+        # are served); data.load and the export read on.
+        assert runs["not_event"][OK]["steps"][0] == 0
+        assert runs["flipped"][OK]["steps"][-1] == 2
+    finally:
+        tps.stop(server)
