@@ -74,16 +74,20 @@ class DataWarning(UserWarning):
 
 
 class SelectionError(ValueError):
-    """``load(..., tags=...)`` matched no Grad Moments tag; ``available`` has their names."""
+    """``load(..., tags=...)`` matched no Grad Moments tag (``what`` is ``"tags"``) or
+    ``steps=`` no stored step (``"steps"``); ``available`` has the tags' names or the steps."""
 
-    def __init__(self, message: str, available: list[str]):
+    def __init__(self, message: str, what: str, available: list):
         super().__init__(message)
+        self.what = what
         self.available = available
 
 
 # Event files at least this big (all selected runs together) make `load` report its progress.
 PROGRESS_MIN_BYTES = 64 * 1024 * 1024
-# The first bytes of a record read to find its tags (a tag is at most 4,096 characters).
+# The first bytes of a record read to find its step and tags; if they do not tell, up to
+# _PEEK_BYTES (a Grad Moments tag is at most 4,096 characters).
+_PEEK_FIRST = 256
 _PEEK_BYTES = 8192
 
 
@@ -224,24 +228,32 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
 
 def _read_records(
     path: str | os.PathLike,
-    keep: Callable[[bytes, bool], bool] | None = None,
+    keep: Callable[[bytes, bool], bool | None] | None = None,
     on_read: Callable[[int], None] | None = None,
+    quiet: bool = False,
 ) -> Iterator[bytes]:
     """`read_records`, reading only the records ``keep(first_bytes, whole)`` wants.
 
-    ``keep`` gets the first `_PEEK_BYTES` of a record's data (``whole``: that is all of it) and
-    says whether to read the rest; a record it declines is skipped unread (its checksum is not
+    ``keep`` gets the first bytes of a record's data (``whole``: that is all of it) and says
+    whether to read the rest, or None if it cannot tell yet (then it gets up to `_PEEK_BYTES`,
+    and None again means yes); a record it declines is skipped unread (its checksum is not
     checked). ``on_read(n)`` is told the bytes of the file each record took, read or not.
+    ``quiet``: no warnings (a first pass over the files; the read that follows warns).
     """
     path = os.fspath(path)
+
+    def warn(message: str) -> None:
+        if not quiet:
+            warnings.warn(message, DataWarning, stacklevel=3)
+
     try:
         # Not opened unless it is a regular file: opening a FIFO would wait for a writer.
         if not stat_module.S_ISREG(os.stat(path).st_mode):
-            warnings.warn(f"{path}: not a regular file; skipped", DataWarning, stacklevel=2)
+            warn(f"{path}: not a regular file; skipped")
             return
         f = open(path, "rb")
     except OSError as e:
-        warnings.warn(f"{path}: cannot be read ({e}); skipped", DataWarning, stacklevel=2)
+        warn(f"{path}: cannot be read ({e}); skipped")
         return
     with f:
         size = os.fstat(f.fileno()).st_size
@@ -251,44 +263,41 @@ def _read_records(
             if not header:
                 return
             if len(header) < 12:
-                warnings.warn(
+                warn(
                     f"{path}: truncated record header at byte {offset} skipped "
-                    "(the writer may still be writing)",
-                    DataWarning,
-                    stacklevel=2,
+                    "(the writer may still be writing)"
                 )
                 return
             (length,) = struct.unpack("<Q", header[:8])
             (length_crc,) = struct.unpack("<I", header[8:12])
             if masked_crc32c(header[:8]) != length_crc:
-                warnings.warn(
+                warn(
                     f"{path}: corrupt record length at byte {offset}; the rest of the file "
-                    "is skipped",
-                    DataWarning,
-                    stacklevel=2,
+                    "is skipped"
                 )
                 return
             if length + 4 > size - offset - 12:
                 size = os.fstat(f.fileno()).st_size  # a writer may have appended since
-            if keep is not None and length > _PEEK_BYTES and length + 4 <= size - offset - 12:
-                head = f.read(_PEEK_BYTES)
-                if not keep(head, False):
-                    f.seek(length + 4 - _PEEK_BYTES, os.SEEK_CUR)
+            if keep is not None and length > _PEEK_FIRST and length + 4 <= size - offset - 12:
+                head = f.read(_PEEK_FIRST)
+                decision = keep(head, False)
+                if decision is None:  # the tag runs on: up to _PEEK_BYTES
+                    head += f.read(min(length, _PEEK_BYTES) - _PEEK_FIRST)
+                    decision = keep(head, len(head) == length)
+                if decision is False:
+                    f.seek(length + 4 - len(head), os.SEEK_CUR)
                     offset += 12 + length + 4
                     if on_read is not None:
                         on_read(16 + length)
                     continue
-                rest = f.read(length + 4 - _PEEK_BYTES)
-                body = head + rest
+                body = head + f.read(length + 4 - len(head))
             else:
                 # Never read (allocate) more than the file holds, whatever the length claims.
                 body = f.read(min(length + 4, max(0, size - offset - 12)))
             if len(body) < length + 4:
-                warnings.warn(
+                warn(
                     f"{path}: truncated last record at byte {offset} skipped "
-                    f"({len(body)} of {length + 4} bytes; the writer may still be writing)",
-                    DataWarning,
-                    stacklevel=2,
+                    f"({len(body)} of {length + 4} bytes; the writer may still be writing)"
                 )
                 return
             data = body[:length]
@@ -296,14 +305,10 @@ def _read_records(
             offset += 12 + length + 4
             if on_read is not None:
                 on_read(16 + length)
-            if keep is not None and length <= _PEEK_BYTES and not keep(data, True):
+            if keep is not None and length <= _PEEK_FIRST and keep(data, True) is False:
                 continue
             if masked_crc32c(data) != data_crc:
-                warnings.warn(
-                    f"{path}: record at byte {offset - length - 16} fails its checksum; skipped",
-                    DataWarning,
-                    stacklevel=2,
-                )
+                warn(f"{path}: record at byte {offset - length - 16} fails its checksum; skipped")
                 continue
             yield data
 
@@ -335,17 +340,23 @@ def _skip_field(buf: bytes, pos: int, wire: int) -> int:
     raise ValueError(f"wire type {wire}")
 
 
-def _peek_tags(head: bytes, whole: bool) -> list[str] | None:
-    """The tags of the summary values of a serialized ``Event`` from its first bytes, or None
-    if they are not all within ``head`` (``whole``: ``head`` is the whole record).
+def _peek_event(head: bytes, whole: bool) -> tuple[int, list[str]] | None:
+    """The step and the tags of the summary values of a serialized ``Event`` from its first
+    bytes, or None if they are not all within ``head`` (``whole``: ``head`` is the record).
 
-    ``Event``: field 5 is the ``Summary``, whose field 1 holds each ``Value``, whose field 1
-    is its tag (serialized first: fields are written in number order).
+    ``Event``: field 2 is the step, field 5 the ``Summary``, whose field 1 holds each
+    ``Value``, whose field 1 is its tag (fields are serialized in number order: the step and
+    the tag come before the tensor).
     """
+    step = 0
     try:
         pos, end = 0, len(head)
         while pos < end:
             key, pos = _varint(head, pos)
+            if key == (2 << 3):  # step, a varint (int64: two's complement)
+                step, pos = _varint(head, pos)
+                step = step - (1 << 64) if step >= 1 << 63 else step
+                continue
             if key >> 3 == 5 and key & 7 == 2:  # summary
                 size, pos = _varint(head, pos)
                 stop = pos + size
@@ -373,9 +384,9 @@ def _peek_tags(head: bytes, whole: bool) -> list[str] | None:
                     pos = vstop
                     if pos >= end and pos < stop:
                         return None  # the next value starts beyond what was read
-                return tags
+                return step, tags
             pos = _skip_field(head, pos, key & 7)
-        return [] if whole else None
+        return (step, []) if whole else None
     except (IndexError, ValueError):
         return None
 
@@ -482,6 +493,75 @@ def _base_name(tag: str) -> str:
     return tag[: -len(suffix)] if tag.endswith(suffix) and len(tag) > len(suffix) else tag
 
 
+def _stored_steps(files: list[str], on_read=None) -> dict[str, set[int]]:
+    """``{tag: steps}`` of every summary value in some event files, from the first bytes of
+    each record (a record whose first bytes do not tell is read whole)."""
+    found: dict[str, set[int]] = {}
+
+    def note(head: bytes, whole: bool) -> bool | None:
+        peek = _peek_event(head, whole)
+        if peek is None:
+            return None
+        for tag in peek[1]:
+            found.setdefault(tag, set()).add(peek[0])
+        return False
+
+    for path in files:
+        for data in _read_records(path, note, on_read, quiet=True):
+            try:
+                event = event_pb2.Event.FromString(data)
+            except Exception:  # noqa: BLE001 - warned about when the run is read
+                continue
+            for value in event.summary.value:
+                found.setdefault(value.tag, set()).add(int(event.step))
+    return found
+
+
+def _latest_complete(found: dict[str, set[int]]) -> dict[str, int]:
+    """Each tag's latest complete step: for a variable and its ``/_stats`` tag, the last step
+    both have (none if they share none); for a tag without a partner, its last step."""
+    latest = {}
+    for tag, steps in found.items():
+        base = _base_name(tag)
+        partner = metadata.stats_tag(base) if base == tag else base
+        both = steps & found[partner] if partner in found else steps
+        if both:
+            latest[tag] = max(both)
+    return latest
+
+
+def _fall_back(run: str, files: list[str], tags: dict[str, _Tag], last: dict[str, int]) -> None:
+    """With ``steps="latest"``: the tags whose latest complete step could not be read (an
+    unreadable record, warned about) are read again at every other step, so that they show
+    their latest readable one, as a whole load does."""
+    bases = set()
+    for name, t in tags.items():
+        if t.content is not None and name in last and last[name] not in t.events:
+            bases.add(_base_name(name))
+    if not bases:
+        return
+    again = _read_run(
+        run,
+        files,
+        [],
+        select=bases.__contains__,
+        step_ok=lambda tag, step: step != last.get(tag),  # the latest was tried (and warned)
+    )
+    for name, t in again.items():
+        old = tags.get(name)
+        if old is not None and name in last and last[name] in old.events:
+            t.events[last[name]] = old.events[last[name]]
+        tags[name] = t
+
+
+def _at_steps(last: dict[str, int]) -> Callable[[str, int], bool]:
+    return lambda tag, step: last.get(tag) == step
+
+
+def _in_steps(steps: frozenset[int]) -> Callable[[str, int], bool]:
+    return lambda tag, step: step in steps
+
+
 def _read_run(
     run: str,
     files: list[str],
@@ -489,22 +569,31 @@ def _read_run(
     select: Callable[[str], bool] | None = None,
     on_read: Callable[[int], None] | None = None,
     others: set[str] | None = None,
+    step_ok: Callable[[str, int], bool] | None = None,
+    seen_steps: set[int] | None = None,
 ) -> dict[str, _Tag]:
     """The Grad Moments tags of one run; with ``select`` only the tags whose base name
-    (`_base_name`) it accepts: the names of the others go to ``others``."""
+    (`_base_name`) it accepts (the names of the others go to ``others``), with ``step_ok`` only
+    the steps it accepts of each tag (the steps of the selected tags go to ``seen_steps``)."""
     tags: dict[str, _Tag] = {}
 
     def wanted(tag: str) -> bool:
         return select is None or bool(select(_base_name(tag)))
 
-    def keep(head: bytes, whole: bool) -> bool:
-        names = _peek_tags(head, whole)
-        if names is None:
-            return True  # cannot tell: read it
-        return any(n not in tags or wanted(n) for n in names)
+    def keep(head: bytes, whole: bool) -> bool | None:
+        peek = _peek_event(head, whole)
+        if peek is None:
+            return None  # cannot tell (yet): more bytes, else read it
+        step, names = peek
+        if seen_steps is not None:
+            seen_steps.update(step for n in names if wanted(n))
+        return any(
+            n not in tags or (wanted(n) and (step_ok is None or step_ok(n, step))) for n in names
+        )
 
+    selective = select is not None or step_ok is not None
     for path in files:
-        for data in _read_records(path, keep if select is not None else None, on_read):
+        for data in _read_records(path, keep if selective else None, on_read):
             try:
                 event = event_pb2.Event.FromString(data)
             except Exception as e:  # noqa: BLE001 - a record that is not an Event proto
@@ -524,6 +613,8 @@ def _read_run(
                     if others is not None and plugin.plugin_name == metadata.PLUGIN_NAME:
                         others.add(_base_name(value.tag))
                     continue
+                if tag is not None and step_ok is not None and not step_ok(value.tag, step):
+                    continue
                 if tag is None:
                     # TensorBoard keeps the metadata of a tag's first event only.
                     content = None
@@ -537,6 +628,8 @@ def _read_run(
                     tag = tags[value.tag] = _Tag(content)
                 if tag.content is None or not value.HasField("tensor"):
                     continue
+                if step_ok is not None and not step_ok(value.tag, step):
+                    continue  # its first record, read for its metadata only
                 try:
                     array = _decode(tag.content, value)
                 except metadata.FormatError as e:
@@ -703,6 +796,7 @@ def load(
     *,
     runs: Selection | None = None,
     tags: Selection | None = None,
+    steps: int | str | Iterable[int] | None = None,
     progress: TextIO | None = None,
 ) -> dict[str, dict[str, list[Record]]]:
     """Loads the Grad Moments tags under a logdir: all of them, or the runs and tags asked for.
@@ -726,6 +820,9 @@ def load(
       tags: read only these tags (and their ``/_stats``): a list of the names `load` returns
         (``"dense/kernel"``, ``"_model"``, ``"generator/_model"``) or a function of such a
         name.
+      steps: read only these steps: a step, a list of steps, or ``"latest"``: each tag's latest
+        complete step (found first from the records' first bytes; if that step's record is
+        unreadable, the tag has no record). Default: every step.
       progress: a text stream (e.g. ``sys.stderr``) told how far a long read is, from
         `PROGRESS_MIN_BYTES` of event files on.
 
@@ -738,7 +835,8 @@ def load(
       ValueError: if there is no event file, no such run, or no Grad Moments data (the
         message says which and how to log some); `SelectionError` if ``tags`` matches no
         Grad Moments tag of the runs read (the message and ``available`` list their tags).
-      TypeError: ``runs`` or ``tags`` given as a single string.
+      TypeError: ``runs`` or ``tags`` given as a single string, ``steps`` neither a step, a
+        list of steps nor ``"latest"``.
     """
     where_logdir = os.fspath(logdir)
     found = list_runs(logdir)
@@ -762,6 +860,15 @@ def load(
         if not chosen:
             raise ValueError(f"no run of logdir {where_logdir!r} is selected; runs: {shown_runs}")
     pick_tag = _selector(tags, "tags")
+    latest = steps == "latest"
+    step_set: frozenset[int] | None = None
+    if steps is not None and not latest:
+        if isinstance(steps, (int, np.integer)) and not isinstance(steps, bool):
+            step_set = frozenset([int(steps)])
+        elif isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
+            raise TypeError(f"steps= takes a step, a list of steps or 'latest', got {steps!r}")
+        else:
+            step_set = frozenset(int(x) for x in steps)
     total = 0
     for files in chosen.values():
         for f in files:
@@ -772,21 +879,46 @@ def load(
     bar = _Progress(progress, total, len(chosen))
     errors: list[str] = []
     others: set[str] = set()
+    seen_steps: set[int] = set()
     out = {}
     for name, files in chosen.items():
         bar.next_run()
-        records = _records_of_run(_read_run(name, files, errors, pick_tag, bar.read, others), name)
+        step_ok: Callable[[str, int], bool] | None = None
+        last: dict[str, int] = {}
+        if latest:
+            last = _latest_complete(_stored_steps(files))
+            step_ok = _at_steps(last)
+        elif step_set is not None:
+            step_ok = _in_steps(step_set)
+        tags_read = _read_run(name, files, errors, pick_tag, bar.read, others, step_ok, seen_steps)
+        if latest:
+            _fall_back(name, files, tags_read, last)
+        records = _records_of_run(tags_read, name)
+        if latest:
+            records = {tag: recs[-1:] for tag, recs in records.items()}
         if records:
             out[name] = records
     bar.close()
     if not out:
         where = f"run {run!r} of logdir" if run is not None else "logdir"
-        if pick_tag is not None and others:
+        if pick_tag is not None and others and not seen_steps:
             available = sorted(others)
             raise SelectionError(
                 f"no tag of {where} {where_logdir!r} is selected; tags: "
                 + ", ".join(short_name(t) for t in available),
+                "tags",
                 available,
+            )
+        if step_set is not None and seen_steps:
+            found_steps = sorted(seen_steps)
+            shown = ", ".join(map(str, found_steps[:10])) + (
+                ", ..." if len(found_steps) > 10 else ""
+            )
+            raise SelectionError(
+                f"no Grad Moments record at step {', '.join(map(str, sorted(step_set)))} in "
+                f"{where} {where_logdir!r}; steps: {shown}",
+                "steps",
+                found_steps,
             )
         detail = f" ({errors[0]})" if errors else ""
         raise ValueError(
