@@ -92,7 +92,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,3c3d")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--smoke", action="store_true", help="CI: the MLP, one round (checks it runs, not times)"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.models, args.rounds = "mlp", 1
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in PER_ROUND]
     if unknown:

@@ -517,6 +517,11 @@ def main(argv=None) -> int:
     ap.add_argument("--orders", default="1,2", help="comma-separated moment orders (1-4)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 21)")
     ap.add_argument("--quick", action="store_true", help="few rounds, short memory runs (~1 min)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI: the MLP, two rounds, one memory run per variant (checks it runs, not times)",
+    )
     ap.add_argument("--no-vmap", action="store_true", help="skip the tf.vectorized_map variant")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     ap.add_argument("--chunk-size", type=int, default=None, help="chunk_size= for ours")
@@ -543,6 +548,8 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-steps", type=int, default=5, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     orders = tuple(int(p) for p in args.orders.split(",") if p.strip())
+    if args.smoke:
+        args.quick, args.models, args.repeats, args.memory_repeats = True, "mlp", 2, 1
 
     if args.memory_child:
         res = memory_child(

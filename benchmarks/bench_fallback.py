@@ -170,7 +170,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="steps per variant per round")
     ap.add_argument("--no-vmap", action="store_true", help="skip tf.vectorized_map")
     ap.add_argument("--json", help="write the results to this file")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI: batches 8 and 16, one round of one step (checks it runs, not times)",
+    )
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.batches, args.rounds, args.steps = "8,16", 1, 1
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     if not batches or min(batches) < 1:
         ap.error(f"--batches needs positive batch sizes, got {args.batches!r}")

@@ -14,6 +14,12 @@ resident memory of the TensorBoard process (and of RustBoard's data server) befo
 peak and after it, the latency of every request (median, 99th percentile) and the errors.
 ``--plugin-path DIR`` serves another checkout of the plugin (e.g. an older commit).
 
+``--smoke`` (CI) runs every part once on a small logdir (3 runs x 12 steps x 4 variables, in
+``--cache``-smoke): the timings with each loader (RustBoard if its data server runs here), then
+4 concurrent clients and a burst of 4 against a ``tensorboard`` process with each loader, two
+rounds each. It asserts nothing about time, only that every request answers 200, and prints
+the tables.
+
 The logdir (3 runs x 500 steps x 20 variables, one a 1000 x 1000 kernel) is written once by
 `tests/plugin_logdir.py --bench` and cached in ``--cache`` (default /tmp/gradmom_bench). By
 default the big kernel is stored pooled to 65,536 cells, as `tb_gradmom.writers.summary.moments` does
@@ -35,6 +41,7 @@ step rows use several steps spread over the run (``*_max_ms``: the slowest of th
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -76,7 +83,7 @@ def times_ms(fn, repeat: int, before=None):
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - reported in the table
-            return f"error: {e}"[:120]
+            return f"error: {type(e).__name__}: {e}"[:120]
         times.append((time.perf_counter() - t) * 1000)
     return times
 
@@ -246,7 +253,7 @@ def bench_rustboard(logdir: str, repeat: int, label: str, steps: int) -> dict:
                 return r.read()
 
         mid = steps // 2
-        runs = iter(["run0", "run1", "run2"] * repeat)
+        runs = itertools.cycle(["run0", "run1", "run2"])
         out = {"logdir": label, "loader": "rustboard", "ready_s": round(load_s, 1)}
         out["tags_first_ms"] = median_ms(lambda: get("tags"), 1)
         out["tags_warm_ms"] = median_ms(lambda: get("tags"), repeat)
@@ -512,6 +519,57 @@ def bench_clients(
     return out
 
 
+def _print_table(r: dict) -> None:
+    print(f"\n== {r['loader']}: {r['logdir']}")
+    for k, v in r.items():
+        if k in ("loader", "logdir"):
+            continue
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                print(f"  {k + '.' + kk:32s} {vv!s:>10}")
+        else:
+            print(f"  {k:32s} {v:10.1f}" if isinstance(v, float) else f"  {k:32s} {v!s:>10}")
+
+
+def smoke(cache: str) -> None:
+    """Every part of the benchmark once on a small logdir (CI): raises if a request fails."""
+    import test_plugin_subprocess as tps
+
+    steps, label = 12, "3x12x4 (smoke), 1M kernel pooled to 64K"
+    logdir = ensure_logdir(
+        os.path.join(cache, "pooled"),
+        *("--big-max-elements", "65536", "--steps", str(steps), "--variables", "4"),
+    )
+    results = [bench_python(logdir, 2, label, steps)]
+    loaders = ["python"]
+    problem = tps._data_server_problem()  # noqa: SLF001
+    if problem is None:
+        results.append(bench_rustboard(logdir, 2, label, steps))
+        loaders.append("rustboard")
+    else:
+        print(f"RustBoard skipped: {problem}", flush=True)
+    for loader in loaders:
+        results.append(bench_clients(logdir, loader, 4, 64, steps, label, burst=4))
+    for r in results:
+        print(json.dumps(r), flush=True)
+    for r in results:
+        _print_table(r)
+    failed = [
+        (r["loader"], k, v)
+        for r in results
+        for k, v in r.items()
+        if isinstance(v, str) and v.startswith("error")
+    ]
+    failed += [
+        (r["loader"], phase, r[phase]["error_examples"])
+        for r in results
+        for phase in ("burst", "mixed")
+        if phase in r and r[phase]["errors"]
+    ]
+    if failed:
+        raise SystemExit(f"bench_plugin --smoke: failed requests: {failed}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", default="/tmp/gradmom_bench")
@@ -533,7 +591,16 @@ def main() -> None:
         default=50,
         help="with --clients: first this many requests for distinct old steps at once",
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI: every part once on a small logdir (in CACHE-smoke), both loaders, 4 clients",
+    )
     a = ap.parse_args()
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    if a.smoke:
+        smoke(a.cache.rstrip("/") + "-smoke")
+        return
     pooled = ensure_logdir(
         os.path.join(a.cache, "pooled"), "--big-max-elements", "65536", "--steps", str(a.steps)
     )
@@ -563,10 +630,7 @@ def main() -> None:
     for r in results:
         print(json.dumps(r))
     for r in results:
-        print(f"\n== {r['loader']}: {r['logdir']}")
-        for k, v in r.items():
-            if k not in ("loader", "logdir"):
-                print(f"  {k:32s} {v:10.1f}" if isinstance(v, float) else f"  {k:32s} {v:>10}")
+        _print_table(r)
 
 
 if __name__ == "__main__":

@@ -230,6 +230,9 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="mlp,3c3d", help="mlp, 3c3d, resnet50")
     parser.add_argument("--repeats", type=int, default=21, help="interleaved rounds")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CI: the MLP, two rounds (checks it runs, not times)"
+    )
     parser.add_argument("--baseline", default=None, help="a summary.py to time as 'baseline'")
     parser.add_argument("--ops", action="store_true", help="only count the logging ops")
     parser.add_argument(
@@ -239,6 +242,8 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else args.repeats
+    if args.smoke:
+        args.models, rounds = "mlp", 2
     baseline = load_summary(args.baseline) if args.baseline else None
     print(f"TF {tf.__version__}, {os.cpu_count()} CPUs, {rounds} interleaved rounds")
     with tempfile.TemporaryDirectory() as logdir:

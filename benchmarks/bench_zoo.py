@@ -1,7 +1,8 @@
 """Cost of `gradmom.gradients_and_moments` on real networks, against a plain SGD step and
 per-example gradients by `tf.vectorized_map`.
 
-    python benchmarks/bench_zoo.py --quick                   # smoke run: 3 rounds, 1 memory run
+    python benchmarks/bench_zoo.py --quick                   # short run: 3 rounds, 1 memory run
+    python benchmarks/bench_zoo.py --smoke                   # CI: the LSTM, small, 2 rounds
     python benchmarks/bench_zoo.py                           # every model, 11 rounds, 3 memory runs
     python benchmarks/bench_zoo.py --models bert,gpt2 --rounds 21 --json zoo.json
     python benchmarks/bench_zoo.py --models resnet50 --batch 8   # a smaller size, labelled
@@ -1041,7 +1042,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS), help=f"from: {', '.join(MODELS)}")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 11)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 3 rounds, 1 memory run")
+    ap.add_argument("--quick", action="store_true", help="short run: 3 rounds, 1 memory run")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI: the smallest model (lstm at batch 8, 10 steps), 2 rounds, 1 memory run; "
+        "fails if a child fails (checks it runs, not times)",
+    )
     ap.add_argument("--budget", type=float, default=None, help="seconds per variant per round")
     ap.add_argument("--batch", type=int, default=None, help="override every model's batch")
     ap.add_argument("--size", type=int, default=None, help="override the side / sequence length")
@@ -1080,6 +1087,9 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-child", choices=["plain", "moments", "vmap"], help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.quick, args.models, args.rounds, args.budget = True, "lstm", 2, 0.05
+        args.batch, args.size, args.memory_repeats = args.batch or 8, args.size or 10, 1
     rounds = args.rounds or (3 if args.quick else 11)
     budget = args.budget or (0.3 if args.quick else 1.0)
 
@@ -1199,6 +1209,8 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump({"orders": ORDERS, "results": results}, f, indent=1)
     print_table(results)
+    if args.smoke and any("error" in r for r in results):
+        return 1
     return 0
 
 

@@ -13,8 +13,16 @@ crc32c(data)`` (little endian). Both checksums are verified (crc32c in numpy + P
 stops reading that file with a warning.
 
 A *run* is a directory holding ``*tfevents*`` files; its name is the path relative to the
-logdir, the logdir itself being ``"."`` (as in TensorBoard). Only tags whose metadata (on the
-first event of the tag) names the plugin ``gradmom`` are read.
+logdir, the logdir itself being ``"."`` (as in TensorBoard). Symbolic links to directories are
+followed, as TensorBoard does (a link back to a directory above it is not, with a warning). Only
+tags whose metadata (on the first event of the tag) names the plugin ``gradmom`` are read.
+
+**Reading what is asked.** `load` reads only the runs and tags selected (``runs=``, ``tags=``,
+and each selected tag's ``/_stats``): the files of other runs are not opened, and a record of
+a tag not selected is skipped after its first bytes (the tag is at the start of a serialized
+``Event``), without reading, checking or decoding the rest; only the first record of each tag
+is read whole (to know whether it is a Grad Moments tag). ``progress=`` reports a long read
+(`PROGRESS_MIN_BYTES` of event files or more) as it goes.
 
 Nothing read is trusted: a content message is parsed and bounded by
 `metadata.parse_plugin_content` (a bad one skips its tag), a tensor's declared shape is checked
@@ -32,10 +40,11 @@ import math
 import os
 import stat as stat_module
 import struct
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 from tensorboard.compat.proto import event_pb2
@@ -47,16 +56,39 @@ from tb_gradmom.analysis import stats
 __all__ = [
     "Record",
     "DataWarning",
+    "SelectionError",
     "load",
     "list_runs",
     "read_records",
     "crc32c",
     "masked_crc32c",
+    "short_name",
 ]
+
+# A run or tag name longer than this is shortened in messages (`short_name`).
+SHORT_NAME_CHARS = 160
 
 
 class DataWarning(UserWarning):
     """A record or tag was skipped (truncated, corrupt or unreadable); the rest was read."""
+
+
+class SelectionError(ValueError):
+    """``load(..., tags=...)`` matched no Grad Moments tag (``what`` is ``"tags"``) or
+    ``steps=`` no stored step (``"steps"``); ``available`` has the tags' names or the steps."""
+
+    def __init__(self, message: str, what: str, available: list):
+        super().__init__(message)
+        self.what = what
+        self.available = available
+
+
+# Event files at least this big (all selected runs together) make `load` report its progress.
+PROGRESS_MIN_BYTES = 64 * 1024 * 1024
+# The first bytes of a record read to find its step and tags; if they do not tell, up to
+# _PEEK_BYTES (a Grad Moments tag is at most 4,096 characters).
+_PEEK_FIRST = 256
+_PEEK_BYTES = 8192
 
 
 @dataclass
@@ -191,15 +223,37 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
       ever allocated). A file that cannot be opened or is not a regular file is skipped with a
       warning.
     """
+    yield from _read_records(path)
+
+
+def _read_records(
+    path: str | os.PathLike,
+    keep: Callable[[bytes, bool], bool | None] | None = None,
+    on_read: Callable[[int], None] | None = None,
+    quiet: bool = False,
+) -> Iterator[bytes]:
+    """`read_records`, reading only the records ``keep(first_bytes, whole)`` wants.
+
+    ``keep`` gets the first bytes of a record's data (``whole``: that is all of it) and says
+    whether to read the rest, or None if it cannot tell yet (then it gets up to `_PEEK_BYTES`,
+    and None again means yes); a record it declines is skipped unread (its checksum is not
+    checked). ``on_read(n)`` is told the bytes of the file each record took, read or not.
+    ``quiet``: no warnings (a first pass over the files; the read that follows warns).
+    """
     path = os.fspath(path)
+
+    def warn(message: str) -> None:
+        if not quiet:
+            warnings.warn(message, DataWarning, stacklevel=3)
+
     try:
         # Not opened unless it is a regular file: opening a FIFO would wait for a writer.
         if not stat_module.S_ISREG(os.stat(path).st_mode):
-            warnings.warn(f"{path}: not a regular file; skipped", DataWarning, stacklevel=2)
+            warn(f"{path}: not a regular file; skipped")
             return
         f = open(path, "rb")
     except OSError as e:
-        warnings.warn(f"{path}: cannot be read ({e}); skipped", DataWarning, stacklevel=2)
+        warn(f"{path}: cannot be read ({e}); skipped")
         return
     with f:
         size = os.fstat(f.fileno()).st_size
@@ -209,46 +263,132 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
             if not header:
                 return
             if len(header) < 12:
-                warnings.warn(
+                warn(
                     f"{path}: truncated record header at byte {offset} skipped "
-                    "(the writer may still be writing)",
-                    DataWarning,
-                    stacklevel=2,
+                    "(the writer may still be writing)"
                 )
                 return
             (length,) = struct.unpack("<Q", header[:8])
             (length_crc,) = struct.unpack("<I", header[8:12])
             if masked_crc32c(header[:8]) != length_crc:
-                warnings.warn(
+                warn(
                     f"{path}: corrupt record length at byte {offset}; the rest of the file "
-                    "is skipped",
-                    DataWarning,
-                    stacklevel=2,
+                    "is skipped"
                 )
                 return
             if length + 4 > size - offset - 12:
                 size = os.fstat(f.fileno()).st_size  # a writer may have appended since
-            # Never read (allocate) more than the file holds, whatever the length claims.
-            body = f.read(min(length + 4, max(0, size - offset - 12)))
+            if keep is not None and length > _PEEK_FIRST and length + 4 <= size - offset - 12:
+                head = f.read(_PEEK_FIRST)
+                decision = keep(head, False)
+                if decision is None:  # the tag runs on: up to _PEEK_BYTES
+                    head += f.read(min(length, _PEEK_BYTES) - _PEEK_FIRST)
+                    decision = keep(head, len(head) == length)
+                if decision is False:
+                    f.seek(length + 4 - len(head), os.SEEK_CUR)
+                    offset += 12 + length + 4
+                    if on_read is not None:
+                        on_read(16 + length)
+                    continue
+                body = head + f.read(length + 4 - len(head))
+            else:
+                # Never read (allocate) more than the file holds, whatever the length claims.
+                body = f.read(min(length + 4, max(0, size - offset - 12)))
             if len(body) < length + 4:
-                warnings.warn(
+                warn(
                     f"{path}: truncated last record at byte {offset} skipped "
-                    f"({len(body)} of {length + 4} bytes; the writer may still be writing)",
-                    DataWarning,
-                    stacklevel=2,
+                    f"({len(body)} of {length + 4} bytes; the writer may still be writing)"
                 )
                 return
             data = body[:length]
             (data_crc,) = struct.unpack("<I", body[length:])
             offset += 12 + length + 4
+            if on_read is not None:
+                on_read(16 + length)
+            if keep is not None and length <= _PEEK_FIRST and keep(data, True) is False:
+                continue
             if masked_crc32c(data) != data_crc:
-                warnings.warn(
-                    f"{path}: record at byte {offset - length - 16} fails its checksum; skipped",
-                    DataWarning,
-                    stacklevel=2,
-                )
+                warn(f"{path}: record at byte {offset - length - 16} fails its checksum; skipped")
                 continue
             yield data
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A protobuf varint at ``pos``: ``(value, next position)``; IndexError past the end."""
+    value = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _skip_field(buf: bytes, pos: int, wire: int) -> int:
+    if wire == 0:
+        return _varint(buf, pos)[1]
+    if wire == 1:
+        return pos + 8
+    if wire == 5:
+        return pos + 4
+    if wire == 2:
+        n, pos = _varint(buf, pos)
+        return pos + n
+    raise ValueError(f"wire type {wire}")
+
+
+def _peek_event(head: bytes, whole: bool) -> tuple[int, list[str]] | None:
+    """The step and the tags of the summary values of a serialized ``Event`` from its first
+    bytes, or None if they are not all within ``head`` (``whole``: ``head`` is the record).
+
+    ``Event``: field 2 is the step, field 5 the ``Summary``, whose field 1 holds each
+    ``Value``, whose field 1 is its tag (fields are serialized in number order: the step and
+    the tag come before the tensor).
+    """
+    step = 0
+    try:
+        pos, end = 0, len(head)
+        while pos < end:
+            key, pos = _varint(head, pos)
+            if key == (2 << 3):  # step, a varint (int64: two's complement)
+                step, pos = _varint(head, pos)
+                step = step - (1 << 64) if step >= 1 << 63 else step
+                continue
+            if key >> 3 == 5 and key & 7 == 2:  # summary
+                size, pos = _varint(head, pos)
+                stop = pos + size
+                tags = []
+                while pos < stop:
+                    vkey, pos = _varint(head, pos)
+                    if vkey >> 3 != 1 or vkey & 7 != 2:
+                        pos = _skip_field(head, pos, vkey & 7)
+                        continue
+                    vsize, pos = _varint(head, pos)
+                    vstop = pos + vsize
+                    tag = b""
+                    while pos < vstop:  # the value's fields, up to its tag
+                        fkey, pos = _varint(head, pos)
+                        if fkey >> 3 == 1 and fkey & 7 == 2:
+                            n, pos = _varint(head, pos)
+                            if pos + n > end:
+                                return None
+                            tag = head[pos : pos + n]
+                            break
+                        pos = _skip_field(head, pos, fkey & 7)
+                        if pos > end:
+                            return None
+                    tags.append(tag.decode("utf-8", errors="replace"))
+                    pos = vstop
+                    if pos >= end and pos < stop:
+                        return None  # the next value starts beyond what was read
+                return step, tags
+            pos = _skip_field(head, pos, key & 7)
+        return (step, []) if whole else None
+    except (IndexError, ValueError):
+        return None
 
 
 def _is_event_file(name: str) -> bool:
@@ -271,13 +411,38 @@ def list_runs(logdir: str | os.PathLike) -> dict[str, list[str]]:
     if not os.path.isdir(logdir):
         raise FileNotFoundError(f"logdir {logdir!r} does not exist or is not a directory")
     runs = {}
-    for dirpath, dirnames, filenames in os.walk(logdir):
+    # Symbolic links to directories are followed, as TensorBoard follows them; a link to a
+    # directory above it (a cycle) is not.
+    for dirpath, dirnames, filenames in os.walk(logdir, followlinks=True):
         dirnames.sort()
+        for d in list(dirnames):
+            sub = os.path.join(dirpath, d)
+            if os.path.islink(sub) and _links_above(sub, logdir):
+                warnings.warn(
+                    f"{sub}: a symbolic link to a directory above it; not followed",
+                    DataWarning,
+                    stacklevel=2,
+                )
+                dirnames.remove(d)
         files = sorted(f for f in filenames if _is_event_file(f))
         if files:
             run = os.path.relpath(dirpath, logdir).replace(os.sep, "/")
             runs[run] = [os.path.join(dirpath, f) for f in files]
     return dict(sorted(runs.items()))
+
+
+def _links_above(link: str, logdir: str) -> bool:
+    """Whether ``link`` leads to itself or a directory on its path down from ``logdir``."""
+    target = os.path.realpath(link)
+    path = os.path.dirname(link)
+    top = os.path.realpath(logdir)
+    while True:
+        real = os.path.realpath(path)
+        if real == target:
+            return True
+        if real == top or os.path.dirname(path) == path:
+            return False
+        path = os.path.dirname(path)
 
 
 # ----------------------------------------------------------------------------- events
@@ -288,10 +453,27 @@ class _Tag:
     content: metadata.MomentsContent | metadata.StatsContent | None
     # step -> (wall_time, ndarray); a later event at the same step replaces an earlier one.
     events: dict[int, tuple[float, np.ndarray]] = field(default_factory=dict)
+    # The steps stored more than once (the later record kept).
+    repeated: set[int] = field(default_factory=set)
+
+
+def short_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
+    """``repr(name)`` for messages; a name longer than ``limit`` characters shows its start and
+    its end around how long it is, so that a warning about it stays readable and still says
+    which tag it is: ``'xxxxxxxx'...(5,009 characters)...'x/d/kernel'``.
+    """
+    if len(name) <= limit:
+        return repr(name)
+    head, tail = name[: 2 * limit // 3], name[-(limit // 3) :]
+    return f"{head!r}...({len(name):,} characters)...{tail!r}"
 
 
 def _warn(run: str, tag: str, step: int, message: str) -> None:
-    warnings.warn(f"run {run!r} tag {tag!r} step {step}: {message}", DataWarning, stacklevel=4)
+    warnings.warn(
+        f"run {short_name(run)} tag {short_name(tag)} step {step}: {message}",
+        DataWarning,
+        stacklevel=4,
+    )
 
 
 def _decode(content: metadata.MomentsContent | metadata.StatsContent, value: Any) -> np.ndarray:
@@ -305,10 +487,113 @@ def _decode(content: metadata.MomentsContent | metadata.StatsContent, value: Any
     return array
 
 
-def _read_run(run: str, files: list[str], errors: list[str]) -> dict[str, _Tag]:
-    tags: dict[str, _Tag] = {}
+def _base_name(tag: str) -> str:
+    """The name `load` returns a tag under: a stats tag's variable (or ``_model``)."""
+    suffix = metadata.STATS_SUFFIX
+    return tag[: -len(suffix)] if tag.endswith(suffix) and len(tag) > len(suffix) else tag
+
+
+def _stored_steps(files: list[str], on_read=None) -> dict[str, set[int]]:
+    """``{tag: steps}`` of every summary value in some event files, from the first bytes of
+    each record (a record whose first bytes do not tell is read whole)."""
+    found: dict[str, set[int]] = {}
+
+    def note(head: bytes, whole: bool) -> bool | None:
+        peek = _peek_event(head, whole)
+        if peek is None:
+            return None
+        for tag in peek[1]:
+            found.setdefault(tag, set()).add(peek[0])
+        return False
+
     for path in files:
-        for data in read_records(path):
+        for data in _read_records(path, note, on_read, quiet=True):
+            try:
+                event = event_pb2.Event.FromString(data)
+            except Exception:  # noqa: BLE001 - warned about when the run is read
+                continue
+            for value in event.summary.value:
+                found.setdefault(value.tag, set()).add(int(event.step))
+    return found
+
+
+def _latest_complete(found: dict[str, set[int]]) -> dict[str, int]:
+    """Each tag's latest complete step: for a variable and its ``/_stats`` tag, the last step
+    both have (none if they share none); for a tag without a partner, its last step."""
+    latest = {}
+    for tag, steps in found.items():
+        base = _base_name(tag)
+        partner = metadata.stats_tag(base) if base == tag else base
+        both = steps & found[partner] if partner in found else steps
+        if both:
+            latest[tag] = max(both)
+    return latest
+
+
+def _fall_back(run: str, files: list[str], tags: dict[str, _Tag], last: dict[str, int]) -> None:
+    """With ``steps="latest"``: the tags whose latest complete step could not be read (an
+    unreadable record, warned about) are read again at every other step, so that they show
+    their latest readable one, as a whole load does."""
+    bases = set()
+    for name, t in tags.items():
+        if t.content is not None and name in last and last[name] not in t.events:
+            bases.add(_base_name(name))
+    if not bases:
+        return
+    again = _read_run(
+        run,
+        files,
+        [],
+        select=bases.__contains__,
+        step_ok=lambda tag, step: step != last.get(tag),  # the latest was tried (and warned)
+    )
+    for name, t in again.items():
+        old = tags.get(name)
+        if old is not None and name in last and last[name] in old.events:
+            t.events[last[name]] = old.events[last[name]]
+        tags[name] = t
+
+
+def _at_steps(last: dict[str, int]) -> Callable[[str, int], bool]:
+    return lambda tag, step: last.get(tag) == step
+
+
+def _in_steps(steps: frozenset[int]) -> Callable[[str, int], bool]:
+    return lambda tag, step: step in steps
+
+
+def _read_run(
+    run: str,
+    files: list[str],
+    errors: list[str],
+    select: Callable[[str], bool] | None = None,
+    on_read: Callable[[int], None] | None = None,
+    others: set[str] | None = None,
+    step_ok: Callable[[str, int], bool] | None = None,
+    seen_steps: set[int] | None = None,
+) -> dict[str, _Tag]:
+    """The Grad Moments tags of one run; with ``select`` only the tags whose base name
+    (`_base_name`) it accepts (the names of the others go to ``others``), with ``step_ok`` only
+    the steps it accepts of each tag (the steps of the selected tags go to ``seen_steps``)."""
+    tags: dict[str, _Tag] = {}
+
+    def wanted(tag: str) -> bool:
+        return select is None or bool(select(_base_name(tag)))
+
+    def keep(head: bytes, whole: bool) -> bool | None:
+        peek = _peek_event(head, whole)
+        if peek is None:
+            return None  # cannot tell (yet): more bytes, else read it
+        step, names = peek
+        if seen_steps is not None:
+            seen_steps.update(step for n in names if wanted(n))
+        return any(
+            n not in tags or (wanted(n) and (step_ok is None or step_ok(n, step))) for n in names
+        )
+
+    selective = select is not None or step_ok is not None
+    for path in files:
+        for data in _read_records(path, keep if selective else None, on_read):
             try:
                 event = event_pb2.Event.FromString(data)
             except Exception as e:  # noqa: BLE001 - a record that is not an Event proto
@@ -319,6 +604,17 @@ def _read_run(run: str, files: list[str], errors: list[str]) -> dict[str, _Tag]:
             step = int(event.step)
             for value in event.summary.value:
                 tag = tags.get(value.tag)
+                if tag is not None and not wanted(value.tag):
+                    continue
+                if tag is None and not wanted(value.tag):
+                    # Its first record, read to tell a Grad Moments tag (for messages).
+                    plugin = value.metadata.plugin_data
+                    tags[value.tag] = _Tag(None)
+                    if others is not None and plugin.plugin_name == metadata.PLUGIN_NAME:
+                        others.add(_base_name(value.tag))
+                    continue
+                if tag is not None and step_ok is not None and not step_ok(value.tag, step):
+                    continue
                 if tag is None:
                     # TensorBoard keeps the metadata of a tag's first event only.
                     content = None
@@ -327,17 +623,33 @@ def _read_run(run: str, files: list[str], errors: list[str]) -> dict[str, _Tag]:
                         try:
                             content = metadata.parse_plugin_content(plugin.content)
                         except metadata.FormatError as e:
-                            errors.append(f"run {run!r} tag {value.tag!r}: {e}")
+                            errors.append(f"run {short_name(run)} tag {short_name(value.tag)}: {e}")
                             _warn(run, value.tag, step, f"{e}; the tag is skipped ({path})")
                     tag = tags[value.tag] = _Tag(content)
                 if tag.content is None or not value.HasField("tensor"):
                     continue
+                if step_ok is not None and not step_ok(value.tag, step):
+                    continue  # its first record, read for its metadata only
                 try:
                     array = _decode(tag.content, value)
                 except metadata.FormatError as e:
                     _warn(run, value.tag, step, f"{e}; the step is skipped")
                     continue
+                if step in tag.events:
+                    tag.repeated.add(step)
                 tag.events[step] = (float(event.wall_time), array)
+    for name, t in tags.items():
+        if t.repeated:
+            steps = sorted(t.repeated)
+            shown = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
+            _warn(
+                run,
+                name,
+                steps[0],
+                f"{len(steps)} steps are stored more than once ({shown}): two training processes "
+                "or writers on one run, or a run restarted from a checkpoint; the latest record "
+                "of each step is kept (as the TensorBoard tab and RustBoard do)",
+            )
     return {name: t for name, t in tags.items() if t.content is not None}
 
 
@@ -421,19 +733,98 @@ def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
     return {name: out[name] for name in sorted(out) if out[name]}
 
 
-def load(logdir: str | os.PathLike, run: str | None = None) -> dict[str, dict[str, list[Record]]]:
-    """Loads every Grad Moments tag under a logdir.
+Selection = Iterable[str] | Callable[[str], bool]
+
+
+def _selector(selection: Selection | None, what: str) -> Callable[[str], bool] | None:
+    if selection is None:
+        return None
+    if callable(selection):
+        return selection
+    if isinstance(selection, str):
+        raise TypeError(f"{what}= takes a list of names or a function of a name, not a string")
+    names = frozenset(selection)
+    return names.__contains__
+
+
+class _Progress:
+    """Reports a long read on a text stream: a line per quarter, or one updated line on a
+    terminal (at most every half second)."""
+
+    def __init__(self, stream: TextIO | None, total: int, runs: int):
+        self.stream = stream if stream is not None and total >= PROGRESS_MIN_BYTES else None
+        self.total, self.runs, self.done, self.run = total, runs, 0, 0
+        self.tty = bool(self.stream is not None and getattr(self.stream, "isatty", bool)())
+        self.start = self.last = time.monotonic()
+        self.quarter = 0
+
+    def next_run(self) -> None:
+        self.run += 1
+
+    def read(self, n: int) -> None:
+        if self.stream is None:
+            return
+        self.done += n
+        now = time.monotonic()
+        quarter = 4 * self.done // max(1, self.total)
+        if self.tty and now - self.last < 0.5 and self.done < self.total:
+            return
+        if not self.tty and quarter <= self.quarter:
+            return
+        self.quarter, self.last = quarter, now
+        self._show(now)
+
+    def _show(self, now: float) -> None:
+        assert self.stream is not None
+        line = (
+            f"tb_gradmom: reading event files: {self.done / 2**20:,.0f} of "
+            f"{self.total / 2**20:,.0f} MiB ({100 * self.done // max(1, self.total)}%), run "
+            f"{self.run} of {self.runs}, {now - self.start:.0f} s"
+        )
+        self.stream.write(("\r" + line) if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is not None and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def load(
+    logdir: str | os.PathLike,
+    run: str | None = None,
+    *,
+    runs: Selection | None = None,
+    tags: Selection | None = None,
+    steps: int | str | Iterable[int] | None = None,
+    progress: TextIO | None = None,
+) -> dict[str, dict[str, list[Record]]]:
+    """Loads the Grad Moments tags under a logdir: all of them, or the runs and tags asked for.
 
     Each variable tag's records carry the stats of the same step from its ``<tag>/_stats``
     tag (``batch_size``, ``stats``, ``hist``). Stats tags without a moments tag (``_model``
     for the whole model, or variables logged without moments) appear under their base name
     (``"_model"``) with empty ``moments``. Records are sorted by step; when a step was written
-    twice (a restarted run), the later event wins.
+    twice (two writers on one run, a restarted run), the later event wins, with a warning.
+
+    Only what is selected is read: the event files of the other runs are not opened, and the
+    records of other tags are skipped unread (see the module docstring), so one tag of a big
+    log directory costs its own records, not the directory.
 
     Args:
       logdir: the directory given to TensorBoard's ``--logdir``.
       run: read only this run (a name as returned by `list_runs`, e.g. ``"."`` or
         ``"train"``); default all runs.
+      runs: read only these runs: a list of names (each must exist) or a function of a run
+        name that says whether to read it.
+      tags: read only these tags (and their ``/_stats``): a list of the names `load` returns
+        (``"dense/kernel"``, ``"_model"``, ``"generator/_model"``) or a function of such a
+        name.
+      steps: read only these steps: a step, a list of steps, or ``"latest"``: each tag's latest
+        complete step (found first from the records' first bytes; if that step's record is
+        unreadable, the tag has no record). Default: every step.
+      progress: a text stream (e.g. ``sys.stderr``) told how far a long read is, from
+        `PROGRESS_MIN_BYTES` of event files on.
 
     Returns:
       ``{run: {tag: [Record, ...]}}``, runs and tags sorted by name; runs without Grad
@@ -442,31 +833,96 @@ def load(logdir: str | os.PathLike, run: str | None = None) -> dict[str, dict[st
     Raises:
       FileNotFoundError: if ``logdir`` does not exist.
       ValueError: if there is no event file, no such run, or no Grad Moments data (the
-        message says which and how to log some).
+        message says which and how to log some); `SelectionError` if ``tags`` matches no
+        Grad Moments tag of the runs read (the message and ``available`` list their tags).
+      TypeError: ``runs`` or ``tags`` given as a single string, ``steps`` neither a step, a
+        list of steps nor ``"latest"``.
     """
-    runs = list_runs(logdir)
-    if not runs:
-        raise ValueError(
-            f"no TensorBoard event files (*tfevents*) under logdir {os.fspath(logdir)!r}"
-        )
+    where_logdir = os.fspath(logdir)
+    found = list_runs(logdir)
+    if not found:
+        raise ValueError(f"no TensorBoard event files (*tfevents*) under logdir {where_logdir!r}")
+    shown_runs = ", ".join(repr(r) for r in found)
+    chosen = found
     if run is not None:
-        if run not in runs:
+        if run not in found:
+            raise ValueError(f"no run {run!r} under logdir {where_logdir!r}; runs: {shown_runs}")
+        chosen = {run: found[run]}
+    pick_run = _selector(runs, "runs")
+    if runs is not None and not callable(runs):
+        missing = [r for r in runs if r not in found]
+        if missing:
             raise ValueError(
-                f"no run {run!r} under logdir {os.fspath(logdir)!r}; runs: "
-                + ", ".join(repr(r) for r in runs)
+                f"no run {missing[0]!r} under logdir {where_logdir!r}; runs: {shown_runs}"
             )
-        runs = {run: runs[run]}
+    if pick_run is not None:
+        chosen = {r: f for r, f in chosen.items() if pick_run(r)}
+        if not chosen:
+            raise ValueError(f"no run of logdir {where_logdir!r} is selected; runs: {shown_runs}")
+    pick_tag = _selector(tags, "tags")
+    latest = steps == "latest"
+    step_set: frozenset[int] | None = None
+    if steps is not None and not latest:
+        if isinstance(steps, (int, np.integer)) and not isinstance(steps, bool):
+            step_set = frozenset([int(steps)])
+        elif isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
+            raise TypeError(f"steps= takes a step, a list of steps or 'latest', got {steps!r}")
+        else:
+            step_set = frozenset(int(x) for x in steps)
+    total = 0
+    for files in chosen.values():
+        for f in files:
+            try:
+                total += os.stat(f).st_size
+            except OSError:
+                pass
+    bar = _Progress(progress, total, len(chosen))
     errors: list[str] = []
+    others: set[str] = set()
+    seen_steps: set[int] = set()
     out = {}
-    for name, files in runs.items():
-        records = _records_of_run(_read_run(name, files, errors), name)
+    for name, files in chosen.items():
+        bar.next_run()
+        step_ok: Callable[[str, int], bool] | None = None
+        last: dict[str, int] = {}
+        if latest:
+            last = _latest_complete(_stored_steps(files))
+            step_ok = _at_steps(last)
+        elif step_set is not None:
+            step_ok = _in_steps(step_set)
+        tags_read = _read_run(name, files, errors, pick_tag, bar.read, others, step_ok, seen_steps)
+        if latest:
+            _fall_back(name, files, tags_read, last)
+        records = _records_of_run(tags_read, name)
+        if latest:
+            records = {tag: recs[-1:] for tag, recs in records.items()}
         if records:
             out[name] = records
+    bar.close()
     if not out:
-        detail = f" ({errors[0]})" if errors else ""
         where = f"run {run!r} of logdir" if run is not None else "logdir"
+        if pick_tag is not None and others and not seen_steps:
+            available = sorted(others)
+            raise SelectionError(
+                f"no tag of {where} {where_logdir!r} is selected; tags: "
+                + ", ".join(short_name(t) for t in available),
+                "tags",
+                available,
+            )
+        if step_set is not None and seen_steps:
+            found_steps = sorted(seen_steps)
+            shown = ", ".join(map(str, found_steps[:10])) + (
+                ", ..." if len(found_steps) > 10 else ""
+            )
+            raise SelectionError(
+                f"no Grad Moments record at step {', '.join(map(str, sorted(step_set)))} in "
+                f"{where} {where_logdir!r}; steps: {shown}",
+                "steps",
+                found_steps,
+            )
+        detail = f" ({errors[0]})" if errors else ""
         raise ValueError(
-            f"no Grad Moments data in {where} {os.fspath(logdir)!r}{detail}; log some with "
+            f"no Grad Moments data in {where} {where_logdir!r}{detail}; log some with "
             "tb_gradmom.writers.summary or the Keras callback"
         )
     return out

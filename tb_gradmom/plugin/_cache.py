@@ -131,6 +131,14 @@ class ByteLRU:
             self.hits += 1
             return item[0]
 
+    def clear(self) -> None:
+        """Drops every cached value (the benchmark's cold requests; a loading key still
+        finishes its load and caches the result)."""
+        with self._lock:
+            self._data.clear()
+            self._groups.clear()
+            self._size = 0
+
     def _pop(self, key) -> None:
         old = self._data.pop(key, None)
         if old is not None:

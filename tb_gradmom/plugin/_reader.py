@@ -58,6 +58,7 @@ from tensorboard.data import provider
 from tensorboard.util import tensor_util
 
 from tb_gradmom import metadata
+from tb_gradmom.analysis import data
 from tb_gradmom.plugin import _tb_compat
 from tb_gradmom.plugin._cache import ByteLRU, MemoryGate, nbytes
 
@@ -132,10 +133,13 @@ class TagEntry:
 
 @dataclasses.dataclass
 class RunIndex:
-    """The Grad Moments tags of one run: moments tags, and stats tags by name."""
+    """The Grad Moments tags of one run: moments tags, stats tags by name, and the tags left
+    out with the reason (a content message that fails its checks, a tag TensorBoard's data
+    provider cannot list)."""
 
     moments: dict[str, TagEntry] = dataclasses.field(default_factory=dict)
     stats: dict[str, TagEntry] = dataclasses.field(default_factory=dict)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def stats_for(self, tag: str) -> TagEntry | None:
         """The stats tag belonging to moments tag ``tag`` (or ``_model``), if logged."""
@@ -246,7 +250,8 @@ class Reader:
     # ------------------------------------------------------------------------ logging
 
     def _warn(self, run: str, tag: str, step, message: str) -> None:
-        """Logs a skipped tag or step once: ``run 'r' tag 't' step s: message``."""
+        """Logs a skipped tag or step once: ``run 'r' tag 't' step s: message`` (a name longer
+        than a log line can show is shortened, `data.short_name`)."""
         key = (run, tag, step)
         with self._warn_lock:
             if key in self._warned:
@@ -254,7 +259,13 @@ class Reader:
             if len(self._warned) >= _MAX_WARNED:
                 self._warned.clear()
             self._warned.add(key)
-        logger.warning("Grad Moments: run %r tag %r step %s: %s", run, tag, step, message)
+        logger.warning(
+            "Grad Moments: run %s tag %s step %s: %s",
+            data.short_name(run),
+            data.short_name(tag),
+            step,
+            message,
+        )
 
     # ----------------------------------------------------------------------- listing
 
@@ -262,21 +273,20 @@ class Reader:
         """``{run: RunIndex}`` of every readable Grad Moments tag (optionally of one run/tags).
 
         Tags whose content message cannot be parsed (a newer format, a corrupt or crafted
-        header) are left out and logged once each.
+        header) are left out, logged once each and listed in `RunIndex.skipped`; so is a tag
+        TensorBoard's data provider cannot list (`_listing`).
         """
-        rtf = None
-        if run is not None:
-            rtf = provider.RunTagFilter(runs=[run], tags=None if tags is None else list(tags))
-        listing = self._provider.list_tensors(
-            ctx, experiment_id=experiment_id, plugin_name=PLUGIN, run_tag_filter=rtf
-        )
+        listing, unlisted = self._listing(ctx, experiment_id, run, tags)
         result: dict[str, RunIndex] = {}
+        for run_name, reasons in unlisted.items():
+            result.setdefault(run_name, RunIndex()).skipped.update(reasons)
         for run_name, tags in listing.items():
             ri = result.setdefault(run_name, RunIndex())
             for tag_name, ts in tags.items():
                 max_step = int(ts.max_step) if ts.max_step is not None else -1
                 content = self._parse(run_name, tag_name, max_step, ts.plugin_content)
-                if content is None:
+                if isinstance(content, str):
+                    ri.skipped[tag_name] = content
                     continue
                 entry = TagEntry(
                     run=run_name,
@@ -291,6 +301,82 @@ class Reader:
                 else:
                     ri.moments[tag_name] = entry
         return result
+
+    def _list_tensors(self, ctx, experiment_id: str, runs, tags) -> dict:
+        rtf = None
+        if runs is not None or tags is not None:
+            rtf = provider.RunTagFilter(runs=runs, tags=None if tags is None else list(tags))
+        return self._provider.list_tensors(
+            ctx, experiment_id=experiment_id, plugin_name=PLUGIN, run_tag_filter=rtf
+        )
+
+    def _listing(self, ctx, experiment_id: str, run: str | None, tags) -> tuple[dict, dict]:
+        """``list_tensors`` of the plugin's tags (of one run and some tags if given), and the
+        tags it could not list: ``({run: {tag: TensorTimeSeries}}, {run: {tag: reason}})``.
+
+        The data provider lists every run at once, and fails as a whole when one series cannot
+        be listed: TensorBoard's Python loader raises ``KeyError`` for a tag whose first event
+        has metadata but no tensor (a crafted or foreign event). Then the runs are listed one by
+        one, and a run that fails tag by tag (its tags from the Python loader's multiplexer,
+        `_tb_compat.plugin_tags`; a run whose tags cannot be named is skipped whole); each tag
+        or run left out is logged once, naming the run, the tag and the error.
+
+        Raises:
+          Whatever the data provider raises when it cannot even list the runs (an unknown
+          experiment).
+        """
+        runs = None if run is None else [run]
+        try:
+            return self._list_tensors(ctx, experiment_id, runs, tags), {}
+        except Exception as e:  # noqa: BLE001 - whatever a data provider raises: list by parts
+            failure = e
+        if run is None:
+            try:
+                names = [
+                    r.run_name for r in self._provider.list_runs(ctx, experiment_id=experiment_id)
+                ]
+            except Exception:  # noqa: BLE001 - the listing itself fails: report the first error
+                raise failure from None
+        else:
+            names = [run]
+        listing: dict[str, dict] = {}
+        unlisted: dict[str, dict[str, str]] = {}
+        for name in names:
+            if run is None:
+                try:
+                    got = self._list_tensors(ctx, experiment_id, [name], tags)
+                except Exception as e:  # noqa: BLE001 - this run fails: tag by tag
+                    failure = e
+                else:
+                    for r, series in got.items():
+                        listing.setdefault(r, {}).update(series)
+                    continue
+            tag_names = list(tags) if tags is not None else None
+            if tag_names is None and self._mux is not None:
+                tag_names = _tb_compat.plugin_tags(self._mux, PLUGIN, name)
+            if tag_names is None:
+                reason = (
+                    f"TensorBoard's data provider cannot list this run "
+                    f"({type(failure).__name__}: {failure}); the run is skipped"
+                )
+                self._warn(name, "*", "(all)", reason)
+                unlisted.setdefault(name, {})["*"] = reason
+                continue
+            for tag in tag_names:
+                try:
+                    got = self._list_tensors(ctx, experiment_id, [name], [tag])
+                except Exception as e:  # noqa: BLE001 - this tag fails: it alone is left out
+                    reason = (
+                        f"TensorBoard's data provider cannot list this tag "
+                        f"({type(e).__name__}: {e}; TensorBoard's Python loader fails so on a "
+                        "summary with metadata and no tensor); the tag is skipped"
+                    )
+                    self._warn(name, tag, "(all)", reason)
+                    unlisted.setdefault(name, {})[tag] = reason
+                    continue
+                for r, series in got.items():
+                    listing.setdefault(r, {}).update(series)
+        return listing, unlisted
 
     def run_index(self, ctx, experiment_id: str, run: str) -> RunIndex:
         """The tags of one run; `errors.NotFoundError` if it has no Grad Moments data."""
@@ -322,6 +408,7 @@ class Reader:
         return entry, ri
 
     def _parse(self, run: str, tag: str, max_step: int, content: bytes):
+        """The parsed content message of a tag, or why it is skipped (a string, logged)."""
         raw = bytes(content)
         key = ("content", raw)
         parsed = self._cache.get(key)
@@ -330,8 +417,9 @@ class Reader:
         try:
             parsed = metadata.parse_plugin_content(raw)
         except metadata.FormatError as e:
-            self._warn(run, tag, f"(last {max_step})", f"{e}; the tag is skipped")
-            return None
+            reason = f"{e}; the tag is skipped"
+            self._warn(run, tag, f"(last {max_step})", reason)
+            return reason
         self._cache.put(key, parsed, size=nbytes(raw) + nbytes(parsed))
         return parsed
 
@@ -341,28 +429,30 @@ class Reader:
         self, ctx, experiment_id: str, run: str, tags: list[str], downsample: int
     ) -> dict[str, list[_Raw]]:
         """The stored steps of some tags of one run, undecoded where TensorBoard allows it
-        (`_tb_compat`): ``{tag: [_Raw]}``, in the data provider's order and sample."""
+        (`_tb_compat`): ``{tag: [_Raw]}``, one record per step (`_latest_per_step`), in the data
+        provider's order and sample (the Python loader's: by step)."""
         if self._mux is not None:
             out = {}
             for tag in tags:
                 events = _tb_compat.tensor_events(self._mux, run, tag)
                 if events is None:
                     continue
-                chosen = _tb_compat.downsample_indices(len(events), downsample)
-                out[tag] = [
-                    _Raw(int(events[i].step), float(events[i].wall_time), events[i].tensor_proto)
-                    for i in chosen
-                ]
+                raws = [_Raw(int(e.step), float(e.wall_time), e.tensor_proto) for e in events]
+                raws = self._latest_per_step(run, tag, raws)
+                chosen = _tb_compat.downsample_indices(len(raws), downsample)
+                out[tag] = [raws[i] for i in chosen]
             return out
         if self._stub is not None:
             got = _tb_compat.grpc_read_tensors(
                 self._stub, experiment_id, PLUGIN, run, tags, downsample
             )
             return {
-                tag: [_Raw(int(s), float(w), proto) for s, w, proto in series]
+                tag: self._latest_per_step(
+                    run, tag, [_Raw(int(s), float(w), proto) for s, w, proto in series]
+                )
                 for tag, series in got.items()
             }
-        data = self._provider.read_tensors(
+        read = self._provider.read_tensors(
             ctx,
             experiment_id=experiment_id,
             plugin_name=PLUGIN,
@@ -370,9 +460,38 @@ class Reader:
             run_tag_filter=provider.RunTagFilter(runs=[run], tags=list(tags)),
         ).get(run, {})
         return {
-            tag: [_Raw(int(d.step), float(d.wall_time), None, d.numpy) for d in series]
-            for tag, series in data.items()
+            tag: self._latest_per_step(
+                run, tag, [_Raw(int(d.step), float(d.wall_time), None, d.numpy) for d in series]
+            )
+            for tag, series in read.items()
         }
+
+    def _latest_per_step(self, run: str, tag: str, raws: list[_Raw]) -> list[_Raw]:
+        """One record per step, the latest stored (the provider's last), ordered by step.
+
+        Two training processes writing one run (or two writers on one directory, or a run
+        restarted from a checkpoint, which TensorFlow 2's writers do not mark) store a step
+        twice. TensorBoard's Python loader keeps both records, RustBoard and `data.load` the
+        later one; so does the plugin, and it logs how many steps repeat, once per tag.
+        """
+        latest: dict[int, int] = {}
+        for i, r in enumerate(raws):
+            latest[r.step] = i
+        if len(latest) == len(raws):
+            if all(raws[i].step < raws[i + 1].step for i in range(len(raws) - 1)):
+                return raws
+            return sorted(raws, key=lambda r: r.step)
+        repeated = sorted({r.step for i, r in enumerate(raws) if latest[r.step] != i})
+        shown = ", ".join(map(str, repeated[:5])) + (", ..." if len(repeated) > 5 else "")
+        self._warn(
+            run,
+            tag,
+            "(all)",
+            f"{len(repeated)} steps are stored more than once ({shown}): two training processes "
+            "or writers on one run, or a run restarted from a checkpoint; the latest record of "
+            "each step is shown (as RustBoard and tb_gradmom.data.load do)",
+        )
+        return [raws[i] for i in sorted(latest.values(), key=lambda i: raws[i].step)]
 
     def _read_bytes(self, entry: TagEntry, points: int) -> int:
         """Bytes a fetch of ``points`` steps of ``entry`` holds before any is decoded."""
@@ -511,10 +630,12 @@ class Reader:
         stats: StatsSeries | None = None,
         stats_entry: TagEntry | None = None,
     ) -> MomentsAt:
-        """The moments of ``entry`` at ``step`` (None: the last step).
+        """The moments of ``entry`` at ``step`` (None: the last step listed, ``entry.max_step``).
 
         ``stats`` / ``stats_entry``: the tag's stats series and stats tag, if it has one (their
-        steps locate ``step`` in a targeted sample; see the module docstring).
+        steps locate ``step`` in a targeted sample; see the module docstring). The step returned
+        is always the one asked for: when the series has grown since ``entry`` was listed (a
+        live run), its newest record is not taken for the step listed.
 
         Raises:
           errors.NotFoundError: the step is not stored (the message gives the stored range).
@@ -525,19 +646,28 @@ class Reader:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        request = _StepRequest(ctx, experiment_id, entry, want, stats, stats_entry)
         if step is None or want == entry.max_step:
-            load = lambda: self._read_last(ctx, experiment_id, entry)  # noqa: E731
+            load = lambda: self._read_last(request)  # noqa: E731
         else:
-            request = _StepRequest(ctx, experiment_id, entry, want, stats, stats_entry)
             load = lambda: self._read_step(request)  # noqa: E731
         return self._cache.get_or_load(key, load)
 
-    def _read_last(self, ctx, experiment_id: str, entry: TagEntry) -> MomentsAt:
+    def _read_last(self, request: _StepRequest) -> MomentsAt:
+        """The step listed last (``entry.max_step``), read as the series' latest record.
+
+        A live run writes on while a request runs: the series' latest record may be a step
+        listed after ``entry`` (whose stats record may not be written yet). Then the step asked
+        for is read like any other (`_read_step`).
+        """
+        ctx, experiment_id, entry = request.ctx, request.experiment_id, request.entry
         with self.read_gate.reserve(self._read_bytes(entry, 1) + self.bytes_per_step(entry)):
             series = self._fetch(ctx, experiment_id, entry.run, [entry.tag], 1).get(entry.tag)
             if not series:
                 raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
-            return self._moments(entry, series[-1])
+            if series[-1].step == request.want:
+                return self._moments(entry, series[-1])
+        return self._read_step(request)
 
     def last_readable(
         self, ctx, experiment_id: str, entry: TagEntry, stats: StatsSeries | None

@@ -30,6 +30,7 @@ __all__ = [
     "is_python_loader",
     "multiplexer_of",
     "tensor_events",
+    "plugin_tags",
     "downsample_indices",
     "grpc_stub_of",
     "grpc_read_tensors",
@@ -69,6 +70,21 @@ def tensor_events(multiplexer, run: str, tag: str) -> list | None:
     try:
         return list(multiplexer.Tensors(run, tag))
     except KeyError:
+        return None
+
+
+def plugin_tags(multiplexer, plugin_name: str, run: str) -> list[str] | None:
+    """The tags of ``run`` whose first event names ``plugin_name``, from the Python loader's
+    multiplexer (`PluginRunToTagToContent`), or None if it cannot say.
+
+    The data provider has no call that names a run's tags without listing each series, which
+    TensorBoard's Python loader fails for a tag with metadata and no tensor event; this lists
+    the names so that the plugin can list the others one by one.
+    """
+    try:
+        by_run = multiplexer.PluginRunToTagToContent(plugin_name)
+        return sorted(by_run.get(run, {}))
+    except Exception:  # noqa: BLE001 - an older or newer multiplexer: the caller skips the run
         return None
 
 

@@ -28,7 +28,7 @@ from werkzeug import wrappers
 
 from tb_gradmom import metadata
 from tb_gradmom.analysis import encode, reductions, stats, views
-from tb_gradmom.plugin import _params, _payloads, _reader, _static, _tb_compat
+from tb_gradmom.plugin import _params, _payloads, _reader, _static, _tb_compat, loader
 from tb_gradmom.plugin._cache import ByteLRU, MemoryGate
 from tb_gradmom.plugin._reader import Reader
 
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["GradMomentsPlugin", "DEFAULT_CACHE_MB", "WORK_BUDGET_BYTES"]
 
 # Budget of the in-memory cache of decoded arrays and computed responses.
-DEFAULT_CACHE_MB = 512
+DEFAULT_CACHE_MB = loader.DEFAULT_CACHE_MB
 # Arrays being computed and responses being encoded, all requests together (a single request
 # that needs more runs alone): with `_reader.READ_BUDGET_BYTES`, the plugin's memory bound
 # beyond its cache (docs/http_api.md, "Speed and memory").
@@ -124,8 +124,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
     def __init__(self, context: base_plugin.TBContext):
         self._data_provider = context.data_provider
         cache_mb = getattr(context.flags, "gradmom_cache_mb", None) if context.flags else None
-        if not isinstance(cache_mb, (int, float)) or cache_mb <= 0:
-            cache_mb = DEFAULT_CACHE_MB
+        # Checked again: flags set without TensorBoard's parser (`configure(**kwargs)`) are not.
+        cache_mb = DEFAULT_CACHE_MB if cache_mb is None else loader.cache_mb(cache_mb)
         self._cache = ByteLRU(int(cache_mb * 1024 * 1024))
         mux = _tb_compat.multiplexer_of(context, self._data_provider)
         self._reader = Reader(self._data_provider, self._cache, multiplexer=mux)
@@ -188,7 +188,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             (run, tag, e.signature)
             for run, ri in sorted(index.items())
             for tag, e in sorted({**ri.moments, **ri.stats}.items())
-        )
+        ) + tuple((run, tuple(sorted(ri.skipped.items()))) for run, ri in sorted(index.items()))
         key = ("tags", experiment, version)
         text = self._cache.get_or_load(
             key,
@@ -198,13 +198,15 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         return self._json(request, text)
 
     def tags_impl(self, ctx, experiment: str, index=None) -> dict:
-        """``{"runs": {run: {tag: info}}, "model": {run: {"steps": [...]}}}``.
+        """``{"runs": {run: {tag: info}}, "model": {run: {"steps": [...]}}, "groups": ...,
+        "skipped": {run: {tag: reason}}}``.
 
         ``index``: the `_reader.Reader.index` of the experiment, if the caller has it.
         """
         runs: dict = {}
         model: dict = {}
         groups: dict = {}
+        skipped: dict = {}
         if index is None:
             index = self._reader.index(ctx, experiment)
         for run, ri in sorted(index.items()):
@@ -249,7 +251,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                     run_groups[name] = {"tag": metadata.model_tag(name), "steps": gs.steps}
             if run_groups:
                 groups[run] = run_groups
-        return {"runs": runs, "model": model, "groups": groups}
+            if ri.skipped:
+                skipped[run] = dict(sorted(ri.skipped.items()))
+        return {"runs": runs, "model": model, "groups": groups, "skipped": skipped}
 
     def _moment_steps(self, ctx, experiment, entry) -> list[int]:
         # Only for a moments tag logged without its stats tag (not what the writer does).

@@ -15,7 +15,10 @@ Writing is safe in a shared or hostile ``--out``: existing files are never repla
 written to a fresh temporary file in ``--out`` and renamed into place, so a figure is there
 whole or not at all and a symbolic link planted in ``--out`` is replaced, never followed.
 A plot the data cannot give (e.g. a variance without a batch size) is skipped with a warning
-and the others are written. ``--bins`` is capped like the tab's (`reductions.MAX_BINS`) and
+and the others are written. Only the runs, tags and steps ``--run``, ``--tag`` and ``--step``
+select are read (`data.load`'s ``runs=``, ``tags=`` and ``steps=``, with their ``/_stats``;
+curves read every step), with the read's progress on stderr when the event files to read are
+big (`data.PROGRESS_MIN_BYTES`). ``--bins`` is capped like the tab's (`reductions.MAX_BINS`) and
 ``--dpi`` at `MAX_DPI`.
 
 CSV: RFC 4180 with a header row, CRLF line ends, floats in shortest round-trip form, and
@@ -430,7 +433,8 @@ def export(
         or 0: per-step values only.
       yscale: y scale of curves (``linear``, ``log``, ``symlog``).
       dpi: resolution of PNG files, 1 to `MAX_DPI`.
-      progress: a stream for a progress bar when there are many files (e.g. ``sys.stderr``).
+      progress: a stream for a progress bar when there are many files, and for the progress of
+        a long read of the log directory (e.g. ``sys.stderr``).
       overwrite: replace files that exist in ``out``; without it an export that would replace
         any file writes nothing and raises.
 
@@ -472,7 +476,7 @@ def export(
             )
     if fmt in IMAGE_FORMATS:
         plot._mpl()  # fail before any work when matplotlib is missing
-    runs = data.load(logdir)
+    runs = _load(logdir, run, tag, plot_kind, _parse_step(step), progress)
     jobs = plan(runs, plot_kind=plot_kind, run=run, tag=tag, step=step, stat=stat)
     opts = {
         "stat": stat,
@@ -514,6 +518,33 @@ def export(
     if not written:
         raise ExportError(f"every one of the {len(jobs)} plots was skipped (see the warnings)")
     return written
+
+
+def _load(logdir, run: str | None, tag: str | None, plot_kind: str, step, progress: TextIO | None):
+    """`data.load` of the runs, tags and steps ``--run``, ``--tag`` and ``--step`` select,
+    nothing else (a summary reads every tag of its runs: its table has them all; curves read
+    every step)."""
+    run_re, tag_re = _compile(run, "run"), _compile(tag, "tag")
+    names = list(data.list_runs(logdir))
+    if run_re is not None and names and not any(run_re.search(r) for r in names):
+        raise ExportError(f"no run matches --run {run!r}; runs: {', '.join(names)}")
+    runs = None if run_re is None else (lambda r: bool(run_re.search(r)))
+    tags = None if tag_re is None or plot_kind == "summary" else (lambda t: bool(tag_re.search(t)))
+    steps = None if plot_kind == "curves" or step == "all" else step
+    try:
+        return data.load(logdir, runs=runs, tags=tags, steps=steps, progress=progress)
+    except data.SelectionError as e:
+        if e.what == "steps":
+            shown = ", ".join(map(str, e.available[:10])) + (
+                ", ..." if len(e.available) > 10 else ""
+            )
+            raise ExportError(
+                f"step {step} was not logged for any matching tag; steps: {shown}"
+            ) from None
+        shown = ", ".join(
+            t if len(t) <= data.SHORT_NAME_CHARS else data.short_name(t) for t in e.available
+        )
+        raise ExportError(f"no tag matches --tag {tag!r}; tags: {shown}") from None
 
 
 def _render(job: Job, runs, opts: dict, fmt: str, dpi: int):
