@@ -145,7 +145,12 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", default=None, help="write the results to this file")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CI: the MLP, one round (checks it runs, not times)"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.models, args.rounds, args.quick = "mlp", 1, True
     rounds = args.rounds or (3 if args.quick else 11)
     results = []
     print(

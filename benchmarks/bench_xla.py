@@ -103,7 +103,12 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--per-round", type=int, default=5)
     parser.add_argument("--unknown-batch", action="store_true")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CI: the MLP, one round (checks it runs, not times)"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.models, args.rounds, args.per_round = "mlp", 1, 1
     orders = tuple(int(p) for p in args.orders.split(","))
     batch = "unknown at trace time" if args.unknown_batch else "static"
     print(f"orders {orders}, batch {batch}, {args.rounds} rounds x {args.per_round} steps")
