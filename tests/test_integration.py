@@ -591,6 +591,7 @@ def test_sample_and_class_weights_multi_output_and_resumed_fit(tmp_path):
         return _small(seed=8)
 
     c, d = build_cw(), build_cw()
+    c_initial = [w.numpy() for w in c.trainable_weights]
     cw = {0: 1.0, 1: 3.0, 2: 0.5}
     c.fit(
         x,
@@ -604,6 +605,16 @@ def test_sample_and_class_weights_multi_output_and_resumed_fit(tmp_path):
     )
     d.fit(x, y, batch_size=8, epochs=2, class_weight=cw, verbose=0, shuffle=False)
     _same_training(c, d)
+
+    # class weights are sample weights by label: l_j = cw[y_j] ce_j
+    def class_weighted(out, t):
+        labels = tf.cast(t, tf.int32)
+        w = tf.gather(tf.constant([cw[0], cw[1], cw[2]]), labels)
+        return w * keras.losses.sparse_categorical_crossentropy(labels, out, from_logits=True)
+
+    cw_run = data.load(tmp_path / "cw")["."]
+    cw_tags = gradmom.summary.tag_names(c.trainable_weights)
+    _check_logged(cw_run, build_cw(), c_initial, x[:8], y[:8], class_weighted, cw_tags)
 
 
 def test_mixed_precision_loss_scale_optimizer(tmp_path):
@@ -931,3 +942,26 @@ def test_coupled_rules_keeps_the_rules_before_a_training_batch_norm():
     assert "fallback" in exact_text
     with pytest.raises(ValueError, match="coupled must be 'exact'.*or 'rules'"):
         step(x, "nope")
+
+
+def test_per_example_norms_take_coupled_like_the_moments():
+    keras.utils.set_random_seed(5)
+    dense, bn, head = (
+        keras.layers.Dense(4),
+        keras.layers.BatchNormalization(),
+        keras.layers.Dense(2),
+    )
+    x = np.random.default_rng(0).normal(size=(6, 3)).astype("float32")
+    head(tf.nn.relu(bn(dense(x), training=True)))
+
+    @tf.function
+    def norms(t):
+        z = dense(t)
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(head(tf.nn.relu(bn(z, training=True)))), 1))
+        _, sq = gradmom.per_example_norms(loss, dense.trainable_variables[:1], coupled="rules")
+        return sq[0], tf.gradients(loss, z)[0]
+
+    with pytest.warns(UserWarning, match="coupled='rules'"):
+        sq, dz = norms(x)
+    share = np.einsum("ni,no->nio", x, 6 * dz.numpy())  # each example's share, as the rules
+    np.testing.assert_allclose(sq.numpy(), (share**2).sum((1, 2)), rtol=1e-5)

@@ -57,6 +57,7 @@ def per_example_norms(
     chunk_size: int | None = None,
     name: str | None = None,
     loss_scale: float | tf.Tensor | tf.Variable | None = None,
+    coupled: str = "exact",
 ) -> tuple[list[tf.Tensor | None], list[tf.Tensor]]:
     """Gradients and the squared norms of the per-example gradients, from one backward pass.
 
@@ -88,6 +89,8 @@ def per_example_norms(
       name: a name scope for the added ops.
       loss_scale: the factor ``loss`` was multiplied by (mixed precision); ``grads`` stay
         scaled, the norms are those of the unscaled gradients.
+      coupled: ``"exact"`` or ``"rules"`` for variables used before an op that couples the
+        examples (a training-mode batch normalisation): see `gradients_and_moments`.
 
     Returns:
       ``(grads, sq_norms)``: ``grads`` as `gradients_and_moments` returns them
@@ -100,7 +103,9 @@ def per_example_norms(
       UnsupportedOpError, PerExampleLossError, BatchSizeError: as `gradients_and_moments`.
       NotImplementedError: inside a ``tf.distribute`` replica context with several replicas.
     """
-    options = Options.check((1,), reduction, batch_size, chunk_size, fallback, loss_scale)
+    options = Options.check(
+        (1,), reduction, batch_size, chunk_size, fallback, loss_scale, coupled=coupled
+    )
     plan = _plan.make_plan(loss, var_list, options, name=name or "per_example_norms")
     if plan.replica is not None:
         raise NotImplementedError(
