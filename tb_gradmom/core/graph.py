@@ -24,8 +24,9 @@ VIEW_OPS = frozenset({"Identity", "Cast", "ExpandDims", "Reshape", "Squeeze"})
 NO_GRADIENT_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape"})
 
 
-def ancestors(tensor: tf.Tensor) -> set[tf.Operation]:
-    """All ops that ``tensor`` depends on through data inputs (including its own op)."""
+def ancestors(tensor: tf.Tensor, cut: set | frozenset = frozenset()) -> set[tf.Operation]:
+    """All ops that ``tensor`` depends on through data inputs (including its own op), not
+    crossing the edges in ``cut``: ``(op, input.ref())`` pairs."""
     seen: set[tf.Operation] = set()
     stack = [tensor.op]
     while stack:
@@ -33,7 +34,7 @@ def ancestors(tensor: tf.Tensor) -> set[tf.Operation]:
         if op in seen:
             continue
         seen.add(op)
-        stack.extend(t.op for t in op.inputs)
+        stack.extend(t.op for t in op.inputs if not cut or (op, t.ref()) not in cut)
     return seen
 
 

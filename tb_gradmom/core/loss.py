@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradmom.core import axes as _axes
+from tb_gradmom.core import graph as _graph
 from tb_gradmom.core.errors import PerExampleLossError
 
 __all__ = ["LossForm", "FreeTerm", "analyse", "per_example_losses", "example_path"]
@@ -424,16 +425,7 @@ def example_path(scalar: tf.Tensor, form: LossForm) -> set[tf.Operation]:
     per-example gradients of the rest are taken. A variable read only by a weight penalty has
     no use there; one read by a layer too has that use alone (its penalty's gradient, the same
     for every example, is added by `tb_gradmom.core.moments`)."""
-    cut = {(f.into, f.value.ref()) for f in form.free}
-    seen: set[tf.Operation] = set()
-    stack = [scalar.op]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(x.op for x in op.inputs if (op, x.ref()) not in cut)
-    return seen
+    return _graph.ancestors(scalar, cut={(f.into, f.value.ref()) for f in form.free})
 
 
 def per_example_losses(form: LossForm, n: int | tf.Tensor, mode: str | None = None) -> tf.Tensor:

@@ -456,19 +456,44 @@ def sum_over_chunks(
             acc = {p: acc[p] + sums[p] if acc else sums[p] for p in orders}
             start += size
         return acc
-    num_chunks = (n + chunk - 1) // chunk
+    return _chunk_loop(
+        (n + chunk - 1) // chunk,
+        lambda start: tf.minimum(chunk, n - start),
+        chunk,
+        orders,
+        shape,
+        dtype,
+        chunk_sums,
+        name,
+    )
+
+
+def _chunk_loop(
+    count: Count,
+    size_of: Callable[[tf.Tensor], Count],
+    chunk: int,
+    orders: Sequence[int],
+    shape: tf.TensorShape | Sequence[int],
+    dtype: tf.DType,
+    chunk_sums: Callable[[Count, Count], dict[int, tf.Tensor]],
+    name: str,
+    maximum_iterations: int | None = None,
+) -> dict[int, tf.Tensor]:
+    """``{p: sum of chunk_sums(k * chunk, size_of(k * chunk))[p]}`` over ``k < count``, in a
+    ``tf.while_loop`` that runs one chunk at a time."""
     zeros = tuple(tf.zeros(shape, dtype) for _ in orders)
 
     def body(i: tf.Tensor, accs: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         start = i * chunk
-        sums = chunk_sums(start, tf.minimum(chunk, n - start))
+        sums = chunk_sums(start, size_of(start))
         return i + 1, tuple(a + sums[p] for a, p in zip(accs, orders))
 
     _, accs = tf.while_loop(
-        lambda i, _: i < num_chunks,
+        lambda i, _: i < count,
         body,
         (tf.constant(0), zeros),
         parallel_iterations=1,
+        maximum_iterations=maximum_iterations,
         name=name,
     )
     return dict(zip(orders, accs))
@@ -487,23 +512,9 @@ def _static_loop(
     Python int (`static_chunks`): a ``tf.while_loop`` over ``n // chunk`` chunks of ``chunk``
     examples, then one chunk of the ``n % chunk`` left."""
     full, rest = divmod(n, chunk)
-    zeros = tuple(tf.zeros(shape, dtype) for _ in orders)
-
-    def body(i: tf.Tensor, accs: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
-        sums = chunk_sums(i * chunk, chunk)
-        return i + 1, tuple(a + sums[p] for a, p in zip(accs, orders))
-
-    _, accs = tf.while_loop(
-        lambda i, _: i < full,
-        body,
-        (tf.constant(0), zeros),
-        parallel_iterations=1,
-        maximum_iterations=full,
-        name=name,
-    )
-    out = dict(zip(orders, accs))
+    out = _chunk_loop(full, lambda _: chunk, chunk, orders, shape, dtype, chunk_sums, name, full)
     if rest:
-        with tf.control_dependencies(list(accs)):
+        with tf.control_dependencies([out[p] for p in orders]):
             sums = chunk_sums(full * chunk, rest)
         out = {p: out[p] + sums[p] for p in orders}
     return out
