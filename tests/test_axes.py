@@ -134,6 +134,16 @@ ROWS = [
     ),
     # shapes and layouts
     Row("transpose", lambda x: tf.transpose(x, [1, 2, 0]), (spec(N, T, D),), Axis(2)),
+    Row(  # the permutation is a ConcatV2 of Range(s) and Pack of the rank
+        "softmax-over-axis-1", lambda x: tf.nn.softmax(x, axis=1), (spec(None, T, D),), Axis(0)
+    ),
+    Row("softmax-over-axis-0", lambda x: tf.nn.softmax(x, axis=0), (spec(N, T, D),), UNKNOWN),
+    Row(
+        "transpose-computed-perm",
+        lambda x: tf.transpose(x, tf.concat([tf.range(1, tf.rank(x)), [0]], 0)),
+        (spec(None, T, D),),
+        Axis(2),
+    ),
     Row("expand-dims", lambda x: tf.expand_dims(x, 0), (spec(N, D),), Axis(1)),
     Row("squeeze", lambda x: tf.squeeze(x, 1), (spec(N, 1, D),), Axis(0)),
     Row("reshape-fold", lambda x: tf.reshape(x, [N * T, D]), (spec(N, T, D),), Axis(0, 1, T)),
@@ -162,6 +172,18 @@ ROWS = [
     Row("split", lambda x: tf.split(x, [2, 3], axis=1)[1], (spec(N, D),), Axis(0)),
     Row("pad-features", lambda x: tf.pad(x, [[0, 0], [1, 1]]), (spec(N, D),), Axis(0)),
     Row("pad-batch", lambda x: tf.pad(x, [[1, 0], [0, 0]]), (spec(N, D),), UNKNOWN),
+    Row(
+        "pad-to-bounding-box",  # paddings computed from the shape
+        lambda x: tf.image.pad_to_bounding_box(x[:, 1:, 1:], 0, 0, 4, 4),
+        (spec(None, 4, 4, 3),),
+        Axis(0),
+    ),
+    Row(
+        "pad-batch-computed",
+        lambda x: tf.pad(x, tf.reshape(tf.stack([tf.shape(x)[1] - D, 1, 0, 0]), [2, 2])),
+        (spec(None, D),),
+        UNKNOWN,
+    ),
     Row("tile-features", lambda x: tf.tile(x, [1, 2]), (spec(N, D),), Axis(0)),
     Row("tile-batch", lambda x: tf.tile(x, [2, 1]), (spec(N, D),), UNKNOWN),
     Row(
@@ -172,6 +194,48 @@ ROWS = [
     ),
     Row("slice-features", lambda x: x[:, 1:3], (spec(N, D),), Axis(0)),
     Row("slice-batch", lambda x: x[1:], (spec(N, D),), UNKNOWN),
+    Row(
+        "crop-to-bounding-box",
+        lambda x: tf.image.crop_to_bounding_box(x, 1, 1, 2, 2),
+        (spec(None, 4, 4, 3),),
+        Axis(0),
+    ),
+    Row(
+        "slice-size-from-shape",
+        lambda x: tf.slice(x, [0, 1], tf.stack([tf.shape(x)[0], 2])),
+        (spec(None, D),),
+        Axis(0),
+    ),
+    Row(
+        "slice-size-from-shape-cuts-batch",
+        lambda x: tf.slice(x, [0, 1], tf.stack([tf.shape(x)[0] - 1, 2])),
+        (spec(None, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "strided-slice-end-from-shape",
+        lambda x: x[:, : tf.shape(x)[1] - 1],
+        (spec(None, T, D),),
+        Axis(0),
+    ),
+    Row(
+        "strided-slice-batch-end-from-shape",
+        lambda x: x[: tf.shape(x)[0] - 1],
+        (spec(None, T, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "strided-slice-full-batch-from-shape",
+        lambda x: x[: tf.shape(x)[0], 1:],
+        (spec(None, T, D),),
+        Axis(0),
+    ),
+    Row(
+        "relative-shift",  # XLNet: reshape-slice-reshape on non-batch axes
+        lambda x: tf.reshape(tf.reshape(x, [-1, D, T])[:, 1:, :], [-1, T, D - 1]),
+        (spec(None, T, D),),
+        Axis(0),
+    ),
     Row(
         "space-to-batch",
         lambda x: tf.space_to_batch(x, [2, 2], [[0, 0], [0, 0]]),
@@ -187,11 +251,92 @@ ROWS = [
         Axis(0),
     ),
     Row("identity-n", lambda x: tf.identity_n([x, x * 2.0])[1], (spec(N, D),), Axis(0)),
-    # along one axis
+    Row(
+        "image-transform-per-example",  # Keras' RandomRotation: a transform per image
+        lambda x: tf.raw_ops.ImageProjectiveTransformV3(
+            images=x,
+            transforms=tf.random.uniform([tf.shape(x)[0], 8]),
+            output_shape=[4, 4],
+            fill_value=0.0,
+            interpolation="BILINEAR",
+        ),
+        (spec(None, 4, 4, 3),),
+        Axis(0),
+    ),
+    Row(
+        "image-transform-of-transposed-batch",
+        lambda x: tf.raw_ops.ImageProjectiveTransformV3(
+            images=tf.transpose(x, [1, 0, 2, 3]),
+            transforms=tf.ones([1, 8]),
+            output_shape=[4, 4],
+            fill_value=0.0,
+            interpolation="BILINEAR",
+        ),
+        (spec(4, 4, 4, 3),),
+        UNKNOWN,
+    ),
+    Row(
+        "bucketize",
+        lambda x: tf.raw_ops.Bucketize(input=x, boundaries=[0.0]),
+        (spec(N, D),),
+        Axis(0),
+    ),
+    # defalongaxes
     Row("cumsum-features", lambda x: tf.cumsum(x, 1), (spec(N, D),), Axis(0)),
     Row("cumsum-batch", lambda x: tf.cumsum(x, 0), (spec(N, D),), UNKNOWN),
     Row("reverse-sequence", lambda x: tf.reverse(x, [1]), (spec(N, T, D),), Axis(0)),
     Row("reverse-batch", lambda x: tf.reverse(x, [0]), (spec(N, T, D),), UNKNOWN),
+    Row("roll-sequence", lambda x: tf.roll(x, [1, -2], [1, 2]), (spec(N, T, D),), Axis(0)),
+    Row("roll-batch", lambda x: tf.roll(x, 1, 0), (spec(N, T, D),), UNKNOWN),
+    Row("roll-batch-negative-axis", lambda x: tf.roll(x, 1, -3), (spec(N, T, D),), UNKNOWN),
+    Row(
+        "roll-folded-windows",  # examples x windows on axis 0: a roll along it mixes them
+        lambda x: tf.roll(tf.reshape(x, [N * T, D]), 1, 0),
+        (spec(N, T, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "cumsum-batch-of-one-hot",  # Switch's capacity: no gradient, a constant for the split
+        lambda x: tf.cumsum(tf.one_hot(tf.argmax(x, 1), 4), 0),
+        (spec(N, D),),
+        FREE,
+    ),
+    Row(
+        "capacity-mask-times-probabilities",
+        lambda x: (
+            tf.nn.softmax(x)
+            * tf.cast(tf.cumsum(tf.one_hot(tf.argmax(x, 1), D), 0) <= 2.0, tf.float32)
+        ),
+        (spec(N, D),),
+        Axis(0),
+    ),
+    Row(
+        "cumsum-batch-of-differentiable",  # carries a gradient: stays unproven (a coupling)
+        lambda x: tf.argmax(tf.cumsum(tf.nn.softmax(x), 0), 1),
+        (spec(N, D),),
+        UNKNOWN,
+    ),
+    # definnermost
+    Row(
+        "fft2d-sequence-features",
+        lambda x: tf.math.real(tf.signal.fft2d(tf.cast(x, tf.complex64))),
+        (spec(None, T, D),),
+        Axis(0),
+    ),
+    Row(
+        "fft2d-over-batch",
+        lambda x: tf.signal.fft2d(tf.cast(x, tf.complex64)),
+        (spec(N, D),),
+        UNKNOWN,
+    ),
+    Row("rfft-magnitude", lambda x: tf.abs(tf.signal.rfft(x)), (spec(N, T, D),), Axis(0)),
+    Row(
+        "fft-over-batch",
+        lambda x: tf.signal.fft(tf.complex(tf.transpose(x), 0.0)),
+        (spec(N, D),),
+        UNKNOWN,
+    ),
+    Row("irfft3d", lambda x: tf.signal.irfft3d(tf.signal.rfft3d(x)), (spec(N, 2, T, D),), Axis(0)),
     # products
     Row("matmul", lambda x: x @ W, (spec(N, D),), Axis(0)),
     Row(
@@ -345,3 +490,79 @@ def test_states_are_an_enum_with_words_for_messages():
 def test_an_op_type_registered_twice_is_refused():
     with pytest.raises(ValueError, match="'Tanh' is registered twice"):
         registry.defelementwise("Tanh")
+
+
+# --- the proofs at work: the variables around these ops keep their rules ---------------------
+
+# case id -> the variables on the exact fallback (coupled: the op mixes the examples)
+FALLBACKS = {
+    "swin-shifted-windows-roll": 0,
+    "softmax-over-axis-1": 0,
+    "fnet-fft2d-token-mixing": 0,
+    "fnet-rfft-magnitude": 0,
+    "cumsum-along-sequence": 0,
+    "switch-capacity-cumsum": 0,
+    "crop-pad-and-dynamic-slice": 0,
+    "preprocessing-layers": 0,
+    "xlnet-relative-shift": 0,
+    # along the batch: nothing after the op is proven, the per-example losses included, so
+    # every variable takes the fallback (rows of the jacobian), the op named as the reason
+    "cumsum-along-batch": 4,
+    "roll-along-batch": 4,
+}
+MIXERS = {"cumsum-along-batch": "Cumsum op 'Cumsum'", "roll-along-batch": "Roll op 'Roll'"}
+
+
+def _plan_paths(case, batch_signature=False):
+    import tb_gradmom as gradmom
+    from tests.cases import squared_error
+
+    forward, variables = case.build("float64")
+    x, y = case.inputs(np.random.default_rng(0), "float64")
+    seen = {}
+
+    def step(x, y):
+        per_example = (case.per_example_loss or squared_error)(forward(x), y)
+        loss = tf.reduce_sum(per_example) if case.loss == "sum" else tf.reduce_mean(per_example)
+        seen["paths"] = [v.path for v in gradmom.plan_moments(loss, variables).variables]
+        return loss
+
+    sig = None
+    if batch_signature:  # the batch size unknown at trace time
+        sig = [tf.TensorSpec([None, *a.shape[1:]], tf.float64) for a in (x, y)]
+    tf.function(step, input_signature=sig).get_concrete_function(
+        *(sig or (tf.constant(x), tf.constant(y)))
+    )
+    return seen["paths"]
+
+
+@pytest.mark.filterwarnings("ignore:tb_gradmom. cannot prove where the examples are")
+@pytest.mark.parametrize("batch_signature", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("case_id", list(FALLBACKS))
+def test_variables_around_proven_ops_keep_their_rules(case_id, batch_signature):
+    """Counted in the plan: every variable takes a rule, except those before an op along the
+    batch (coupled: the exact fallback). The numbers are checked against brute force (or the
+    jacobian) in tests/test_core.py, float64 and float32, orders 1-4."""
+    from tests.cases import CASES_BY_ID
+
+    paths = _plan_paths(CASES_BY_ID[case_id], batch_signature)
+    fallback = [p for p in paths if p.startswith("fallback")]
+    assert len(fallback) == FALLBACKS[case_id], paths
+    assert all(f"{MIXERS.get(case_id)} along the examples' axis 0" in p for p in fallback), paths
+    assert all(p.startswith("rule") for p in paths if not p.startswith("fallback")), paths
+
+
+def test_switch_capacity_drops_tokens_that_depend_on_other_examples():
+    """The case is not vacuous: with the batch, some tokens are past their expert's capacity,
+    and a token's fate changes with the other examples (alone, example 3's tokens are kept), so
+    its per-example gradient is the jacobian's row, not its own slice's gradient."""
+    from tests import reference
+    from tests.cases import CASES_BY_ID, squared_error
+
+    case = CASES_BY_ID["switch-capacity-cumsum"]
+    forward, variables = case.build("float64")
+    x, y = case.inputs(np.random.default_rng(0), "float64")
+    alone = reference.per_example_gradients(forward, variables, squared_error, x, y)
+    in_batch = reference.per_example_jacobian(forward, variables, squared_error, x, y)
+    differ = [float(np.max(np.abs(a - b))) for a, b in zip(alone, in_batch)]
+    assert max(differ) > 1e-3, differ

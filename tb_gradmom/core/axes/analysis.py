@@ -32,6 +32,7 @@ class Examples:
         self.depth = depth
         self._memo: dict = {}
         self._why: dict = {}
+        self._inert: set = set()  # refs of the tensors that carry no gradient (`_gradient_free`)
         if inputs is not None:  # the body of a called function: its inputs' states are given
             self._sources = _RefMap()
             for t, st in zip(graph.inputs, inputs):
@@ -110,6 +111,7 @@ class Examples:
                 stack.extend(pending)
                 continue
             stack.pop()
+            self._gradient_free(op)
             try:
                 states = self._visit(op)
             except Exception as e:  # noqa: BLE001 - an analysis gap must never crash the step
@@ -174,6 +176,38 @@ class Examples:
                 return True
         return False
 
+    def _gradient_free(self, op) -> None:
+        """Record which outputs of ``op`` carry no gradient to anything: integer and boolean
+        tensors, and the outputs of ops whose inputs all carry none (a one-hot of an argmax,
+        a cast of a comparison, a cumulative sum of those), or constants."""
+        inert = op.type == "Const" or (
+            bool(op.inputs) and all(x.ref() in self._inert for x in op.inputs)
+        )
+        for t in op.outputs:
+            if inert or not _carries_gradient(t.dtype):
+                self._inert.add(t.ref())
+
+    def _stopped(self, op, result: list) -> list:
+        """``result`` with each `UNKNOWN` output recorded (`_unknown`), or `FREE` when the
+        output carries no gradient (`_gradient_free`).
+
+        The per-example gradient of a variable is a row of the jacobian of the per-example
+        losses in the batch's forward pass; a tensor that carries no gradient contributes
+        nothing to it, whatever examples its value mixes, exactly as ``StopGradient``'s output
+        (a constant for the split): the Switch Transformer's capacity, a ``cumsum`` over the
+        whole batch of its routing's one-hot, decides which tokens are dropped, and every
+        example's gradient is taken with the tokens dropped as they are. Only where a known
+        op's handler stops the proof: an op without a handler (its effect on the layout not
+        known) or an inherited `UNKNOWN` (a sparse input's ids) stays `UNKNOWN`."""
+        out = []
+        for t, r in zip(op.outputs, result):
+            if r == UNKNOWN and t.ref() in self._inert:
+                r = FREE
+            elif r == UNKNOWN:
+                r = self._unknown(op)
+            out.append(r)
+        return out
+
     def _visit(self, op) -> list:
         ty = op.type
         outs = op.outputs
@@ -202,7 +236,7 @@ class Examples:
         result = handler(self, op, states)
         if not isinstance(result, list):
             result = [result] * len(outs)
-        return [self._unknown(op) if r == UNKNOWN else r for r in result]
+        return self._stopped(op, result)
 
     def _placeholder(self, op):
         t = op.outputs[0]
@@ -224,6 +258,10 @@ class Examples:
         if isinstance(op.graph, tf.Graph) and not hasattr(op.graph, "internal_captures"):
             return Axis(0)
         return FREE
+
+
+def _carries_gradient(dtype: tf.DType) -> bool:
+    return dtype.is_floating or dtype.is_complex or dtype in (tf.resource, tf.variant)
 
 
 def _leaf_kinds(spec) -> list[str]:

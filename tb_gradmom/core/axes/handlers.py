@@ -99,12 +99,25 @@ def h_last_axis(ex, op, states):
     return st
 
 
+def _values(ex, t):
+    """``t``'s value as a list (of ints, `Sym` or None where unknown), computed with the batch
+    size kept symbolic (`sym_value`: ``Range``, ``Pack``, ``ConcatV2`` of constants and shape
+    values), or None."""
+    v = sym_value(ex, t)
+    if v is None:
+        return None
+    return v if isinstance(v, list) else [v]
+
+
 def h_transpose(ex, op, states):
+    """The permutation may be computed (``softmax(x, axis=1)`` swaps the axis with the last one
+    by a ``ConcatV2`` of ``Range``s of the rank)."""
     st = states[0]
-    perm = static(op.inputs[1])
-    if not isinstance(st, Axis) or perm is None:
+    perm = _values(ex, op.inputs[1])
+    if not isinstance(st, Axis) or perm is None or any(not isinstance(p, int) for p in perm):
         return UNKNOWN
-    perm = [int(p) for p in perm.reshape(-1)]
+    if sorted(perm) != list(range(len(perm))):
+        return UNKNOWN
     return st.moved(perm.index(st.axis))
 
 
@@ -321,11 +334,17 @@ def h_split(ex, op, states):
 
 
 def h_pad(ex, op, states):
+    """The paddings ``[rank, 2]`` may be computed (``tf.image.pad_to_bounding_box``): the
+    example axis's two entries must be 0."""
     st = states[0]
-    pads = static(op.inputs[1])
-    if not isinstance(st, Axis) or pads is None:
+    src = op.inputs[1]
+    while src.op.type == "Reshape":  # values in row-major order: the reshape keeps it
+        src = src.op.inputs[0]
+    pads = _values(ex, src)
+    rank = op.inputs[0].shape.rank
+    if not isinstance(st, Axis) or pads is None or rank is None or len(pads) != 2 * rank:
         return UNKNOWN
-    if any(int(p) != 0 for p in pads[st.axis]):
+    if pads[2 * st.axis] != 0 or pads[2 * st.axis + 1] != 0:
         return UNKNOWN
     return st
 
@@ -361,18 +380,21 @@ def h_slice(ex, op, states):
     x = op.inputs[0]
     if not isinstance(st, Axis):
         return UNKNOWN
-    if op.type == "Slice":
-        begin, size = static(op.inputs[1]), static(op.inputs[2])
-        if begin is None or size is None:
+    dims = ex.sym_shape(x)
+    if dims is None:
+        return UNKNOWN
+    if op.type == "Slice":  # begin and size may be computed (tf.image.crop_to_bounding_box)
+        begin, size = _values(ex, op.inputs[1]), _values(ex, op.inputs[2])
+        if begin is None or size is None or len(begin) <= st.axis or len(size) <= st.axis:
             return UNKNOWN
-        dim = x.shape[st.axis]
-        full = int(begin[st.axis]) == 0 and (
-            int(size[st.axis]) == -1 or (dim is not None and int(size[st.axis]) == dim)
-        )
+        b, s = begin[st.axis], size[st.axis]
+        full = b == 0 and (s == -1 or (s is not None and s == dims[st.axis]))
         return st if full else UNKNOWN
-    # StridedSlice
-    begin, end, strides = (static(t) for t in op.inputs[1:4])
+    # StridedSlice: only the example axis's entries of begin, end and strides must be known
+    begin, end, strides = (_values(ex, t) for t in op.inputs[1:4])
     if begin is None or end is None or strides is None:
+        return UNKNOWN
+    if not len(begin) == len(end) == len(strides):
         return UNKNOWN
     ellipsis = op.get_attr("ellipsis_mask")
     new_axis = op.get_attr("new_axis_mask")
@@ -402,9 +424,9 @@ def h_slice(ex, op, states):
             continue
         if in_dim == st.axis:
             full = (
-                (bmask & bit or int(begin[i]) == 0)
-                and (emask & bit or int(end[i]) >= (2**31 - 1) or _end_is_full(x, i, int(end[i])))
-                and int(strides[i]) == 1
+                (bmask & bit or begin[i] == 0)
+                and (emask & bit or _end_is_full(end[i], dims[in_dim]))
+                and strides[i] == 1
                 and not shrink & bit
             )
             if not full:
@@ -418,9 +440,15 @@ def h_slice(ex, op, states):
     return st.moved(target)
 
 
-def _end_is_full(x, i, end):
-    dim = x.shape[i] if x.shape.rank is not None and i < x.shape.rank else None
-    return dim is not None and end >= dim
+def _end_is_full(end, dim) -> bool:
+    """Whether a slice's ``end`` reaches the end of an axis of size ``dim`` (ints or `Sym`)."""
+    if end is None or dim is None:
+        return False
+    if end == dim:
+        return True
+    if isinstance(end, int) and end >= 2**31 - 1:
+        return True
+    return isinstance(end, int) and isinstance(dim, int) and end >= dim
 
 
 def h_gather(ex, op, states):
@@ -504,6 +532,18 @@ def h_batch_row(ex, op, states):
     return st
 
 
+def h_image_transform(ex, op, states):
+    """``ImageProjectiveTransformV2/V3`` (Keras' random rotation, zoom and translation): image
+    ``j`` of the batch (axis 0) is resampled by row ``j`` of the transforms (or by their one
+    row), which must hold example ``j``'s or none."""
+    st, transforms = states[0], states[1]
+    if st != Axis(0) or any(isinstance(s, Axis | Elements) for s in states[2:]):
+        return UNKNOWN
+    if isinstance(transforms, Axis | Elements) and transforms != Axis(0):
+        return UNKNOWN
+    return st
+
+
 def h_space_to_batch(ex, op, states):
     st = states[0]
     block = static(op.inputs[1])
@@ -523,13 +563,46 @@ def h_batch_to_space(ex, op, states):
     return Axis(0, st.outer // b, st.inner)
 
 
-def h_cumulative(ex, op, states):
-    st = states[0]
-    axis = static(op.inputs[1])
-    rank = op.inputs[0].shape.rank
-    if not isinstance(st, Axis) or axis is None or rank is None or int(axis) % rank == st.axis:
-        return UNKNOWN
-    return st
+def along_axes(axes_input: int):
+    """The handler of ops that move or combine entries along the axes given by input
+    ``axes_input`` (``Cumsum``, ``ReverseV2``, ``Roll``): the examples stay where they are when
+    their axis is not among them; along it, the op mixes or moves the examples (`UNKNOWN`: a
+    coupling). Their other inputs (a roll's shift) must not hold examples."""
+
+    def h_along_axes(ex, op, states):
+        st = states[0]
+        axes = static(op.inputs[axes_input])
+        rank = op.inputs[0].shape.rank
+        if not isinstance(st, Axis) or axes is None or rank is None:
+            return UNKNOWN
+        if any(isinstance(s, Axis | Elements) for s in states[1:]):
+            return UNKNOWN
+        along = {int(a) % rank for a in axes.reshape(-1)} if rank else set()
+        if st.axis in along:
+            return ex.refuse(
+                op, f"{op.type} op '{op.name}' along the examples' axis {st.axis} (mixes them)"
+            )
+        return st
+
+    h_along_axes.__name__ = f"h_along_axes_{axes_input}"
+    return h_along_axes
+
+
+def innermost(k: int):
+    """The handler of ops on the ``k`` innermost axes (``FFT`` 1, ``FFT2D`` 2, ``FFT3D`` 3, and
+    their inverse and real forms): the examples must be on an outer axis."""
+
+    def h_innermost(ex, op, states):
+        st = states[0]
+        rank = op.inputs[0].shape.rank
+        if not isinstance(st, Axis) or rank is None or st.axis >= rank - k:
+            return UNKNOWN
+        if any(isinstance(s, Axis | Elements) for s in states[1:]):
+            return UNKNOWN
+        return st
+
+    h_innermost.__name__ = f"h_innermost_{k}"
+    return h_innermost
 
 
 def h_select(ex, op, states):
@@ -559,19 +632,6 @@ def h_cross_entropy(ex, op, states):
     if op.inputs[0].shape.rank != 2:
         return UNKNOWN
     return [rows[0], rows[0]]
-
-
-def h_reverse(ex, op, states):
-    """``ReverseV2`` (``go_backwards``, ``Bidirectional``): the examples stay where they are
-    unless their own axis is reversed."""
-    st = states[0]
-    axes = static(op.inputs[1])
-    rank = op.inputs[0].shape.rank
-    if not isinstance(st, Axis) or axes is None or rank is None:
-        return UNKNOWN
-    if st.axis in {int(a) % rank for a in axes.reshape(-1)}:
-        return UNKNOWN
-    return st
 
 
 def h_identity_n(ex, op, states):

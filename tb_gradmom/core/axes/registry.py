@@ -26,6 +26,8 @@ __all__ = [
     "defreduction",
     "deflastaxis",
     "defbatchrows",
+    "defalongaxes",
+    "definnermost",
     "defop",
 ]
 
@@ -92,6 +94,17 @@ def defbatchrows(*op_types: str) -> None:
     defop(op_types, h.h_batch_row)
 
 
+def defalongaxes(*op_types: str, axes_input: int) -> None:
+    """Ops along the axes given by input ``axes_input`` (a cumulative sum, a reverse, a roll):
+    the examples must not be on one of them."""
+    defop(op_types, h.along_axes(axes_input))
+
+
+def definnermost(*op_types: str, k: int) -> None:
+    """Ops on the ``k`` innermost axes (FFTs): the examples must be on an outer axis."""
+    defop(op_types, h.innermost(k))
+
+
 def is_free(op_type: str) -> bool:
     """Whether ``op_type``'s outputs depend on no example whatever its inputs."""
     if op_type in _FREE:
@@ -117,14 +130,14 @@ defelementwise(
     Atanh Erf Erfc Erfinv Floor Ceil Round Rint Sign IsNan IsInf IsFinite LogicalNot Snapshot
     CheckNumerics CheckNumericsV2 EnsureShape PreventGradient Real Imag Conj Lgamma Digamma
     Invert PopulationCount DebugIdentity DebugIdentityV2 DebugIdentityV3 Gelu Mish
-    Bitcast""".split()
+    Bitcast ComplexAbs Angle Bucketize""".split()
 )
 defbroadcasting(
     *"""AddV2 Add Sub Mul RealDiv Div DivNoNan MulNoNan FloorDiv FloorMod TruncateDiv TruncateMod
     Maximum Minimum Pow SquaredDifference Greater GreaterEqual Less LessEqual Equal NotEqual
     LogicalAnd LogicalOr SelectV2 Atan2 Xdivy Xlogy Xlog1py ClipByValue BitwiseAnd BitwiseOr
     BitwiseXor LeftShift RightShift Igamma Igammac Zeta Polygamma ApproximateEqual AddN
-    BiasAdd""".split()
+    BiasAdd Complex""".split()
 )
 defreduction("Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm", "ArgMax", "ArgMin")
 deflastaxis("Softmax", "LogSoftmax", "TopKV2", "InTopKV2", "L2Loss")
@@ -149,11 +162,15 @@ defop(["Tile"], h.h_tile)
 defop(["BroadcastTo"], h.h_broadcast_to)
 defop(["Slice", "StridedSlice"], h.h_slice)
 defop(["SpaceToBatchND"], h.h_space_to_batch)
+defop(["ImageProjectiveTransformV2", "ImageProjectiveTransformV3"], h.h_image_transform)
 defop(["BatchToSpaceND"], h.h_batch_to_space)
 defop(["IdentityN"], h.h_identity_n)
-# along one axis
-defop(["Cumsum", "Cumprod", "CumulativeLogsumexp"], h.h_cumulative)
-defop(["ReverseV2"], h.h_reverse)
+# along some axes
+defalongaxes("Cumsum", "Cumprod", "CumulativeLogsumexp", "ReverseV2", axes_input=1)
+defalongaxes("Roll", axes_input=2)
+definnermost("FFT", "IFFT", "RFFT", "IRFFT", k=1)
+definnermost("FFT2D", "IFFT2D", "RFFT2D", "IRFFT2D", k=2)
+definnermost("FFT3D", "IFFT3D", "RFFT3D", "IRFFT3D", k=3)
 # products
 defop(["MatMul"], h.h_matmul)
 defop(["BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"], h.h_batch_matmul)

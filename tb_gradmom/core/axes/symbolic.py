@@ -118,6 +118,12 @@ def sym_value(ex, t: tf.Tensor, depth: int = 0):
         return [x for p in parts for x in p]
     if ty == "StridedSlice":
         return _sym_slice(ex, op, depth)
+    if ty == "Range":  # of small known ints (a permutation built from the rank)
+        start, limit, delta = (sym_value(ex, x, depth + 1) for x in op.inputs)
+        if not all(isinstance(v, int) for v in (start, limit, delta)) or not delta:
+            return None
+        values = list(range(start, limit, delta))
+        return values if len(values) <= 64 else None
     if ty == "GatherV2":
         vals = sym_value(ex, op.inputs[0], depth + 1)
         idx = static(op.inputs[1])
