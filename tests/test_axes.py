@@ -566,3 +566,131 @@ def test_switch_capacity_drops_tokens_that_depend_on_other_examples():
     in_batch = reference.per_example_jacobian(forward, variables, squared_error, x, y)
     differ = [float(np.max(np.abs(a - b))) for a, b in zip(alone, in_batch)]
     assert max(differ) > 1e-3, differ
+
+
+def _moments_against(forward, variables, inputs, y, rows):
+    """Max error of `gradients_and_moments` (orders 1-4, float64) against ``rows``' moments,
+    relative to each moment's largest magnitude over the model (moments that vanish are
+    rounding noise: a floor of 1e-9 of the model's largest)."""
+    import tb_gradmom as gradmom
+    from tests import reference
+
+    def per_example(out, y):
+        return 0.5 * tf.reduce_sum(tf.square(out - y), axis=list(range(1, len(out.shape))))
+
+    seen = {}
+
+    @tf.function
+    def step(inputs, y):
+        loss = tf.reduce_mean(per_example(forward(inputs), y))
+        plan = gradmom.plan_moments(loss, variables)
+        seen["fallback"] = [v.name for v in plan.variables if v.path.startswith("fallback")]
+        return gradmom.gradients_and_moments(loss, variables, orders=(1, 2, 3, 4))[1]
+
+    moments = step(inputs, y)
+    fallback = seen["fallback"]
+    expected = [reference.moments(np.stack(r), (1, 2, 3, 4)) for r in zip(*rows)]
+    errors = []
+    for p in (1, 2, 3, 4):
+        scale = max(float(np.max(np.abs(e[p]))) for e in expected)
+        errors += [
+            float(np.max(np.abs(np.asarray(m[p]) - e[p]))) / scale
+            for m, e in zip(moments, expected)
+        ]
+    return fallback, max(errors)
+
+
+def _example_rows(loss_of, variables, n):
+    rows = []
+    for j in range(n):
+        with tf.GradientTape() as tape:
+            lj = loss_of(j)
+        grads = tape.gradient(lj, variables)
+        rows.append(
+            [
+                np.zeros(v.shape) if g is None else np.asarray(tf.convert_to_tensor(g))
+                for g, v in zip(grads, variables)
+            ]
+        )
+    return rows
+
+
+def test_keras_hub_swin_shifted_windows_by_rules():
+    """keras_hub's Swin with shifted windows (its second block rolls the map): on main every
+    one of its 32 variables took the fallback (stopped at ``Roll``); now none, exact."""
+    keras_hub = pytest.importorskip("keras_hub")
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras_hub.models.SwinTransformerBackbone(
+        image_shape=(16, 16, 3),
+        embed_dim=8,
+        depths=[2],
+        num_heads=[2],
+        window_size=2,
+        patch_size=4,
+        drop_path=0.0,
+        dtype="float64",
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 16, 16, 3))
+    y = rng.normal(size=model(x).shape)
+    rows = _example_rows(
+        lambda j: 0.5 * tf.reduce_sum(tf.square(model(x[j : j + 1]) - y[j : j + 1])),
+        model.trainable_variables,
+        3,
+    )
+    fallback, err = _moments_against(model, model.trainable_variables, x, y, rows)
+    assert fallback == [], fallback
+    assert len(model.trainable_variables) == 32
+    assert err < 1e-10, err
+
+
+def test_keras_hub_xlnet_relative_attention_by_rules():
+    """keras_hub's XLNet (relative shift, its attention mask layer): on main 18 of its 19
+    variables (one layer) took the fallback; now none. Its mask layer reshapes the ``[n, T]``
+    padding mask to ``[T, n]`` (no transpose), so an example's loss depends on the others'
+    padding: a mask carries no gradient, and each example's gradient is the jacobian's row in
+    the batch's forward pass (not its own slice's), exact by the rules."""
+    keras_hub = pytest.importorskip("keras_hub")
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras_hub.models.XLNetBackbone(
+        vocabulary_size=20,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=8,
+        dtype="float64",
+    )
+    rng = np.random.default_rng(0)
+    n = 3
+    inputs = {
+        "token_ids": rng.integers(1, 20, size=(n, 5)).astype(np.int32),
+        "padding_mask": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], np.int32),
+        "segment_ids": np.array([[0, 0, 1, 1, 1]] * n, np.int32),
+    }
+    y = rng.normal(size=(n, 5, 8))
+    variables = model.trainable_variables
+    assert len(variables) == 19
+
+    def loss_in_batch(j):
+        return 0.5 * tf.reduce_sum(tf.square(model(inputs)[j] - y[j]))
+
+    rows = _example_rows(loss_in_batch, variables, n)
+    fallback, err = _moments_against(model, variables, inputs, y, rows)
+    assert fallback == [], fallback
+    assert err < 1e-10, err
+    # the mask mixes the examples: alone, example 0's gradient differs from its row
+    alone = _example_rows(
+        lambda j: (
+            0.5
+            * tf.reduce_sum(
+                tf.square(model({k: v[j : j + 1] for k, v in inputs.items()})[0] - y[j])
+            )
+        ),
+        variables,
+        1,
+    )
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(alone[0], rows[0])) > 1e-6
