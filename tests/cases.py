@@ -1221,6 +1221,22 @@ def _relative_shift(dtype):
     return forward, scores.trainable_variables + last.trainable_variables
 
 
+def _reversed_ids(dtype):
+    """Token ids reversed along the batch before an embedding: example j's loss reads example
+    n-1-j's ids (integers: no gradient), so the embedding's output carries no examples' axis
+    and the table's use is a derived parameter met by the targets; each example's gradient is
+    the jacobian's row in the batch's forward pass."""
+    keras.utils.set_random_seed(70)
+    emb = keras.layers.Embedding(7, 3, dtype=dtype)
+    last = keras.layers.Dense(2, dtype=dtype)
+
+    def forward(ids):
+        return last(tf.reduce_mean(emb(tf.reverse(ids, [0])), axis=1))
+
+    forward(np.zeros((1, 4), "int32"))
+    return forward, emb.trainable_variables + last.trainable_variables
+
+
 PROVEN_CASES = [
     Case("swin-shifted-windows-roll", _shifted_windows, _xy((3, 4, 4, 3), (3, 2))),
     Case("softmax-over-axis-1", _softmax_over_axis_1, _xy((4, 5, 3), (4, 2)), "sum"),
@@ -1231,6 +1247,7 @@ PROVEN_CASES = [
     Case("crop-pad-and-dynamic-slice", _crops, _xy((3, 4, 4, 3), (3, 2))),
     Case("preprocessing-layers", _preprocessing, _xy((3, 5, 5, 3), (3, 2))),
     Case("xlnet-relative-shift", _relative_shift, _xy((4, 5), (4, 2))),
+    Case("ids-reversed-along-batch", _reversed_ids, _ids((3, 4), 7, (3, 2)), reference="jacobian"),
     # along the batch: coupled, not proven (the layer before takes the exact fallback)
     Case("cumsum-along-batch", _cumsum(0), _xy((4, 3, 3), (4, 2)), reference="jacobian"),
     Case("roll-along-batch", _roll_batch, _xy((4, 3), (4, 2)), reference="jacobian"),

@@ -505,6 +505,7 @@ FALLBACKS = {
     "crop-pad-and-dynamic-slice": 0,
     "preprocessing-layers": 0,
     "xlnet-relative-shift": 0,
+    "ids-reversed-along-batch": 0,
     # along the batch: nothing after the op is proven, the per-example losses included, so
     # every variable takes the fallback (rows of the jacobian), the op named as the reason
     "cumsum-along-batch": 4,
@@ -529,7 +530,7 @@ def _plan_paths(case, batch_signature=False):
 
     sig = None
     if batch_signature:  # the batch size unknown at trace time
-        sig = [tf.TensorSpec([None, *a.shape[1:]], tf.float64) for a in (x, y)]
+        sig = [tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)) for a in (x, y)]
     tf.function(step, input_signature=sig).get_concrete_function(
         *(sig or (tf.constant(x), tf.constant(y)))
     )
