@@ -74,6 +74,10 @@ class Entry:
         gradient then matches the reference to float64 rounding (that the patch reached every
         float32 cast).
       note: how the model is called (inference mode, which inputs), for the report.
+      reference: ``"auto"`` (each example's loss on its own slice, or from the batch's forward
+        pass when the two forward passes differ: `tests/zoo_worker.forward_spread`) or
+        ``"batch"`` (always from the batch's forward pass: a model whose examples are coupled
+        in its backward pass only, such as a custom gradient centred over the batch).
     """
 
     id: str
@@ -84,6 +88,7 @@ class Entry:
     isolate: bool = False
     float32_inside: str = ""
     note: str = ""
+    reference: str = "auto"
 
 
 @contextlib.contextmanager
