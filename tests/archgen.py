@@ -839,7 +839,8 @@ def loss_form(spec: dict, variables, n: int, model=None) -> zoo.ScalarLoss:
         else:  # prototypes: distances to a support set that is the batch itself
             logits = -tf.reduce_sum(tf.square(flat[:, None, :] - flat[None, :, :]), axis=-1)
         ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
-        return red + tf.reduce_mean(ce)
+        # reduced as the squared errors are (a mean plus a sum is refused for that alone)
+        return red + (tf.reduce_sum(ce) if spec.get("reduction") == "sum" else tf.reduce_mean(ce))
 
     def scalar(out, y):
         per = zoo.squared_error(out, y)
