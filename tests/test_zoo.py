@@ -69,6 +69,13 @@ def isolated_results(request):
 
 @pytest.mark.parametrize("entry", list(_params()))
 def test_zoo_entry_exact(entry, isolated_results):
+    if entry.raises:  # a loss the core must refuse, with the documented error
+        with pytest.raises(Exception) as info:
+            zoo_worker.evaluate(entry)
+        kind, fragment = entry.raises
+        assert type(info.value).__name__ == kind, info.value
+        assert fragment in str(info.value), str(info.value)
+        return
     if entry.isolate:
         future = isolated_results.get(entry.id)
         result = future.result() if future else zoo_worker.run_in_subprocess(entry.id)
@@ -92,6 +99,10 @@ def test_zoo_entry_exact(entry, isolated_results):
     )
     if entry.fallback == "error":
         assert all(p.startswith("rule") for p in paths), paths
+    # exact by rules, or through the fallback for exactly this many variables (an improvement
+    # shows: lower `Entry.on_fallback`)
+    on_fallback = [p for p in paths if p.startswith("fallback")]
+    assert len(on_fallback) == entry.on_fallback, (len(on_fallback), on_fallback[:3])
 
 
 def test_max_rel_err_judges_vanishing_moments_against_the_model():
