@@ -46,6 +46,8 @@ __all__ = [
     "sq_norms_of",
     "ghost_form",
     "sequence_sq_norms",
+    "examples_first",
+    "per_example_masked",
 ]
 
 # A static batch of at most this many chunks is summed by unrolled calls chained by control
@@ -122,12 +124,12 @@ class Site:
 
     def example_axis(self, t: tf.Tensor, what: str) -> Axis:
         """The proven `Axis` of the examples in ``t``, or `RuleError` naming ``what`` it is."""
-        from tb_gradmom.core.axes import Axis, describe
+        from tb_gradmom.core.axes import UNKNOWN, Axis, describe
 
         st = self.axes.of(t)
         if isinstance(st, Axis):
             return st
-        why = f" (stopped at {self.axes.why(t)})" if st == "unknown" else ""
+        why = f" (stopped at {self.axes.why(t)})" if st == UNKNOWN else ""
         raise RuleError(
             f"the examples' axis of {what} '{t.name}' is not proven: {describe(st)}{why}"
         )
@@ -288,18 +290,70 @@ def times(t: tf.Tensor, factor: float | tf.Tensor) -> tf.Tensor:
     return t * factor
 
 
+def examples_first(t: tf.Tensor, ax: Axis, n) -> tf.Tensor:
+    """``t`` rearranged to ``[n, partners, *other dims]``: the examples first, then the entries of
+    the (folded) example axis that belong to each example, then the remaining axes in order.
+
+    Static sizes stay static (a reshape to Python numbers: no shape ops, and the shapes of
+    what follows are known), and an axis laid out ``[n, inner]`` (``outer == 1``: a Dense on
+    sequences) is one reshape, no transpose."""
+    rank = t.shape.rank
+    if ax.axis != 0:
+        t = tf.transpose(t, [ax.axis] + [i for i in range(rank) if i != ax.axis])
+    if ax.pure:
+        return tf.expand_dims(t, 1)
+    n_static = tf.get_static_value(n)
+    n_dim = int(n_static) if n_static is not None else n
+    rest_shape = t.shape[1:]
+    if rest_shape.is_fully_defined() and n_static is not None:
+        dims = rest_shape.as_list()
+
+        def shape(*lead):
+            return [*lead, *dims]
+
+    else:
+        rest = tf.shape(t)[1:]
+
+        def shape(*lead):
+            return tf.concat([list(lead), rest], 0)
+
+    if ax.outer == 1:  # [n, inner] row-major: already examples first
+        return tf.reshape(t, shape(n_dim, ax.inner))
+    t = tf.reshape(t, shape(ax.outer, n_dim, ax.inner))
+    t = tf.transpose(t, [1, 0, 2] + list(range(3, rank + 2)))
+    return tf.reshape(t, shape(n_dim, ax.partners))
+
+
+def per_example_masked(t: tf.Tensor, ax: Axis, n, start, size) -> tf.Tensor:
+    """``[size, *t.shape]``: entry ``s`` is ``t`` with every entry zeroed but those of example
+    ``start + s``. For a parameter broadcast to the batch (a class token tiled to ``[n, 1, d]``)
+    whose copies meet the examples one by one: example ``j``'s gradient of it is ``j``'s copy."""
+    rank = t.shape.rank
+    ef = examples_first(t, ax, n)[start : start + size]  # [size, P, *rest]
+    hot = tf.one_hot(tf.range(size) + start, n, dtype=t.dtype)  # [size, n]
+    extra = [1] * rank  # P and the rank - 1 other axes
+    full = tf.reshape(hot, tf.concat([tf.shape(hot), extra], 0)) * ef[:, None]  # [size, n, P, rest]
+    rest = tf.shape(ef)[2:]
+    # back from [n, outer * inner, *rest] to t's layout, for each of the `size` copies
+    full = tf.reshape(full, tf.concat([[size, n, ax.outer, ax.inner], rest], 0))
+    full = tf.transpose(full, [0, 2, 1, 3] + list(range(4, rank + 3)))
+    full = tf.reshape(full, tf.concat([[size, -1], rest], 0))  # [size, outer*n*inner, *rest]
+    if ax.axis != 0:
+        perm = [0] + list(range(2, ax.axis + 2)) + [1] + list(range(ax.axis + 2, rank + 1))
+        full = tf.transpose(full, perm)
+    return full
+
+
 # Per graph being built: `examples_first` of a tensor, by (tensor, axis, static batch).
 _EXAMPLES_FIRST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def examples_first_once(t: tf.Tensor, ax: Axis, n: Count) -> tf.Tensor:
-    """`tb_gradmom.core.axes.examples_first` of ``t``, made once per graph for a static batch:
+    """`examples_first` of ``t``, made once per graph for a static batch:
     the unrolled chunks of a variable's per-example gradients slice the same rearranged tensor
     instead of each rearranging all of ``t`` again (ops to trace, and a full copy per chunk where
     the rearrangement is a transpose). Inside a TF1 control-flow context, eagerly, or for a
     batch known only at run time, it is made at each call, as before."""
-    from tb_gradmom.core.axes import examples_first
-
     n_static = tf.get_static_value(n)
     graph = _cache_graph()
     if n_static is None or graph is None:

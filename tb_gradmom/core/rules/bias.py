@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom.core.axes import examples_first, per_example_masked
 from tb_gradmom.core.rules.base import (
     Contribution,
     Count,
@@ -21,6 +20,8 @@ from tb_gradmom.core.rules.base import (
     constant,
     example_count,
     example_slice,
+    examples_first,
+    per_example_masked,
     power_sums_of,
     reshape,
     sq_norms_of,

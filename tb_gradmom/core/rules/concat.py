@@ -3,7 +3,7 @@
 A ViT class token is tiled to the batch, ``[n, 1, d]``, and concatenated with the patches along
 the sequence; the token's copy in row ``j`` meets example ``j`` only. Example ``j``'s gradient of
 the concatenated parameter is its slice of ``delta``, masked to ``j``'s entries
-(`tb_gradmom.core.axes.per_example_masked`); a parameter with no examples' axis (a size-1 axis
+(`tb_gradmom.core.rules.base.per_example_masked`); a parameter with no examples' axis (a size-1 axis
 broadcast nowhere is not possible in a concatenation) gets its slice of ``delta_j`` itself. The
 core chains the result back through the tiling to the variable.
 """
@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom.core.axes import per_example_masked
-from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count
+from tb_gradmom.core.rules.base import (
+    Contribution,
+    RuleError,
+    Site,
+    example_count,
+    per_example_masked,
+)
 from tb_gradmom.core.rules.derived import _elements
 
 __all__ = ["concat_rule"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_gradmom.core.axes import examples_first
 from tb_gradmom.core.rules.base import (
     Contribution,
     Count,
@@ -23,6 +22,7 @@ from tb_gradmom.core.rules.base import (
     Site,
     example_count,
     example_slice,
+    examples_first,
     power,
     reshape,
     times,

@@ -5,7 +5,7 @@ When an op ``z = f(p, x)`` has a parameter operand ``p`` (the variable, or a par
 from it, with no examples in it) and an output whose examples' axis is proven, example ``j``'s
 loss sees ``z`` only through ``j``'s own entries. So its gradient of ``p`` is the op's
 vector-Jacobian product applied to ``delta`` with every entry zeroed but ``j``'s
-(`tb_gradmom.core.axes.per_example_masked`)::
+(`tb_gradmom.core.rules.base.per_example_masked`)::
 
     g_j(p) = J_f(p)^T mask_j(delta)
 
@@ -21,8 +21,15 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tb_gradmom._compat import tf_private
-from tb_gradmom.core.axes import per_example_masked
-from tb_gradmom.core.rules.base import Contribution, Count, RuleError, Site, example_count, reshape
+from tb_gradmom.core.rules.base import (
+    Contribution,
+    Count,
+    RuleError,
+    Site,
+    example_count,
+    per_example_masked,
+    reshape,
+)
 from tb_gradmom.core.rules.derived import _elements
 
 __all__ = ["masked_vjp_rule"]

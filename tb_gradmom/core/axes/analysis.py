@@ -1,0 +1,261 @@
+"""The driver: the analysis of one graph, from its batch-carrying inputs to every tensor.
+
+`Examples.of` visits the ops a tensor depends on in topological order (iteratively, memoised)
+and gives each op's outputs a state from its inputs' states by the op type's handler
+(`tb_gradmom.core.axes.registry`). Sources: the step's dense tensor arguments (axis 0; a
+`tf.function`'s non-captured inputs, a TF1 graph's placeholders) and the elements an iterator
+yields; variables, constants, shapes and random numbers are `FREE`.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tb_gradmom._compat import PrivateAPIError, tf_private
+from tb_gradmom.core.axes import registry
+from tb_gradmom.core.axes.lattice import FREE, REDUCED, UNKNOWN, Axis, Elements
+from tb_gradmom.core.axes.symbolic import Sym, mul, sym_value
+
+__all__ = ["Examples"]
+
+
+class Examples:
+    """The example axis of every tensor on the way from the step's inputs to its loss.
+
+    One analysis per traced call (`of` memoises). ``n_static`` is the batch size when a
+    batch-carrying input has a static first axis, else None (sizes are then kept symbolic).
+    ``inputs``: for the body of a call or a loop (`nested`), the states of the body's inputs.
+    """
+
+    def __init__(self, graph: tf.Graph, inputs=None, n_static=None, depth: int = 0):
+        self.graph = graph
+        self.depth = depth
+        self._memo: dict = {}
+        self._why: dict = {}
+        if inputs is not None:  # the body of a called function: its inputs' states are given
+            self._sources = _RefMap()
+            for t, st in zip(graph.inputs, inputs):
+                self._sources.set(t, st)
+            self.n_static = n_static
+            return
+        self._sources = self._find_sources(graph)
+        sizes = {
+            int(t.shape[0])
+            for t, st in self._sources.items_tensors()
+            if isinstance(st, Axis) and t.shape.rank and t.shape[0] is not None
+        }
+        self.n_static = next(iter(sizes)) if len(sizes) == 1 else None
+        if len(sizes) > 1:  # several static batch sizes among the inputs: prove nothing from them
+            for t, st in list(self._sources.items_tensors()):
+                if isinstance(st, Axis):
+                    self._sources.set(t, UNKNOWN)
+                    self._why[t.ref()] = (
+                        f"the step's inputs disagree about the batch size ('{t.name}')"
+                    )
+
+    def nested(self, graph: tf.Graph, states) -> Examples:
+        """The analysis of the body ``graph`` of a call or loop of this graph, whose inputs hold
+        ``states``."""
+        return Examples(graph, inputs=list(states), n_static=self.n_static, depth=self.depth + 1)
+
+    # --- sources ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _find_sources(graph) -> _RefMap:
+        out = _RefMap()
+        captured = set()
+        for t in getattr(graph, "internal_captures", None) or []:
+            captured.add(t.ref())
+        args = [t for t in getattr(graph, "inputs", []) if t.ref() not in captured]
+        composite = set()
+        signature = getattr(graph, "structured_input_signature", None)
+        if signature is not None and args:
+            kinds = []
+            for spec in tf.nest.flatten(signature, expand_composites=False):
+                if isinstance(spec, tf.TypeSpec):
+                    kinds.extend(_leaf_kinds(spec))
+            if len(kinds) != len(args):  # an unexpected layout: prove nothing from sparse parts
+                text = repr(signature)
+                sparse = "Sparse" in text or "Ragged" in text
+                kinds = ["sparse" if sparse else "dense"] * len(args)
+            for t, kind in zip(args, kinds):
+                if kind != "dense":
+                    composite.add(t.ref())
+        for t in args:
+            if t.dtype in (tf.resource, tf.variant):
+                out.set(t, FREE if t.dtype == tf.resource else UNKNOWN)
+            elif t.ref() in composite:
+                out.set(t, UNKNOWN)
+            elif t.shape.rank == 0:
+                out.set(t, FREE)
+            else:
+                out.set(t, Axis(0))
+        return out
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def of(self, t: tf.Tensor):
+        """`Axis`, `FREE`, `REDUCED` or `UNKNOWN` for ``t``."""
+        key = t.ref()
+        if key in self._memo:
+            return self._memo[key]
+        stack = [t.op]
+        while stack:
+            op = stack[-1]
+            if op.outputs and op.outputs[0].ref() in self._memo:
+                stack.pop()
+                continue
+            pending = [x.op for x in op.inputs if x.ref() not in self._memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            try:
+                states = self._visit(op)
+            except Exception as e:  # noqa: BLE001 - an analysis gap must never crash the step
+                states = [self._unknown(op, f"{op.type} op '{op.name}' ({e})")] * len(op.outputs)
+            for out, st in zip(op.outputs, states):
+                self._memo[out.ref()] = st
+        return self._memo.get(key, UNKNOWN)
+
+    def why(self, t: tf.Tensor) -> str:
+        """Which op stopped the proof for ``t`` (for messages)."""
+        self.of(t)
+        return self._why.get(t.ref(), f"'{t.name}'")
+
+    def free(self, t: tf.Tensor) -> bool:
+        return self.of(t) == FREE
+
+    def n_value(self):
+        """The batch size as a number: an int when static, else ``Sym(1)``."""
+        return self.n_static if self.n_static is not None else Sym(1)
+
+    # --- symbolic shapes and integer values --------------------------------------------------
+
+    def sym_shape(self, t: tf.Tensor):
+        """Dims of ``t`` as ints, `Sym` (multiples of the batch size) or None; None if the rank
+        is unknown."""
+        if t.shape.rank is None:
+            return None
+        dims = list(t.shape.as_list())
+        st = self.of(t)
+        if isinstance(st, Axis) and dims[st.axis] is None:
+            dims[st.axis] = mul(self.n_value(), st.partners)
+        return dims
+
+    def sym_value(self, t: tf.Tensor):
+        """`tb_gradmom.core.axes.symbolic.sym_value` of ``t`` in this graph."""
+        return sym_value(self, t)
+
+    # --- for the handlers ------------------------------------------------------------------
+
+    def refuse(self, op, why: str):
+        """`UNKNOWN`, with ``why`` recorded as the reason for each of ``op``'s outputs."""
+        for out in op.outputs:
+            self._why.setdefault(out.ref(), why)
+        return UNKNOWN
+
+    def explain(self, t: tf.Tensor, why: str) -> None:
+        """Record ``why`` as the reason ``t`` is `UNKNOWN` (unless one is recorded)."""
+        self._why.setdefault(t.ref(), why)
+
+    # --- the driver --------------------------------------------------------------------------
+
+    def _unknown(self, op, why=None):
+        return self.refuse(
+            op, why or f"{op.type} op '{op.name}', which the analysis cannot see through"
+        )
+
+    def _inherit_unknown(self, op):
+        for x in op.inputs:
+            if self._memo.get(x.ref()) == UNKNOWN:
+                for out in op.outputs:
+                    self._why.setdefault(out.ref(), self._why.get(x.ref(), f"'{x.name}'"))
+                return True
+        return False
+
+    def _visit(self, op) -> list:
+        ty = op.type
+        outs = op.outputs
+        if not outs:
+            return []
+        if ty in ("Placeholder", "PlaceholderWithDefault"):
+            return [self._placeholder(op)]
+        if registry.is_source(ty):
+            return [
+                Axis(0) if (t.shape.rank and t.dtype != tf.variant) else self._unknown(op)
+                for t in outs
+            ]
+        if registry.is_free(ty) or not op.inputs:
+            return [FREE] * len(outs)
+        states = [self._memo[x.ref()] for x in op.inputs]
+        if all(s == FREE for s in states):
+            return [FREE] * len(outs)
+        if self._inherit_unknown(op):
+            return [UNKNOWN] * len(outs)
+        data = [s for s in states if isinstance(s, Axis | Elements)]
+        if not data:  # only FREE and REDUCED inputs: batch statistics stay batch statistics
+            return [REDUCED] * len(outs)
+        handler = registry.HANDLERS.get(ty)
+        if handler is None:
+            return [self._unknown(op)] * len(outs)
+        result = handler(self, op, states)
+        if not isinstance(result, list):
+            result = [result] * len(outs)
+        return [self._unknown(op) if r == UNKNOWN else r for r in result]
+
+    def _placeholder(self, op):
+        t = op.outputs[0]
+        src = self._sources.get(t)
+        if src is not None:
+            if src == UNKNOWN:
+                self._why[t.ref()] = (
+                    f"input '{t.name}' of the body, whose state is not proven on entry or after "
+                    "a pass over it"
+                    if self.depth
+                    else f"input '{t.name}' (a sparse or ragged tensor, or the inputs "
+                    "disagree about the batch size)"
+                )
+            return src
+        # a TF1 graph (no signature), or a captured value
+        captured = {c.ref() for c in getattr(op.graph, "internal_captures", None) or []}
+        if t.ref() in captured or t.dtype == tf.resource or t.shape.rank == 0:
+            return FREE
+        if isinstance(op.graph, tf.Graph) and not hasattr(op.graph, "internal_captures"):
+            return Axis(0)
+        return FREE
+
+
+def _leaf_kinds(spec) -> list[str]:
+    """Per placeholder of an argument's spec: "dense", or "sparse" for the parts of a sparse or
+    ragged tensor (their first axis holds non-zeros or values, not examples)."""
+    if isinstance(spec, tf.SparseTensorSpec | tf.RaggedTensorSpec):
+        return ["sparse"] * len(tf.nest.flatten(spec, expand_composites=True))
+    if isinstance(spec, tf.TensorSpec):
+        return ["dense"]
+    try:  # e.g. a distribution's PerReplicaSpec
+        components = tf_private.component_specs(spec)
+    except PrivateAPIError:
+        components = None
+    if components is None:
+        return ["sparse"] * len(tf.nest.flatten(spec, expand_composites=True))
+    out: list[str] = []
+    for c in tf.nest.flatten(components, expand_composites=False):
+        if isinstance(c, tf.TypeSpec):
+            out.extend(_leaf_kinds(c))
+    return out
+
+
+class _RefMap:
+    def __init__(self):
+        self._d = {}
+
+    def set(self, t, v):
+        self._d[t.ref()] = (t, v)
+
+    def get(self, t):
+        item = self._d.get(t.ref())
+        return None if item is None else item[1]
+
+    def items_tensors(self):
+        return list(self._d.values())

@@ -1,0 +1,578 @@
+"""The per-op transfer functions of the analysis: ``(analysis, op, input states) -> output
+state(s)``, one per op family, pure (they read the op and the states, build nothing).
+
+Each returns the state of the op's outputs (one for all, or a list), `UNKNOWN` where it cannot
+prove where the examples go (the driver records the op for messages). A handler is called only
+when some input holds examples (`Axis` or `Elements`) and none is `UNKNOWN`. Which op types take
+which handler is `tb_gradmom.core.axes.registry`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tb_gradmom.core.axes.lattice import FREE, REDUCED, UNKNOWN, Axis, Elements
+from tb_gradmom.core.axes.symbolic import Sym, div, mul, prod, static, sym_value
+
+
+def h_unary(ex, op, states):
+    return states[0] if isinstance(states[0], Axis | Elements) else UNKNOWN
+
+
+def h_broadcast(ex, op, states):
+    """Numpy broadcasting: an input's example axis lands at the same output position for every
+    input that has one, and is never broadcast itself."""
+    out = op.outputs[0]
+    rank = out.shape.rank
+    if rank is None:
+        return UNKNOWN
+    inputs = list(op.inputs)
+    if op.type == "BiasAdd":
+        fmt = op.get_attr("data_format")
+        fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+        if fmt != "NHWC" and any(isinstance(s, Axis) for s in states[1:]):
+            return UNKNOWN
+    shapes = []
+    for x in inputs:
+        dims = ex.sym_shape(x)
+        if dims is None:
+            return UNKNOWN
+        shapes.append([1] * (rank - len(dims)) + dims)
+    found = None
+    for x, st, dims in zip(inputs, states, shapes):
+        if not isinstance(st, Axis):
+            continue
+        pos = st.axis + (rank - x.shape.rank)
+        own = dims[pos]
+        if own is None:
+            return UNKNOWN
+        for other in shapes:
+            d = other[pos]
+            if d is None or d == 1 or d == own:
+                continue
+            return UNKNOWN  # the example axis would be broadcast against another size
+        if own == 1 and out.shape[pos] not in (1, None):
+            return UNKNOWN
+        cand = st.moved(pos)
+        if found is not None and found != cand:
+            return UNKNOWN
+        found = cand
+    return found if found is not None else REDUCED
+
+
+def _axes_of(op, rank):
+    axes = static(op.inputs[1])
+    if axes is None or rank is None:
+        return None
+    return sorted({int(a) % rank for a in axes.reshape(-1)}) if rank else []
+
+
+def h_reduce(ex, op, states):
+    st = states[0]
+    if not isinstance(st, Axis):
+        return UNKNOWN if st == UNKNOWN else REDUCED
+    x = op.inputs[0]
+    rank = x.shape.rank
+    axes = _axes_of(op, rank)
+    if axes is None:
+        return UNKNOWN
+    if op.type in ("ArgMax", "ArgMin"):
+        keep = False
+    else:
+        keep = bool(op.get_attr("keep_dims"))
+    if st.axis in axes:
+        return REDUCED
+    if keep:
+        return st
+    return st.moved(st.axis - sum(1 for a in axes if a < st.axis))
+
+
+def h_last_axis(ex, op, states):
+    st = states[0]
+    rank = op.inputs[0].shape.rank
+    if not isinstance(st, Axis) or rank is None or st.axis == rank - 1:
+        return UNKNOWN
+    if op.type == "L2Loss":
+        return REDUCED
+    if op.type == "InTopKV2":
+        return st if st.axis == 0 else UNKNOWN
+    return st
+
+
+def h_transpose(ex, op, states):
+    st = states[0]
+    perm = static(op.inputs[1])
+    if not isinstance(st, Axis) or perm is None:
+        return UNKNOWN
+    perm = [int(p) for p in perm.reshape(-1)]
+    return st.moved(perm.index(st.axis))
+
+
+def h_expand_dims(ex, op, states):
+    st = states[0]
+    axis = static(op.inputs[1])
+    rank = op.outputs[0].shape.rank
+    if not isinstance(st, Axis) or axis is None or rank is None:
+        return UNKNOWN
+    a = int(axis) % rank
+    return st.moved(st.axis + 1 if a <= st.axis else st.axis)
+
+
+def h_squeeze(ex, op, states):
+    st = states[0]
+    x = op.inputs[0]
+    rank = x.shape.rank
+    if not isinstance(st, Axis) or rank is None:
+        return UNKNOWN
+    dims = list(op.get_attr("squeeze_dims"))
+    if dims:
+        dims = sorted({int(d) % rank for d in dims})
+    else:
+        shape = x.shape.as_list()
+        if any(s is None for i, s in enumerate(shape) if i != st.axis):
+            return UNKNOWN
+        dims = [i for i, s in enumerate(shape) if s == 1]
+    if st.axis in dims:
+        # A batch of one squeezed away (Keras adds a [1, d] operand as a bias): the values
+        # are those of the one example, with no examples' axis left, as after a sum over it.
+        return REDUCED if x.shape[st.axis] == 1 and st.pure else UNKNOWN
+    return st.moved(st.axis - sum(1 for d in dims if d < st.axis))
+
+
+def h_reshape(ex, op, states):
+    st = states[0]
+    if not isinstance(st, Axis):
+        return UNKNOWN
+    x = op.inputs[0]
+    in_dims = ex.sym_shape(x)
+    if in_dims is None:
+        return UNKNOWN
+    pre = prod(in_dims[: st.axis])
+    post = prod(in_dims[st.axis + 1 :])
+    if pre is None or post is None or isinstance(pre, Sym) or isinstance(post, Sym):
+        return UNKNOWN
+    big_p, big_q = pre * st.outer, st.inner * post  # elements before / after the example block
+    out_dims = _reshape_dims(ex, op, in_dims)
+    if out_dims is None:
+        return UNKNOWN
+    n = ex.n_value()
+    for k, d in enumerate(out_dims):
+        before, after = prod(out_dims[:k]), prod(out_dims[k + 1 :])
+        if before is None or after is None or isinstance(before, Sym) or isinstance(after, Sym):
+            continue
+        if before == 0 or after == 0 or big_p % before or big_q % after:
+            continue
+        o, i = big_p // before, big_q // after
+        if d is not None and d == mul(n, o * i):
+            return Axis(k, o, i)
+    return UNKNOWN
+
+
+def _reshape_dims(ex, op, in_dims):
+    out = op.outputs[0]
+    static = out.shape.as_list() if out.shape.rank is not None else None
+    if static is not None and all(s is not None for s in static) and ex.n_static is not None:
+        return static
+    val = sym_value(ex, op.inputs[1])
+    if val is None:
+        return static if static is not None and all(s is not None for s in static) else None
+    if not isinstance(val, list):
+        val = [val]
+    total = prod(in_dims)
+    if total is None:
+        return None
+    if -1 in val:
+        known = prod([v for v in val if v != -1])
+        rest = div(total, known)
+        if rest is None:
+            return None
+        val = [rest if v == -1 else v for v in val]
+    if any(v is None for v in val):
+        return None
+    return val
+
+
+def h_matmul(ex, op, states):
+    a, b = states
+    ta, tb = op.get_attr("transpose_a"), op.get_attr("transpose_b")
+    out = None
+    if isinstance(a, Axis):
+        a_rows = 1 if ta else 0
+        if a.axis != a_rows:
+            return REDUCED if not isinstance(b, Axis) else UNKNOWN
+        out = a.moved(0)
+    if isinstance(b, Axis):
+        b_cols = 0 if tb else 1
+        if b.axis != b_cols or out is not None:
+            return UNKNOWN if out is not None else REDUCED
+        out = b.moved(1)
+    return out if out is not None else REDUCED
+
+
+def h_batch_matmul(ex, op, states):
+    x, y = op.inputs
+    out = op.outputs[0]
+    rank = out.shape.rank
+    if rank is None or x.shape.rank is None or y.shape.rank is None:
+        return UNKNOWN
+    adj = (op.get_attr("adj_x"), op.get_attr("adj_y"))
+    found = None
+    for i, (t, st) in enumerate(zip((x, y), states)):
+        if not isinstance(st, Axis):
+            continue
+        r = t.shape.rank
+        if st.axis < r - 2:  # a batch dim, broadcast like an element-wise op
+            pos = st.axis + (rank - r)
+            if t.shape[st.axis] == 1 and out.shape[pos] != 1:
+                return UNKNOWN
+            cand = st.moved(pos)
+        else:
+            mat = st.axis - (r - 2)  # 0: rows, 1: columns of the operand as stored
+            if adj[i]:
+                mat = 1 - mat
+            if (i == 0 and mat == 1) or (i == 1 and mat == 0):
+                return REDUCED if found is None else UNKNOWN  # contracted
+            cand = st.moved(rank - 2 if i == 0 else rank - 1)
+        if found is not None and found != cand:
+            return UNKNOWN
+        found = cand
+    return found if found is not None else REDUCED
+
+
+def h_einsum(ex, op, states):
+    eq = op.get_attr("equation")
+    eq = (eq.decode() if isinstance(eq, bytes) else eq).replace(" ", "")
+    if "..." in eq or "->" not in eq:
+        return UNKNOWN
+    ins, out = eq.split("->")
+    parts = ins.split(",")
+    if len(parts) != len(op.inputs):
+        return UNKNOWN
+    found = None
+    for subs, st in zip(parts, states):
+        if not isinstance(st, Axis):
+            continue
+        letter = subs[st.axis]
+        if letter not in out:
+            return REDUCED if found is None else UNKNOWN
+        cand = st.moved(out.index(letter))
+        if found is not None and found != cand:
+            return UNKNOWN
+        # the same letter must not index examples in one operand and something else in another
+        for other, ost in zip(parts, states):
+            if letter in other and not isinstance(ost, Axis) and ost != FREE:
+                return UNKNOWN
+        found = cand
+    return found if found is not None else REDUCED
+
+
+def h_concat(ex, op, states):
+    axis = static(op.inputs[-1])
+    rank = op.outputs[0].shape.rank
+    if axis is None or rank is None:
+        return UNKNOWN
+    axis = int(axis) % rank
+    found = None
+    for st in states[:-1]:
+        if isinstance(st, Axis):
+            if st.axis == axis or (found is not None and found != st):
+                return UNKNOWN
+            found = st
+    return found if found is not None else REDUCED
+
+
+def h_pack(ex, op, states):
+    rank = op.outputs[0].shape.rank
+    if rank is None:
+        return UNKNOWN
+    axis = int(op.get_attr("axis")) % rank
+    found = None
+    for st in states:
+        if isinstance(st, Axis):
+            cand = st.moved(st.axis + 1 if st.axis >= axis else st.axis)
+            if found is not None and found != cand:
+                return UNKNOWN
+            found = cand
+    return found if found is not None else REDUCED
+
+
+def h_unpack(ex, op, states):
+    st = states[0]
+    rank = op.inputs[0].shape.rank
+    if not isinstance(st, Axis) or rank is None:
+        return UNKNOWN
+    axis = int(op.get_attr("axis")) % rank
+    if axis == st.axis:
+        return UNKNOWN
+    return st.moved(st.axis - 1 if st.axis > axis else st.axis)
+
+
+def h_split(ex, op, states):
+    # Split(axis, value, num_split) / SplitV(value, size_splits, axis)
+    if op.type == "Split":
+        axis_t, x, st = op.inputs[0], op.inputs[1], states[1]
+    else:
+        axis_t, x, st = op.inputs[2], op.inputs[0], states[0]
+    axis = static(axis_t)
+    rank = x.shape.rank
+    if not isinstance(st, Axis) or axis is None or rank is None or int(axis) % rank == st.axis:
+        return UNKNOWN
+    return st
+
+
+def h_pad(ex, op, states):
+    st = states[0]
+    pads = static(op.inputs[1])
+    if not isinstance(st, Axis) or pads is None:
+        return UNKNOWN
+    if any(int(p) != 0 for p in pads[st.axis]):
+        return UNKNOWN
+    return st
+
+
+def h_tile(ex, op, states):
+    st = states[0]
+    if not isinstance(st, Axis):
+        return UNKNOWN
+    # The multiples are often computed (tf.repeat, keras.ops.repeat: grouped-query attention's
+    # key/value heads): read them with the batch size kept symbolic.
+    mult = sym_value(ex, op.inputs[1])
+    if not isinstance(mult, list) or len(mult) <= st.axis or mult[st.axis] != 1:
+        return UNKNOWN
+    return st
+
+
+def h_broadcast_to(ex, op, states):
+    st = states[0]
+    x, out = op.inputs[0], op.outputs[0]
+    if not isinstance(st, Axis) or x.shape.rank is None or out.shape.rank is None:
+        return UNKNOWN
+    pos = st.axis + out.shape.rank - x.shape.rank
+    in_dim = ex.sym_shape(x)[st.axis]
+    val = sym_value(ex, op.inputs[1])
+    out_dim = val[pos] if isinstance(val, list) and len(val) > pos else out.shape[pos]
+    if in_dim is None or out_dim is None or in_dim != out_dim:
+        return UNKNOWN
+    return st.moved(pos)
+
+
+def h_slice(ex, op, states):
+    st = states[0]
+    x = op.inputs[0]
+    if not isinstance(st, Axis):
+        return UNKNOWN
+    if op.type == "Slice":
+        begin, size = static(op.inputs[1]), static(op.inputs[2])
+        if begin is None or size is None:
+            return UNKNOWN
+        dim = x.shape[st.axis]
+        full = int(begin[st.axis]) == 0 and (
+            int(size[st.axis]) == -1 or (dim is not None and int(size[st.axis]) == dim)
+        )
+        return st if full else UNKNOWN
+    # StridedSlice
+    begin, end, strides = (static(t) for t in op.inputs[1:4])
+    if begin is None or end is None or strides is None:
+        return UNKNOWN
+    ellipsis = op.get_attr("ellipsis_mask")
+    new_axis = op.get_attr("new_axis_mask")
+    shrink = op.get_attr("shrink_axis_mask")
+    bmask, emask = op.get_attr("begin_mask"), op.get_attr("end_mask")
+    rank = x.shape.rank
+    if rank is None:
+        return UNKNOWN
+    # Walk the spec, mapping input dims to output dims.
+    spec = len(begin)
+    in_dim, out_dim = 0, 0
+    target = None
+    for i in range(spec):
+        bit = 1 << i
+        if ellipsis & bit:
+            covered = rank - (
+                spec - i - 1 - sum(1 for j in range(i + 1, spec) if new_axis >> j & 1)
+            )
+            while in_dim < covered:
+                if in_dim == st.axis:
+                    target = out_dim
+                in_dim += 1
+                out_dim += 1
+            continue
+        if new_axis & bit:
+            out_dim += 1
+            continue
+        if in_dim == st.axis:
+            full = (
+                (bmask & bit or int(begin[i]) == 0)
+                and (emask & bit or int(end[i]) >= (2**31 - 1) or _end_is_full(x, i, int(end[i])))
+                and int(strides[i]) == 1
+                and not shrink & bit
+            )
+            if not full:
+                return UNKNOWN
+            target = out_dim
+        in_dim += 1
+        if not shrink & bit:
+            out_dim += 1
+    if target is None:  # the example axis is past the spec: untouched
+        target = out_dim + (st.axis - in_dim)
+    return st.moved(target)
+
+
+def _end_is_full(x, i, end):
+    dim = x.shape[i] if x.shape.rank is not None and i < x.shape.rank else None
+    return dim is not None and end >= dim
+
+
+def h_gather(ex, op, states):
+    params, indices = op.inputs[0], op.inputs[1]
+    sp, si = states[0], states[1]
+    batch_dims = int(op.get_attr("batch_dims")) if op.type != "ResourceGather" else 0
+    if op.type == "ResourceGather":
+        sp = FREE
+        axis = 0
+    else:
+        axis_v = static(op.inputs[2])
+        if axis_v is None or params.shape.rank is None:
+            return UNKNOWN
+        axis = int(axis_v) % params.shape.rank
+    ri = indices.shape.rank
+    if ri is None:
+        return UNKNOWN
+    # out = params.shape[:axis] + indices.shape[batch_dims:] + params.shape[axis + 1:], where
+    # params.shape[:batch_dims] == indices.shape[:batch_dims] (gathered row by row).
+    if isinstance(sp, Axis) and isinstance(si, Axis):
+        # Both hold the examples: fine on a shared batch axis only (row j gathers from row j).
+        return sp if sp == si and sp.axis < batch_dims else UNKNOWN
+    if isinstance(si, Axis):
+        if sp == REDUCED:
+            return UNKNOWN
+        return si if si.axis < batch_dims else si.moved(axis + si.axis - batch_dims)
+    if isinstance(sp, Axis):
+        if si != FREE:
+            return UNKNOWN  # indices computed from the batch choose what each example sees
+        if sp.axis < batch_dims or sp.axis < axis:
+            return sp
+        if sp.axis == axis:
+            return UNKNOWN  # selects examples
+        return sp.moved(sp.axis + ri - batch_dims - 1)
+    return REDUCED
+
+
+def h_gather_nd(ex, op, states):
+    sp, si = states[0], states[1]
+    ri = op.inputs[1].shape.rank
+    if isinstance(si, Axis) and sp in (FREE, REDUCED) and ri is not None and si.axis < ri - 1:
+        return si
+    return UNKNOWN
+
+
+def h_one_hot(ex, op, states):
+    st = states[0]
+    axis = int(op.get_attr("axis"))
+    if not isinstance(st, Axis):
+        return UNKNOWN
+    if axis == -1 or axis > st.axis:
+        return st
+    return st.moved(st.axis + 1)
+
+
+def h_batch_row(ex, op, states):
+    """NHWC ops whose batch axis (0) is processed row by row."""
+    idx = 2 if op.type in ("Conv2DBackpropInput", "Conv3DBackpropInputV2") else 0
+    st = states[idx]
+    for i, s in enumerate(states):
+        if i != idx and isinstance(s, Axis):
+            return UNKNOWN
+    if op.type.startswith("Matrix"):
+        rank = op.inputs[0].shape.rank
+        if not isinstance(st, Axis) or rank is None or st.axis >= rank - 2:
+            return UNKNOWN
+        if op.type == "MatrixTranspose":
+            return st
+        return st
+    if "data_format" in op.node_def.attr:
+        fmt = op.get_attr("data_format")
+        fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+        if not fmt.startswith("N"):
+            return UNKNOWN
+    if not isinstance(st, Axis) or st.axis != 0:
+        return UNKNOWN
+    if op.type.startswith("FusedBatchNorm"):
+        training = bool(op.get_attr("is_training"))
+        rest = [REDUCED if training else FREE] * (len(op.outputs) - 1)
+        return [st] + rest
+    return st
+
+
+def h_space_to_batch(ex, op, states):
+    st = states[0]
+    block = static(op.inputs[1])
+    if not isinstance(st, Axis) or st.axis != 0 or block is None:
+        return UNKNOWN
+    return Axis(0, st.outer * int(np.prod(block)), st.inner)
+
+
+def h_batch_to_space(ex, op, states):
+    st = states[0]
+    block = static(op.inputs[1])
+    if not isinstance(st, Axis) or st.axis != 0 or block is None:
+        return UNKNOWN
+    b = int(np.prod(block))
+    if st.outer % b:
+        return UNKNOWN
+    return Axis(0, st.outer // b, st.inner)
+
+
+def h_cumulative(ex, op, states):
+    st = states[0]
+    axis = static(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    if not isinstance(st, Axis) or axis is None or rank is None or int(axis) % rank == st.axis:
+        return UNKNOWN
+    return st
+
+
+def h_select(ex, op, states):
+    # Select(cond, t, e): a vector cond selects rows of t/e.
+    cond = op.inputs[0]
+    if cond.shape.rank == 1 and op.inputs[1].shape.rank not in (None, 1):
+        sc = states[0]
+        rows = [s for s in states[1:] if isinstance(s, Axis)]
+        if sc in (FREE, REDUCED):
+            if all(s.axis == 0 for s in rows):
+                return rows[0] if rows else REDUCED
+            return UNKNOWN
+        if isinstance(sc, Axis) and sc.pure and all(s == Axis(0) for s in rows):
+            return Axis(0)
+        return UNKNOWN
+    return h_broadcast(ex, op, states)
+
+
+def h_cross_entropy(ex, op, states):
+    """``(Sparse)SoftmaxCrossEntropyWithLogits``: rows of logits and labels, a loss per row.
+    The rows may fold the examples with positions (``[n, T, V]`` logits reshaped to
+    ``[n * T, V]`` by ``tf.nn.sparse_softmax_cross_entropy_with_logits``): each row is still one
+    example's."""
+    rows = [s for s in states if isinstance(s, Axis)]
+    if not rows or any(s != rows[0] or s.axis != 0 for s in rows):
+        return UNKNOWN
+    if op.inputs[0].shape.rank != 2:
+        return UNKNOWN
+    return [rows[0], rows[0]]
+
+
+def h_reverse(ex, op, states):
+    """``ReverseV2`` (``go_backwards``, ``Bidirectional``): the examples stay where they are
+    unless their own axis is reversed."""
+    st = states[0]
+    axes = static(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    if not isinstance(st, Axis) or axes is None or rank is None:
+        return UNKNOWN
+    if st.axis in {int(a) % rank for a in axes.reshape(-1)}:
+        return UNKNOWN
+    return st
+
+
+def h_identity_n(ex, op, states):
+    return list(states)

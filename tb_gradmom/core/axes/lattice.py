@@ -1,0 +1,103 @@
+"""The states of the analysis, and their join.
+
+A tensor's state says where its examples are:
+
+* `Axis` ``(k, outer, inner)``: slice ``j`` of axis ``k`` (for a folded axis, the ``inner``
+  consecutive entries at ``j`` within each of the ``outer`` blocks) depends on example ``j``
+  alone;
+* `Elements` ``(of)``: a ``TensorList`` whose elements are in state ``of`` (an `Axis`, or
+  `FREE` for a list that holds no example yet);
+* `State.FREE`: depends on no example; `State.REDUCED`: on the examples only through
+  reductions over them (batch statistics); `State.UNKNOWN`: not proven.
+
+They form a lattice ordered by how much is known to mix: ``FREE`` is the bottom, ``UNKNOWN`` the
+top, and `join` is the least upper bound (the state of a loop variable that is ``a`` on entry and
+``b`` after an iteration). Its longest strictly increasing chain,
+``FREE < Elements(FREE) < Elements(Axis) < UNKNOWN``, has `HEIGHT` steps: a fixed point that
+joins each loop variable's state with its state after one more iteration settles after at most
+``HEIGHT * variables + 1`` passes (`tb_gradmom.core.axes.control`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["State", "FREE", "REDUCED", "UNKNOWN", "Axis", "Elements", "join", "describe", "HEIGHT"]
+
+
+class State(enum.Enum):
+    """A state that is not an axis: the examples are nowhere, reduced, or not proven."""
+
+    FREE = "free"
+    REDUCED = "reduced"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FREE = State.FREE
+REDUCED = State.REDUCED
+UNKNOWN = State.UNKNOWN
+
+# Strict increases along the longest chain of the lattice (see the module docstring).
+HEIGHT = 3
+
+
+@dataclass(frozen=True)
+class Axis:
+    """Examples on axis ``axis``; the axis is laid out ``[outer, n, inner]`` (row-major)."""
+
+    axis: int
+    outer: int = 1
+    inner: int = 1
+
+    @property
+    def pure(self) -> bool:
+        return self.outer == 1 and self.inner == 1
+
+    @property
+    def partners(self) -> int:
+        """Entries of the axis per example (folded windows, positions, dilation blocks)."""
+        return self.outer * self.inner
+
+    def moved(self, axis: int) -> Axis:
+        return Axis(axis, self.outer, self.inner)
+
+    def __str__(self) -> str:
+        if self.pure:
+            return f"axis {self.axis}"
+        return f"axis {self.axis} (folded: {self.outer} x examples x {self.inner})"
+
+
+@dataclass(frozen=True)
+class Elements:
+    """A ``TensorList`` (a ``tf.TensorArray`` in a loop) whose elements hold the examples on
+    ``of`` (an `Axis`), or hold none yet (``of == FREE``)."""
+
+    of: object
+
+
+def join(a, b):
+    """The least upper bound of ``a`` and ``b``: the state of a loop variable that is ``a`` on
+    entry and ``b`` after an iteration."""
+    if a == b:
+        return a
+    if UNKNOWN in (a, b):
+        return UNKNOWN
+    if a == FREE:
+        return b
+    if b == FREE:
+        return a
+    if isinstance(a, Elements) and isinstance(b, Elements):
+        inner = join(a.of, b.of)
+        return UNKNOWN if inner == UNKNOWN else Elements(inner)
+    return UNKNOWN
+
+
+def describe(st) -> str:
+    """``st`` in words, for messages."""
+    if isinstance(st, Axis):
+        return str(st)
+    return {FREE: "no examples", REDUCED: "batch statistics", UNKNOWN: "unknown"}.get(st, str(st))
