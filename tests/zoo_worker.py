@@ -221,23 +221,9 @@ def forward_spread(forward, x) -> float:
 
 
 def rows_jacobian(forward, variables, per_example_loss, x, y) -> list[np.ndarray]:
-    """``[rows, *shape]`` per variable: row ``r`` is ``d l_r / d theta`` for every entry ``r`` of
-    the per-example loss vector of the whole batch's forward pass, however many rows it has (a
-    batch built in the step: ``concat([real, fake])`` has ``2 n``). One tape gradient per row;
-    shares no code with the core."""
-    xt, yt = tf.constant(x), tf.constant(y)
-    rows = int(per_example_loss(forward(xt), yt).shape[0])
-    out: list[list[np.ndarray]] = [[] for _ in variables]
-    for r in range(rows):
-        with tf.GradientTape() as tape:
-            lr = per_example_loss(forward(xt), yt)[r]
-        for k, (g, v) in enumerate(zip(tape.gradient(lr, variables), variables)):
-            out[k].append(
-                np.zeros(v.shape, v.dtype.as_numpy_dtype)
-                if g is None
-                else np.asarray(tf.convert_to_tensor(g))
-            )
-    return [np.stack(o) for o in out]
+    """`tests.reference.per_row_jacobian`: one example per entry of the loss vector of the
+    whole batch's forward pass (``Entry.reference == "rows"``)."""
+    return reference.per_row_jacobian(forward, variables, per_example_loss, x, y)
 
 
 def _scalar_loss(per_example_loss, scalar):
