@@ -1101,11 +1101,13 @@ class _floatx:
         self.dtype = dtype
 
     def __enter__(self):
-        self.old = keras.config.floatx()
+        self.old = keras.config.floatx(), keras.config.dtype_policy()
         keras.config.set_floatx(self.dtype)
+        keras.config.set_dtype_policy(self.dtype)
 
     def __exit__(self, *exc):
-        keras.config.set_floatx(self.old)
+        keras.config.set_floatx(self.old[0])
+        keras.config.set_dtype_policy(self.old[1])
 
 
 def fake_is_real_ce(out, y):
@@ -1212,3 +1214,37 @@ ISSUE26_SOURCE_CASES += [
 ]
 CASES.extend(ISSUE26_SOURCE_CASES)
 CASES_BY_ID.update({c.id: c for c in ISSUE26_SOURCE_CASES})
+
+
+class LearnedInitialState(keras.Model):
+    """An LSTM whose initial states are variables tiled to the batch,
+    ``tf.tile(h0[None], [tf.shape(x)[0], 1])``: each example's copy is its own row."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.lstm = keras.layers.LSTM(3)
+        self.head = keras.layers.Dense(2)
+
+    def build(self, shape):
+        self.h0 = self.add_weight(shape=(3,), initializer="random_normal", name="h0")
+        self.c0 = self.add_weight(shape=(3,), initializer="random_normal", name="c0")
+
+    def call(self, x):
+        b = tf.shape(x)[0]
+        states = [tf.tile(self.h0[None], [b, 1]), tf.tile(self.c0[None], [b, 1])]
+        return self.head(self.lstm(x, initial_state=states))
+
+
+def _learned_initial_state(dtype):
+    keras.utils.set_random_seed(48)
+    with _floatx(dtype):
+        model = LearnedInitialState()
+        model(np.zeros((2, 4, 2), dtype))
+    return model, model.trainable_variables
+
+
+ISSUE26_TILED_CASES = [
+    Case("lstm-learned-initial-state-tiled", _learned_initial_state, _xy((4, 4, 2), (4, 2))),
+]
+CASES.extend(ISSUE26_TILED_CASES)
+CASES_BY_ID.update({c.id: c for c in ISSUE26_TILED_CASES})

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import tb_gradmom as gradmom
 from tests import reference
-from tests.cases import CASES_BY_ID, ISSUE26_SOURCE_CASES, squared_error
+from tests.cases import CASES_BY_ID, ISSUE26_SOURCE_CASES, ISSUE26_TILED_CASES, squared_error
 
 ORDERS = (1, 2, 3, 4)
 
@@ -31,7 +31,7 @@ def _paths(case_id, dtype="float64", dynamic=False, **kwargs):
 
     @tf.function(input_signature=sig)
     def step(x, y):
-        total = tf.reduce_mean(case.per_example_loss(forward(x), y))
+        total = tf.reduce_mean((case.per_example_loss or squared_error)(forward(x), y))
         seen["plan"] = gradmom.plan_moments(total, variables, ORDERS, **kwargs)
         return total
 
@@ -182,6 +182,39 @@ def test_examples_made_in_the_step_with_a_dynamic_batch_match_brute_force(case_i
         warnings.simplefilter("ignore")  # the fallback's warning
         moments = step(tf.constant(x), tf.constant(y))
     ref = reference.per_row_jacobian(forward, variables, case.per_example_loss, x, y)
+    for m, g in zip(moments, ref):
+        want = reference.moments(g, ORDERS)
+        for p in ORDERS:
+            scale = max(float(np.max(np.abs(want[p]))), 1e-30)
+            assert float(np.max(np.abs(np.asarray(m[p]) - want[p]))) <= 1e-10 * scale, (case_id, p)
+
+
+def test_a_learned_initial_state_tiled_to_the_batch_keeps_the_rules():
+    """``tf.tile(h0[None], [tf.shape(x)[0], 1])`` into an LSTM, the batch size unknown at trace
+    time: each example's copy is its row (``rule: Tile``: the copy's gradient), the LSTM keeps
+    the loop rule. Before: the fallback, "the variable's value changes from step to step". With
+    a static batch ``tf.shape(x)[0]`` is a constant and the state stays shared (the fallback,
+    exact: `tests/test_core.py`)."""
+    (case,) = ISSUE26_TILED_CASES
+    paths = _paths(case.id, dynamic=True, fallback="error")
+    assert paths.count("rule: Tile") == 2, paths
+    assert all(p.startswith("rule") for p in paths), paths
+
+
+@pytest.mark.parametrize("case_id", [c.id for c in ISSUE26_TILED_CASES])
+def test_tiled_states_with_a_dynamic_batch_match_brute_force(case_id):
+    case = CASES_BY_ID[case_id]
+    forward, variables = case.build("float64")
+    x, y = case.inputs(np.random.default_rng(0), "float64")
+    sig = [tf.TensorSpec([None, *t.shape[1:]], tf.float64) for t in (x, y)]
+
+    @tf.function(input_signature=sig)
+    def step(x, y):
+        total = tf.reduce_mean(squared_error(forward(x), y))
+        return gradmom.gradients_and_moments(total, variables, ORDERS, fallback="error")[1]
+
+    moments = step(tf.constant(x), tf.constant(y))
+    ref = reference.per_example_gradients(forward, variables, squared_error, x, y)
     for m, g in zip(moments, ref):
         want = reference.moments(g, ORDERS)
         for p in ORDERS:

@@ -229,6 +229,8 @@ class Examples:
             return [FREE] * len(outs)
         states = [self._memo[x.ref()] for x in op.inputs]
         if all(s == FREE for s in states):
+            if ty == "Tile" and self._tiled_to_the_batch(op):
+                return [Axis(0)]
             return [FREE] * len(outs)
         if self._inherit_unknown(op):
             return [UNKNOWN] * len(outs)
@@ -292,6 +294,19 @@ class Examples:
         if op.type == "Pack":
             return self._batch_size(op.inputs[0], depth + 1)
         return False
+
+    def _tiled_to_the_batch(self, op) -> bool:
+        """``tf.tile(p[None], [tf.shape(x)[0], 1, ...])``: a value that holds no example (a
+        learned initial state) copied once per example, its first multiple read from the batch
+        size of an input (`_batch_size_first`, not a constant). Row ``j`` is example ``j``'s
+        copy: the per-example gradient of ``p`` is the gradient of its own copy, and the
+        copies enter what follows (an RNN's loop) as the examples' rows. Sound as the random
+        draws are (`_random`): a proof that holds with the rows as examples holds the same
+        per-example losses as one with the copies shared."""
+        x = op.inputs[0]
+        if self.depth or not x.shape.rank or x.shape[0] != 1:
+            return False
+        return self._batch_size_first(op.inputs[1])
 
     def _batch_size(self, t: tf.Tensor, depth: int) -> bool:
         """Whether the scalar ``t`` is ``tf.shape(x)[0]`` of a tensor ``x`` whose examples are on
