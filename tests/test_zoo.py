@@ -16,6 +16,13 @@ their float32 moments are judged at test_core's float32 bound 2e-5.
 (the applications) run in a child process each (`tests/zoo_worker.py`), ``GRADMOM_ZOO_JOBS``
 (default 2) at a time, started together when the first of them is reached.
 
+Entries with ``raises`` (a mixture of experts' aux loss through ``model.losses``, CLIP's and
+SigLIP's contrastive losses) must be refused with that error; every other entry asserts how
+many variables take the exact fallback (``Entry.on_fallback``: 0 but for the sparse lookups and
+the shifted-window Swin), so that a proof that lands shows. ``reference="rows"`` entries (a
+GAN's steps with latents drawn in the step, a discriminator on ``concat([real, fake])``) are
+checked against one gradient per entry of the batch's loss vector.
+
 Measured on the 2-core machine: see the timings in `tests/zoo.py` and `KNOWN_FAILURES` below.
 """
 
