@@ -26,9 +26,11 @@ class Case:
       loss: ``"mean"``, ``"sum"`` or ``"vector"``: how the per-example losses are combined.
       per_example_loss: ``(outputs, y) -> [n]`` losses; defaults to half the squared error
         summed over every non-batch axis.
-      reference: ``"brute"`` (one forward and gradient per example) or ``"jacobian"`` (each
+      reference: ``"brute"`` (one forward and gradient per example), ``"jacobian"`` (each
         example's loss differentiated in the forward pass of the whole batch: the definition
-        when a layer couples the examples, as BatchNormalization in training mode does).
+        when a layer couples the examples, as BatchNormalization in training mode does) or
+        ``"rows"`` (as ``"jacobian"``, one example per entry of the loss vector however many
+        rows it has: a batch concatenated in the step).
     """
 
     id: str
@@ -1297,3 +1299,193 @@ class SinCell(keras.layers.Layer):
     def call(self, x, states):
         h = tf.tanh(tf.matmul(x, tf.sin(self.w)) + tf.matmul(states[0], self.u))
         return h, [h]
+
+
+# --- Issue 26: examples made in the step -----------------------------------------------------
+
+
+class LatentGenerator(keras.Model):
+    """A GAN's generator step: latents drawn in the step, one row per example of ``x`` (the
+    real batch, used for its size only), through a generator and a fixed discriminator head;
+    the loss ``bce(ones_like(logits), logits)`` is made in the step too. ``static``: the latents'
+    shape is the Python batch size ``[n, 3]`` instead of ``[tf.shape(x)[0], 3]``. Stateless
+    draws, so that the reference's batch forward pass draws the same latents."""
+
+    def __init__(self, static=None, **kwargs):
+        super().__init__(**kwargs)
+        self.static = static
+        self.g1 = keras.layers.Dense(5, activation="tanh")
+        self.g2 = keras.layers.Dense(4)
+        self.d = keras.layers.Dense(1)
+
+    def call(self, x):
+        rows = self.static if self.static is not None else tf.shape(x)[0]
+        z = tf.random.stateless_normal([rows, 3], seed=[26, 3], dtype=x.dtype)
+        return self.d(tf.nn.relu(self.g2(self.g1(z))))
+
+
+def _latent_generator(static=None):
+    def build(dtype):
+        keras.utils.set_random_seed(45)
+        with _floatx(dtype):
+            model = LatentGenerator(static)
+            model(np.zeros((2, 2), dtype))
+        return model, model.g1.trainable_variables + model.g2.trainable_variables
+
+    return build
+
+
+class _floatx:
+    """Layers created inside are ``dtype``."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __enter__(self):
+        self.old = keras.config.floatx(), keras.config.dtype_policy()
+        keras.config.set_floatx(self.dtype)
+        keras.config.set_dtype_policy(self.dtype)
+
+    def __exit__(self, *exc):
+        keras.config.set_floatx(self.old[0])
+        keras.config.set_dtype_policy(self.old[1])
+
+
+def fake_is_real_ce(out, y):
+    """The generator's loss: ``bce(1, logits)`` per row, labels made in the step."""
+    ce = tf.nn.sigmoid_cross_entropy_with_logits(tf.ones_like(out), out)
+    return tf.reduce_sum(ce, axis=1)
+
+
+ISSUE26_SOURCE_CASES = [
+    Case(
+        "gan-generator-latents-in-step",
+        _latent_generator(),
+        _xy((5, 2), (5, 1)),
+        per_example_loss=fake_is_real_ce,
+        reference="jacobian",
+    ),
+    Case(
+        "gan-generator-latents-in-step-sum",
+        _latent_generator(),
+        _xy((4, 2), (4, 1)),
+        "sum",
+        per_example_loss=fake_is_real_ce,
+        reference="jacobian",
+    ),
+]
+
+
+class RealFakeDiscriminator(keras.Model):
+    """A GAN's discriminator step: ``D(concat([real, G(z)]))``, ``z`` drawn in the step, one
+    row per example of the real batch; the examples are the union of the two batches (``2 n``
+    rows). The generator's variables are used on the fake rows before they join."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.g = keras.layers.Dense(4, activation="tanh")
+        self.d1 = keras.layers.Dense(3, activation="tanh")
+        self.d2 = keras.layers.Dense(1)
+
+    def call(self, x):
+        z = tf.random.stateless_normal([tf.shape(x)[0], 2], seed=[26, 4], dtype=x.dtype)
+        return self.d2(self.d1(tf.concat([x, self.g(z)], axis=0)))
+
+
+def _real_fake(dtype):
+    keras.utils.set_random_seed(46)
+    with _floatx(dtype):
+        model = RealFakeDiscriminator()
+        model(np.zeros((2, 4), dtype))
+    # the discriminator's variables first (rules), the generator's last (the fallback)
+    variables = model.d1.trainable_variables + model.d2.trainable_variables
+    return model, variables + model.g.trainable_variables
+
+
+def real_fake_ce(out, y):
+    """``bce(1, .)`` on the first half of the rows (real), ``bce(0, .)`` on the second."""
+    half = tf.shape(out)[0] // 2
+    labels = tf.concat([tf.ones([half, 1], out.dtype), tf.zeros([half, 1], out.dtype)], 0)
+    return tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels, out), axis=1)
+
+
+class TwoViews(keras.Model):
+    """SimCLR's batch: two views of every example (a shift, a scaling) concatenated along the
+    batch, an encoder, and a loss per row (each view an example: ``2 n`` of them)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.enc = keras.layers.Dense(3, activation="tanh")
+        self.head = keras.layers.Dense(2)
+
+    def call(self, x):
+        views = tf.concat([x + 0.3, 0.8 * x], axis=0)
+        return self.head(self.enc(views))
+
+
+def _two_views(dtype):
+    keras.utils.set_random_seed(47)
+    with _floatx(dtype):
+        model = TwoViews()
+        model(np.zeros((2, 3), dtype))
+    return model, model.trainable_variables
+
+
+def half_square(out, y):
+    """``0.5 * |out_r|^2`` per row (however many rows)."""
+    return 0.5 * tf.reduce_sum(tf.square(out), axis=1)
+
+
+ISSUE26_SOURCE_CASES += [
+    Case(
+        "gan-discriminator-concat-real-fake",
+        _real_fake,
+        _xy((3, 4), (3, 1)),
+        per_example_loss=real_fake_ce,
+        reference="rows",
+    ),
+    Case(
+        "simclr-two-views-union-sum",
+        _two_views,
+        _xy((4, 3), (4, 1)),
+        "sum",
+        per_example_loss=half_square,
+        reference="rows",
+    ),
+]
+CASES.extend(ISSUE26_SOURCE_CASES)
+CASES_BY_ID.update({c.id: c for c in ISSUE26_SOURCE_CASES})
+
+
+class LearnedInitialState(keras.Model):
+    """An LSTM whose initial states are variables tiled to the batch,
+    ``tf.tile(h0[None], [tf.shape(x)[0], 1])``: each example's copy is its own row."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.lstm = keras.layers.LSTM(3)
+        self.head = keras.layers.Dense(2)
+
+    def build(self, shape):
+        self.h0 = self.add_weight(shape=(3,), initializer="random_normal", name="h0")
+        self.c0 = self.add_weight(shape=(3,), initializer="random_normal", name="c0")
+
+    def call(self, x):
+        b = tf.shape(x)[0]
+        states = [tf.tile(self.h0[None], [b, 1]), tf.tile(self.c0[None], [b, 1])]
+        return self.head(self.lstm(x, initial_state=states))
+
+
+def _learned_initial_state(dtype):
+    keras.utils.set_random_seed(48)
+    with _floatx(dtype):
+        model = LearnedInitialState()
+        model(np.zeros((2, 4, 2), dtype))
+    return model, model.trainable_variables
+
+
+ISSUE26_TILED_CASES = [
+    Case("lstm-learned-initial-state-tiled", _learned_initial_state, _xy((4, 4, 2), (4, 2))),
+]
+CASES.extend(ISSUE26_TILED_CASES)
+CASES_BY_ID.update({c.id: c for c in ISSUE26_TILED_CASES})

@@ -99,3 +99,23 @@ def moments(per_example: np.ndarray, orders) -> dict[int, np.ndarray]:
     """``M_p = (1/n) sum_j g_j ** p`` in float64."""
     g = per_example.astype(np.float64)
     return {p: np.mean(g**p, axis=0) for p in orders}
+
+
+def per_row_jacobian(forward, variables, per_example_loss, x, y) -> list[np.ndarray]:
+    """``[rows, *shape]``: row ``r`` is ``d l_r / d theta`` for every entry ``r`` of the
+    per-example loss vector of the whole batch's forward pass, however many rows it has (a
+    batch built in the step: ``concat([real, fake])`` has ``2 n`` examples)."""
+    xt = tf.constant(x)
+    yt = None if y is None else tf.constant(y)
+    rows = int(per_example_loss(forward(xt), yt).shape[0])
+    out: list[list[np.ndarray]] = [[] for _ in variables]
+    for r in range(rows):
+        with tf.GradientTape() as tape:
+            lr = per_example_loss(forward(xt), yt)[r]
+        for k, (g, v) in enumerate(zip(tape.gradient(lr, variables), variables)):
+            out[k].append(
+                np.zeros(v.shape, v.dtype.as_numpy_dtype)
+                if g is None
+                else np.asarray(tf.convert_to_tensor(g))
+            )
+    return [np.stack(o) for o in out]

@@ -2,8 +2,11 @@
 
 ``GRADMOM_ARCHGEN_N`` models (default 200; seeds 0..N-1), float64, orders 1-4, relative error
 <= 1e-9 (`tests.zoo_worker.max_rel_err`), split over ``GRADMOM_ARCHGEN_JOBS`` child processes
-(default 2). The layer kinds and batch coincidences in `archgen.UNSUPPORTED` are not drawn.
-Each failure names its seed, the architecture and the command that reproduces it.
+(default 2), issue 26's patterns included (`archgen.PATTERN_BLOCKS`: batch statistics after,
+before and between the requested variables, a view used twice by one op, custom gradients,
+``add_loss`` and regularisers; `archgen.REFUSED_LOSSES`, which must raise
+`PerExampleLossError`). The layer kinds and batch coincidences in `archgen.UNSUPPORTED` are not
+drawn. Each failure names its seed, the architecture and the command that reproduces it.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ def test_generation_is_deterministic_and_described():
 
 
 def test_excluded_kinds_are_never_drawn():
-    exclude = {"mha", "grouped_conv2d", "embedding", "batch=seq"}
+    exclude = {"mha", "grouped_conv2d", "embedding", "batch=seq", "bn_train", "mixing_loss"}
     for seed in range(300):
-        arch = archgen.generate(seed, exclude)
+        arch = archgen.generate(seed, exclude, patterns=True)
         assert not (arch.kinds() & exclude), arch.describe()
         assert arch.batch_rule != "seq"
 
@@ -51,7 +54,7 @@ def test_batch_coincides_with_a_dimension():
 def test_generator_covers_every_kind_and_batch_rule():
     n = int(os.environ.get("GRADMOM_ARCHGEN_N", "200"))
     exclude = set(archgen.UNSUPPORTED)
-    archs = [archgen.generate(s) for s in range(n)]
+    archs = [archgen.generate(s, patterns=True) for s in range(n)]
     kinds = set().union(*(a.kinds() for a in archs))
     rules = {a.batch_rule for a in archs}
     assert set(archgen.KINDS) - exclude <= kinds, set(archgen.KINDS) - exclude - kinds
@@ -82,6 +85,79 @@ def test_loss_forms_match_brute_force(stem, loss):
     assert arch.n > 1 and {"penalty"} <= arch.kinds(), arch.describe()
     r = archgen.check(arch)
     assert r["ok"], f"{r['desc']}: {r['problems']}"
+
+
+def test_patterns_leave_the_rest_of_the_architecture_alone():
+    """Other tests (test_norms, test_integration) use the plain architectures of their seeds:
+    the patterns come from a random stream of their own."""
+    for seed in range(60):
+        plain, drawn = archgen.generate(seed), archgen.generate(seed, patterns=True)
+        kinds = [k for k, _ in drawn.blocks if k not in archgen.PATTERN_BLOCKS]
+        grouped = {"grouped_conv2d", "conv2d"}
+        assert [k if k not in grouped else "conv" for k, _ in plain.blocks] == [
+            k if k not in grouped else "conv" for k in kinds
+        ], (plain.describe(), drawn.describe())
+        assert (plain.stem, plain.n, plain.dims, plain.head) == (
+            drawn.stem,
+            drawn.n,
+            drawn.dims,
+            drawn.head,
+        )
+        assert not (plain.kinds() & set(archgen.PATTERN_BLOCKS + archgen.REFUSED_LOSSES))
+
+
+# Each pattern at an adversarial shape (the batch equal to the width, the sequence, the
+# vocabulary, or 1), after a layer with variables and before the head: ``(stem, blocks,
+# batch rule, loss, variables on the fallback)``. A coupling sends the variables used before it
+# to the exact fallback (counted), the head keeps its rules; the refused losses raise.
+PATTERNS = [
+    ("sequence", ["dense_seq", "minibatch_std"], "width", {}, 2),
+    ("image", ["conv2d", "batch_centre"], "one", {}, 2),
+    ("tokens", ["dense_seq", ("bn_train", {"request": False})], "vocab", {}, 4),
+    ("image", ["conv2d", ("bn_train", {"request": True})], "channels", {}, 2),
+    ("sequence", [("bn_train", {"request": True}), "dense_seq"], "seq", {}, 0),
+    ("tokens", ["dense_seq", ("custom_grad", {"backward": "centred"})], "seq", {}, 6),
+    ("image", ["conv2d", ("custom_grad", {"backward": "straight"})], "width", {}, 0),
+    ("sequence", ["dense_seq", ("view_twice", {"form": "mul"})], "width", {}, 0),
+    ("image", [("view_twice", {"form": "matmul"}), "conv2d"], "channels", {}, 0),
+    ("tokens", ["add_loss", "dense_seq"], "vocab", {"reduction": "sum"}, 0),
+    ("image", ["conv2d", ("regularized", {"reg": "l1l2"})], "one", {"total": "add_n"}, 0),
+    ("sequence", ["dense_seq"], "seq", {"refused": "batch_stat_loss", "stat": "left"}, 0),
+    ("image", ["conv2d"], "width", {"refused": "batch_stat_loss", "stat": "right"}, 0),
+    ("tokens", ["dense_seq"], "vocab", {"refused": "batch_stat_loss", "stat": "add_loss"}, 0),
+    ("sequence", ["dense_seq"], "width", {"refused": "mixing_loss", "mix": "clip"}, 0),
+    ("image", ["conv2d"], "one", {"refused": "mixing_loss", "mix": "prototypes"}, 0),
+]
+
+
+def _pattern_id(row):
+    stem, blocks, rule, loss, _ = row
+    names = [
+        b if isinstance(b, str) else b[0] + "-" + "-".join(map(str, b[1].values())) for b in blocks
+    ]
+    return "-".join([stem, *names, rule, *map(str, loss.values())])
+
+
+@pytest.mark.parametrize(
+    "stem, blocks, rule, loss, on_fallback", PATTERNS, ids=map(_pattern_id, PATTERNS)
+)
+def test_patterns_match_brute_force_or_raise(stem, blocks, rule, loss, on_fallback):
+    kinds = [b if isinstance(b, str) else b[0] for b in blocks]
+    arch = archgen.generate(11, (), stem=stem, blocks=kinds, batch_rule=rule, loss=loss)
+    arch.blocks = [
+        (k, dict(p, **(b[1] if not isinstance(b, str) else {})))
+        for (k, p), b in zip(arch.blocks, blocks)
+    ]
+    r = archgen.check(arch)
+    assert r["ok"], f"{r['desc']}: {r['status']} {r['problems']}"
+    if arch.expected_error:
+        assert r["status"].startswith("raised as documented: PerExampleLossError"), r["status"]
+        return
+    paths = r["paths"]
+    fallback = [p for p in paths if p.startswith("fallback")]
+    assert len(fallback) == on_fallback, (r["desc"], paths)
+    assert all("the examples are coupled" in p for p in fallback), paths
+    assert all(p.startswith("rule") for p in paths[-2:]), paths  # the head
 
 
 @pytest.mark.slow

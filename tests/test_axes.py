@@ -91,7 +91,28 @@ ROWS = [
     # sources and free values
     Row("input", lambda x: x, (spec(N, D),), Axis(0)),
     Row("scalar-input-is-free", lambda s: s * 2.0, (spec(),), FREE),
-    Row("random-of-the-batch-shape", lambda x: tf.random.normal(tf.shape(x)), (spec(N, D),), FREE),
+    # random draws of the batch's size are an example source: row j drawn for example j
+    Row(
+        "random-of-the-batch-shape",
+        lambda x: tf.random.normal(tf.shape(x)),
+        (spec(None, D),),
+        Axis(0),
+    ),
+    # a static batch: tf.shape(x) is folded into a constant, which might be any [d_in, d_out]
+    # (read as the batch size only for a loss with no other examples: Examples(static_draws))
+    Row(
+        "random-of-a-static-batch-shape",
+        lambda x: tf.random.normal(tf.shape(x)),
+        (spec(N, D),),
+        FREE,
+    ),
+    Row(
+        "random-latents-of-the-batch-size",
+        lambda x: tf.random.stateless_normal([tf.shape(x)[0], 3], seed=[1, 2]),
+        (spec(None, D),),
+        Axis(0),
+    ),
+    Row("random-of-another-shape", lambda x: tf.random.normal([D, N]), (spec(N, D),), FREE),
     Row("stop-gradient", lambda x: tf.stop_gradient(x), (spec(N, D),), FREE),
     Row("shape", lambda x: tf.shape(x), (spec(N, D),), FREE),
     # defelementwise
@@ -166,7 +187,39 @@ ROWS = [
         UNKNOWN,
     ),
     Row("concat-features", lambda x: tf.concat([x, x * 2.0], 1), (spec(N, D),), Axis(0)),
-    Row("concat-batch", lambda x: tf.concat([x, x], 0), (spec(N, D),), UNKNOWN),
+    # along the batch: a union, each row an example of a new batch (n = n1 + n2)
+    Row("concat-batch", lambda x: tf.concat([x, x], 0), (spec(N, D),), Axis(0, batch=1)),
+    Row(
+        "concat-batch-and-rows-of-parameters",
+        lambda x: tf.concat([x, tf.ones([2, D])], 0),
+        (spec(N, D),),
+        Axis(0, batch=1),
+    ),
+    # (n + 2 rows with n unknown at trace time: a size the symbolic sizes do not hold)
+    Row(
+        "concat-dynamic-batch-and-rows-of-parameters",
+        lambda x: tf.concat([x, tf.ones([2, D])], 0),
+        (spec(None, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "concat-batch-and-a-batch-statistic",
+        lambda x: tf.concat([x, tf.reduce_mean(x, 0, keepdims=True)], 0),
+        (spec(N, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "union-meets-its-parts",
+        lambda x: tf.concat([x, x], 0)[:N] + x,
+        (spec(N, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "union-reshaped-by-its-size",
+        lambda x: tf.reshape(tf.concat([x, x], 0), [-1, 1, D]),
+        (spec(None, D),),
+        Axis(0, batch=1),
+    ),
     Row("pack", lambda x: tf.stack([x, x], 0), (spec(N, D),), Axis(1)),
     Row("unpack", lambda x: tf.unstack(x, axis=1)[0], (spec(N, T, D),), Axis(0)),
     Row("split", lambda x: tf.split(x, [2, 3], axis=1)[1], (spec(N, D),), Axis(0)),

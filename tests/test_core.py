@@ -54,6 +54,7 @@ def _run(case, dtype, *, dynamic_batch=False, **kwargs):
     brute = {
         "brute": reference.per_example_gradients,
         "jacobian": reference.per_example_jacobian,
+        "rows": reference.per_row_jacobian,
     }[case.reference]
     ref = brute(forward, variables, per_example_loss, x, y)
     return variables, grads, moments, ref

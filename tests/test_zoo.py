@@ -16,6 +16,13 @@ their float32 moments are judged at test_core's float32 bound 2e-5.
 (the applications) run in a child process each (`tests/zoo_worker.py`), ``GRADMOM_ZOO_JOBS``
 (default 2) at a time, started together when the first of them is reached.
 
+Entries with ``raises`` (a mixture of experts' aux loss through ``model.losses``, CLIP's and
+SigLIP's contrastive losses) must be refused with that error; every other entry asserts how
+many variables take the exact fallback (``Entry.on_fallback``: 0 but for the sparse lookups and
+the shifted-window Swin), so that a proof that lands shows. ``reference="rows"`` entries (a
+GAN's steps with latents drawn in the step, a discriminator on ``concat([real, fake])``) are
+checked against one gradient per entry of the batch's loss vector.
+
 Measured on the 2-core machine: see the timings in `tests/zoo.py` and `KNOWN_FAILURES` below.
 """
 
@@ -69,6 +76,13 @@ def isolated_results(request):
 
 @pytest.mark.parametrize("entry", list(_params()))
 def test_zoo_entry_exact(entry, isolated_results):
+    if entry.raises:  # a loss the core must refuse, with the documented error
+        with pytest.raises(Exception) as info:
+            zoo_worker.evaluate(entry)
+        kind, fragment = entry.raises
+        assert type(info.value).__name__ == kind, info.value
+        assert fragment in str(info.value), str(info.value)
+        return
     if entry.isolate:
         future = isolated_results.get(entry.id)
         result = future.result() if future else zoo_worker.run_in_subprocess(entry.id)
@@ -92,6 +106,10 @@ def test_zoo_entry_exact(entry, isolated_results):
     )
     if entry.fallback == "error":
         assert all(p.startswith("rule") for p in paths), paths
+    # exact by rules, or through the fallback for exactly this many variables (an improvement
+    # shows: lower `Entry.on_fallback`)
+    on_fallback = [p for p in paths if p.startswith("fallback")]
+    assert len(on_fallback) == entry.on_fallback, (len(on_fallback), on_fallback[:3])
 
 
 def test_max_rel_err_judges_vanishing_moments_against_the_model():

@@ -74,6 +74,17 @@ class Entry:
         gradient then matches the reference to float64 rounding (that the patch reached every
         float32 cast).
       note: how the model is called (inference mode, which inputs), for the report.
+      reference: ``"auto"`` (each example's loss on its own slice, or from the batch's forward
+        pass when the two forward passes differ: `tests/zoo_worker.forward_spread`) or
+        ``"batch"`` (always from the batch's forward pass: a model whose examples are coupled
+        in its backward pass only, such as a custom gradient centred over the batch) or
+        ``"rows"`` (one example per entry of the per-example loss vector of the whole batch's
+        forward pass, however many rows it has: a batch built in the step, as a GAN
+        discriminator's ``concat([real, fake])``, or examples drawn in the step).
+      raises: ``(error type name, message fragment)`` when the core must refuse the entry
+        (a loss that mixes the examples), else None.
+      on_fallback: how many variables take the exact fallback today (asserted, so that an
+        improvement shows: lower it when a proof lands).
     """
 
     id: str
@@ -84,6 +95,9 @@ class Entry:
     isolate: bool = False
     float32_inside: str = ""
     note: str = ""
+    reference: str = "auto"
+    raises: tuple[str, str] | None = None
+    on_fallback: int = 0
 
 
 @contextlib.contextmanager
@@ -914,6 +928,7 @@ LAYER_ENTRIES = [
         "tf.nn",
         _sparse_lookup("mean", False),
         fallback="exact",
+        on_fallback=2,
         note=_SPARSE_NOTE,
     ),
     Entry(
@@ -921,6 +936,7 @@ LAYER_ENTRIES = [
         "tf.nn",
         _sparse_lookup("sum", True),
         fallback="exact",
+        on_fallback=2,
         note=_SPARSE_NOTE,
     ),
     Entry(
@@ -941,7 +957,281 @@ LAYER_ENTRIES = [
 ]
 
 
-ENTRIES: list[Entry] = APPLICATION_ENTRIES + HUB_ENTRIES + KERAS_IO_ENTRIES + LAYER_ENTRIES
+# ---------------------------------------------------------------------------------------------
+# Issue 26: shifted windows, a mixture of experts' aux loss, contrastive losses, a GAN step
+# ---------------------------------------------------------------------------------------------
+
+
+def _mixtral_aux(dtype):
+    """keras_hub Mixtral in training mode: every MoE layer adds ``router_aux_loss_coef *
+    load_balancing_loss`` with `add_loss`, and the step trains ``loss + tf.add_n(model.losses)``.
+    The load-balancing loss is ``sum_e f_e P_e`` over batch means: not a sum of per-example
+    terms (the core must refuse it, naming the term). Built in float32 whatever ``dtype``:
+    keras_hub's load-balancing loss multiplies a float32 one-hot by the mask cast to the
+    compute dtype, which fails in float64 (and `float64_inside` makes it fail the other way);
+    the core refuses the loss at trace time, before any number."""
+    import keras_hub
+
+    dtype = "float32"
+
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.MixtralBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=1,
+        num_query_heads=2,
+        hidden_dim=8,
+        intermediate_dim=12,
+        num_key_value_heads=1,
+        num_experts=3,
+        top_k=2,
+        sliding_window=4,
+        dtype=dtype,
+    )
+    rng = np.random.default_rng(0)
+    x = _token_inputs(rng, HUB_BATCH, SEQ, VOCAB, _TOK_MASK)
+
+    def forward(x):
+        return backbone(_unpack(x, _TOK_MASK), training=True)
+
+    y = rng.normal(size=(HUB_BATCH, SEQ, 8)).astype(dtype)
+
+    def scalar(out, y):
+        return tf.reduce_mean(squared_error(out, y)) + tf.add_n(backbone.losses)
+
+    def per_example(out, y):  # nominal: the core refuses the loss
+        return squared_error(out, y)
+
+    return forward, backbone.trainable_variables, (x, y), ScalarLoss(scalar, per_example)
+
+
+_IMAGE_SIDE, _TEXT_LEN = 8, 5
+
+
+def _contrastive(kind):
+    """keras_hub CLIP or SigLIP from tiny encoders and its own loss over the ``[n, n]`` logits
+    (CLIP: cross-entropy of each row and each column against the diagonal; SigLIP: the
+    pairwise sigmoid loss, labels ``2 I - 1``). Each logit holds an image and a text of two
+    examples: the loss mixes them and the core must refuse it. The images and token ids are
+    packed on the last axis of ``x`` (``[n, side * side * 3 + T]``)."""
+
+    def build(dtype):
+        import keras_hub
+
+        keras.utils.set_random_seed(0)
+        m = keras_hub.models
+        small = dict(num_layers=1, num_heads=2, intermediate_dim=16, dtype=dtype)
+        text = dict(small, vocabulary_size=VOCAB, embedding_dim=8, hidden_dim=8)
+        image = dict(small, patch_size=4, hidden_dim=8, image_shape=(_IMAGE_SIDE,) * 2 + (3,))
+        if kind == "clip":
+            backbone = m.CLIPBackbone(
+                m.CLIPVisionEncoder(**image),
+                m.CLIPTextEncoder(**text, max_sequence_length=_TEXT_LEN),
+                projection_dim=4,
+                dtype=dtype,
+            )
+        else:
+            backbone = m.SigLIPBackbone(
+                m.SigLIPVisionEncoder(**image),
+                m.SigLIPTextEncoder(**text, max_sequence_length=_TEXT_LEN),
+                dtype=dtype,
+            )
+        rng = np.random.default_rng(0)
+        n, pixels = HUB_BATCH, _IMAGE_SIDE * _IMAGE_SIDE * 3
+        images = rng.normal(size=(n, pixels))
+        ids = rng.integers(1, VOCAB, size=(n, _TEXT_LEN))
+        x = np.concatenate([images, ids], axis=1).astype(dtype)
+
+        def forward(x):
+            images = tf.reshape(x[:, :pixels], [-1, _IMAGE_SIDE, _IMAGE_SIDE, 3])
+            ids = tf.cast(x[:, pixels:], tf.int32)
+            return backbone({"images": images, "token_ids": ids})["vision_logits"]
+
+        def per_example(logits, y):
+            labels = tf.range(tf.shape(logits)[0])
+            if kind == "clip":
+                rows = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+                cols = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, tf.transpose(logits))
+                return 0.5 * (rows + cols)
+            signs = 2.0 * tf.eye(tf.shape(logits)[0], dtype=logits.dtype) - 1.0
+            return -tf.reduce_sum(tf.math.log_sigmoid(signs * logits), axis=1)
+
+        return forward, backbone.trainable_variables, (x, np.zeros((n, 1), dtype)), per_example
+
+    return build
+
+
+_LATENT, _GAN_SIDE = 3, 4
+
+
+def _gan_models(dtype):
+    """A small DCGAN: the generator maps latents ``[n, 3]`` to ``[n, 4, 4, 1]`` images (Dense,
+    a transposed convolution), the discriminator scores images (a strided convolution, a
+    Dense)."""
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    with dtype_policy(dtype):
+        generator = keras.Sequential(
+            [
+                keras.Input((_LATENT,)),
+                L.Dense(8, activation="tanh"),
+                L.Reshape((2, 2, 2)),
+                L.Conv2DTranspose(1, 2, strides=2, activation="tanh"),
+            ]
+        )
+        discriminator = keras.Sequential(
+            [
+                keras.Input((_GAN_SIDE, _GAN_SIDE, 1)),
+                L.Conv2D(2, 2, strides=2, activation="tanh"),
+                L.Flatten(),
+                L.Dense(1),
+            ]
+        )
+    return generator, discriminator
+
+
+def _sigmoid_ce(logits, labels):
+    """Binary cross-entropy of logits ``[rows, 1]``: ``[rows]``."""
+    ce = tf.nn.sigmoid_cross_entropy_with_logits(tf.cast(labels, logits.dtype), logits)
+    return tf.reduce_sum(ce, axis=1)
+
+
+def _fake_ce(logits, y):
+    """The generator's loss as GANs write it: ``bce(ones_like(logits), logits)``, labels made in
+    the step (``y`` unused): ``[rows]``."""
+    return _sigmoid_ce(logits, tf.ones_like(logits))
+
+
+def _real_fake_ce(logits, y):
+    """The discriminator's loss on ``concat([real, fake])``: ``bce(1, .)`` on the first half of
+    the rows, ``bce(0, .)`` on the second, labels made in the step (``y`` unused): ``[2 n]``."""
+    half = tf.shape(logits)[0] // 2
+    labels = tf.concat([tf.ones([half, 1], logits.dtype), tf.zeros([half, 1], logits.dtype)], 0)
+    return _sigmoid_ce(logits, labels)
+
+
+def _latents_like(x):
+    """Latents drawn in the step, one row per example of ``x`` (stateless: the reference draws
+    the same ones)."""
+    return tf.random.stateless_normal([tf.shape(x)[0], _LATENT], seed=[26, 1], dtype=x.dtype)
+
+
+def _gan(step):
+    """A GAN's steps (`_gan_models`), with the non-saturating losses.
+
+    - ``generator``: the step's input is the latents: ``bce(1, D(G(z)))``, the generator's
+      variables (through the discriminator);
+    - ``generator-latents-in-step``: the step's input is the real batch, used for its size only;
+      the latents are drawn in the step (``[tf.shape(x)[0], 3]``) and the labels made there
+      (``ones_like``): each row is an example. (With the labels a step input, the examples come
+      from them, and the generator's variables are exact already: the whole generator is a
+      parameter derived from them, pulled back per example where it meets the labels.)
+    - ``discriminator``: ``bce(labels, D(concat([real, G(z)])))`` with ``z`` drawn in the step,
+      the discriminator's variables: the examples are the union of the two batches, ``2 n``
+      rows, each one example.
+    """
+
+    def build(dtype):
+        generator, discriminator = _gan_models(dtype)
+        rng = np.random.default_rng(0)
+        n = 4
+        real = rng.normal(size=(n, _GAN_SIDE, _GAN_SIDE, 1)).astype(dtype)
+        if step == "generator":
+            x = rng.normal(size=(n, _LATENT)).astype(dtype)
+
+            def forward(z):
+                return discriminator(generator(z))
+
+            return forward, generator.trainable_variables, (x, np.ones((n, 1), dtype)), _sigmoid_ce
+        if step == "generator-latents-in-step":
+
+            def forward(x):
+                return discriminator(generator(_latents_like(x)))
+
+            return forward, generator.trainable_variables, (real, np.ones((n, 1), dtype)), _fake_ce
+
+        def forward(x):
+            fake = generator(_latents_like(x))
+            return discriminator(tf.concat([x, fake], axis=0))
+
+        return (
+            forward,
+            discriminator.trainable_variables,
+            (real, np.zeros((n, 1), dtype)),
+            _real_fake_ce,
+        )
+
+    return build
+
+
+_SWIN_SHIFTED = dict(
+    embed_dim=8, depths=[2, 1], num_heads=[2, 2], window_size=2, patch_size=2, drop_path=0.0
+)
+
+ISSUE26_ENTRIES = [
+    Entry(
+        "hub-swin-shifted",
+        "keras_hub",
+        _hub_image("SwinTransformerBackbone", 8, **_SWIN_SHIFTED),
+        fallback="exact",
+        # Exact, but every variable on the fallback: the analysis stops at the shifted block's
+        # Roll (the variables after it) and the ones before it are then coupled to an unknown
+        # op. Lower this when the Roll proof (branch axes) lands.
+        on_fallback=48,
+        note="SwinTransformerBackbone depths=[2, 1], window 2: the second block of stage 0 is "
+        "shifted (tf.roll and attention masks)",
+    ),
+    Entry(
+        "hub-mixtral-aux-loss",
+        "keras_hub",
+        _mixtral_aux,
+        raises=("PerExampleLossError", "added to the loss, goes through values that mix"),
+        note="MixtralBackbone(training=True), loss + tf.add_n(model.losses): the router's "
+        "load-balancing loss is a batch statistic, refused by name",
+    ),
+    Entry(
+        "hub-clip-contrastive",
+        "keras_hub",
+        _contrastive("clip"),
+        raises=("PerExampleLossError", "mix the examples"),
+        note="CLIPBackbone and CLIP's loss over the [n, n] logits: refused",
+    ),
+    Entry(
+        "hub-siglip-contrastive",
+        "keras_hub",
+        _contrastive("siglip"),
+        raises=("PerExampleLossError", "mix the examples"),
+        note="SigLIPBackbone and the pairwise sigmoid loss over the [n, n] logits: refused",
+    ),
+    Entry(
+        "gan-generator-step",
+        "gan",
+        _gan("generator"),
+        note="bce(1, D(G(z))), z the step's input; the generator's variables",
+    ),
+    Entry(
+        "gan-generator-step-latents-in-step",
+        "gan",
+        _gan("generator-latents-in-step"),
+        reference="rows",
+        note="as gan-generator-step with z = stateless_normal([tf.shape(x)[0], 3]) and the "
+        "labels ones_like(logits) made in the step: each row of z is an example (before: "
+        "refused, the loss depended on no example)",
+    ),
+    Entry(
+        "gan-discriminator-step-concat",
+        "gan",
+        _gan("discriminator"),
+        reference="rows",
+        note="bce(labels, D(concat([real, G(z)]))), z drawn in the step, labels made there; the "
+        "discriminator's variables on their rules; 2n examples (the union of the two batches; "
+        "before: every variable on the fallback, the concatenation not proven)",
+    ),
+]
+
+
+ENTRIES: list[Entry] = (
+    APPLICATION_ENTRIES + HUB_ENTRIES + KERAS_IO_ENTRIES + LAYER_ENTRIES + ISSUE26_ENTRIES
+)
 ENTRIES_BY_ID = {e.id: e for e in ENTRIES}
 assert len(ENTRIES_BY_ID) == len(ENTRIES), "duplicate zoo ids"
 

@@ -220,6 +220,12 @@ def forward_spread(forward, x) -> float:
     return worst / scale
 
 
+def rows_jacobian(forward, variables, per_example_loss, x, y) -> list[np.ndarray]:
+    """`tests.reference.per_row_jacobian`: one example per entry of the loss vector of the
+    whole batch's forward pass (``Entry.reference == "rows"``)."""
+    return reference.per_row_jacobian(forward, variables, per_example_loss, x, y)
+
+
 def _scalar_loss(per_example_loss, scalar):
     """``(out, y) -> scalar loss``: `zoo.ScalarLoss.scalar`, else the mean."""
     if scalar is not None:
@@ -271,7 +277,7 @@ def _evaluate(entry, dtype: str) -> dict:
     t_build = time.perf_counter() - t0
     xt, yt = tf.constant(x), tf.constant(y)
     spread = forward_spread(forward, x)
-    in_batch = not spread <= SPREAD_TOLERANCE
+    in_batch = getattr(entry, "reference", "auto") == "batch" or not spread <= SPREAD_TOLERANCE
     # The reference differentiates the tf.Variables behind Keras variables (the same reads; its
     # zeros for a variable without a gradient need a tf.DType, which Keras variables lack).
     tf_vars = [
@@ -312,7 +318,11 @@ def _evaluate(entry, dtype: str) -> dict:
             plain = list(tf.function(_plain(forward, per_example_loss, part_tf, scalar))(xt, yt))
 
         t0 = time.perf_counter()
-        if len(groups) == 1:
+        if getattr(entry, "reference", "auto") == "rows":
+            ref = rows_jacobian(forward, tf_vars, per_example_loss, x, y)
+            chunks = [(group, [reference.moments(r, ORDERS) for r in ref])]
+            del ref
+        elif len(groups) == 1:
             brute = reference.per_example_jacobian if in_batch else reference.per_example_gradients
             ref = brute(forward, tf_vars, per_example_loss, x, y)
             chunks = [(group, [reference.moments(r, ORDERS) for r in ref])]
@@ -390,7 +400,11 @@ def _evaluate(entry, dtype: str) -> dict:
         "params": int(sum(int(np.prod(v.shape)) for v in variables)),
         "groups": len(groups),
         "spread": spread,
-        "reference": "batch forward" if in_batch else "own slice",
+        "reference": (
+            "rows"
+            if getattr(entry, "reference", "auto") == "rows"
+            else ("batch forward" if in_batch else "own slice")
+        ),
         "timing": {k: round(t, 2) for k, t in timing.items()},
     }
 
@@ -442,7 +456,9 @@ def status(result: dict, entry) -> str:
     )
     word = "wrong" if failures(result, _NoFallback) else "exact"
     s = f"{word} (max rel err {worst:.2g})"
-    if result.get("reference") == "batch forward":
+    if result.get("reference") == "batch forward" and getattr(entry, "reference", "") == "batch":
+        s += " [reference from the batch's forward pass: the entry couples the examples]"
+    elif result.get("reference") == "batch forward":
         s += (
             f" [forward pass not batch-invariant at float64 (outputs differ by "
             f"{result['spread']:.2g} between the batch and one example): reference from the "

@@ -32,7 +32,14 @@ from tb_gradmom.core import axes as _axes
 from tb_gradmom.core import graph as _graph
 from tb_gradmom.core.errors import PerExampleLossError
 
-__all__ = ["LossForm", "FreeTerm", "analyse", "per_example_losses", "example_path"]
+__all__ = [
+    "LossForm",
+    "FreeTerm",
+    "analyse",
+    "per_example_losses",
+    "example_path",
+    "holds_no_example",
+]
 
 _VIEWS = frozenset({"Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "EnsureShape"})
 _LINEAR_REDUCTIONS = frozenset({"Sum", "Mean"})
@@ -233,16 +240,34 @@ def analyse(scalar: tf.Tensor, ex: _axes.Examples, replicas: int = 1) -> LossFor
         what = _NOT_SUMS.get(ty, f"an op gradmom cannot see through ({ty})")
         raise _fail(scalar, op, what, term)
     if not terms:
-        raise PerExampleLossError(
-            f"the scalar loss '{scalar.name}' does not depend on the examples: gradmom found "
-            "no mean or sum over a batch in it. Pass the [n] vector of per-example losses. "
-            "gradmom finds the examples in the arguments of the tf.function (and the "
-            "elements of a tf.data iterator): a batch captured from outside the function (a "
-            "closure or a global) is not seen, so pass the batch as an argument of the step."
+        raise _no_examples(
+            PerExampleLossError(
+                f"the scalar loss '{scalar.name}' does not depend on the examples: gradmom found "
+                "no mean or sum over a batch in it. Pass the [n] vector of per-example losses. "
+                "gradmom finds the examples in the arguments of the tf.function (and the "
+                "elements of a tf.data iterator), and in random numbers drawn in the step whose "
+                "shape starts with the batch size read from them (tf.random.normal("
+                "[tf.shape(x)[0], d]): a GAN's latents; [batch_size, d] too when nothing else in "
+                "the loss holds the examples); a batch captured from outside the function (a "
+                "closure or a global) is not seen, so pass the batch as an argument of the step."
+            )
         )
     form = _form(scalar, terms, ex, replicas)
     form.free = free
     return form
+
+
+def _no_examples(e: PerExampleLossError) -> PerExampleLossError:
+    """``e``, marked as the error of a loss that holds no example (`holds_no_example`)."""
+    e.holds_no_example = True  # type: ignore[attr-defined]
+    return e
+
+
+def holds_no_example(e: Exception) -> bool:
+    """Whether ``e`` (from `analyse`) says the loss holds no example at all: then random draws
+    shaped by a constant equal to the batch size may be its examples
+    (`tb_gradmom.core.axes.Examples` ``static_draws``)."""
+    return bool(getattr(e, "holds_no_example", False))
 
 
 def _packed_scalars(
@@ -383,15 +408,27 @@ def _exponent(count: int) -> int:
 
 
 def _form(scalar: tf.Tensor, terms: list[Term], ex: _axes.Examples, replicas: int) -> LossForm:
+    batches = {t.axis.batch for t in terms if t.proven}
+    if len(batches) > 1:
+        raise PerExampleLossError(
+            f"the scalar loss '{scalar.name}' adds losses over different batches of examples "
+            "(the step's inputs, and rows concatenated in the step: "
+            + ", ".join(
+                f"'{op.name}'" for op in (ex.union_op(b) for b in sorted(batches)) if op is not None
+            )
+            + "): there is no one set of examples to split it into. Compute the moments of "
+            "each term on its own, or pass the [n] vector of per-example losses as `loss`."
+        )
     modes = set()
     structural = True
     for term in terms:
         if term.n_power < 0:
             modes.add("mean")
             continue
-        if term.divisors and ex.n_static is not None:
+        n_static = ex.static_size(term.axis.batch)
+        if term.divisors and n_static is not None:
             total = int(np.prod(term.divisors))
-            big_n = ex.n_static * replicas
+            big_n = n_static * replicas
             if total % big_n == 0:
                 modes.add("mean")
                 structural = False

@@ -219,6 +219,42 @@ def route_coupled(plans, couplings, fallback: str, graph, on_path, coupled: str 
     return kept
 
 
+def _site_batches(site) -> set:
+    outs = site.output if isinstance(site.output, tuple) else (site.output,)
+    states = [site.axes.of(o) for o in outs] if site.axes is not None else []
+    return {st.batch for st in states if isinstance(st, _axes.Axis)}
+
+
+def route_other_batches(plans, batch: int, ex, fallback: str) -> None:
+    """Variables used on the rows of another batch than the loss's (a generator's, used
+    before its images join the real ones in ``concat([real, fake])``, whose rows are the
+    loss's examples: `tb_gradmom.core.axes.Examples.union`): each of their rows is a part of
+    the loss's examples that the rules cannot place, so they take the exact fallback (rows of
+    the jacobian of the per-example losses), or `UnsupportedOpError` with
+    ``fallback="error"``."""
+    for plan in plans:
+        if plan.fallback is not None or not plan.sites:
+            continue
+        others = set().union(*(_site_batches(site) for site, _ in plan.sites)) - {batch}
+        if not others:
+            continue
+        union = ex.union_op(batch) or ex.union_op(max(others))
+        where = f"{union.type} op '{union.name}'" if union is not None else "a concatenation"
+        why = (
+            f"it is used on examples that {where} concatenates into the loss's batch of "
+            "examples (each row an example): the rules cannot place its rows among them"
+        )
+        if fallback == "error":
+            raise UnsupportedOpError(
+                f"variable '{plan.name}': {why}. Pass fallback='exact' to compute it per "
+                "example (rows of the jacobian of the per-example losses; exact), or leave "
+                f"'{plan.name}' out of var_list.",
+                reason=why,
+            )
+        plan.fallback = why
+        plan.sites = []
+
+
 def warn_unproven(what: str) -> None:
     key = ("unproven", what)
     if key in WARNED:
@@ -251,10 +287,15 @@ def batch_evidence(batch_size, loss_values, plans, ex) -> tuple[tf.Tensor | None
     for plan in plans:
         for _, c in plan.sites:
             evidence.append((c.examples, c.evidence + f" (variable '{plan.name}')"))
-    if ex.n_static is not None:
-        evidence.insert(
-            0, (tf.constant(ex.n_static, tf.int32), "the static batch axis of the step's inputs")
+    batch = loss_values[1].batch if loss_values is not None else 0
+    n_static = ex.static_size(batch)
+    if n_static is not None:
+        what = (
+            f"the static rows of '{ex.union_op(batch).name}', the examples' batch"
+            if batch
+            else "the static batch axis of the step's inputs"
         )
+        evidence.insert(0, (tf.constant(n_static, tf.int32), what))
     if batch_size is not None:
         evidence.insert(0, (tf.convert_to_tensor(batch_size, tf.int32), "batch_size="))
     if not evidence:
@@ -296,7 +337,7 @@ def check_loss_vector(loss: tf.Tensor, ex) -> _axes.Axis:
     """The examples' axis of a ``[n]`` loss given by the user: proven, or trusted with a warning
     when the analysis cannot see through an op; never values that mix the examples."""
     st = ex.of(loss)
-    if st == _axes.Axis(0):
+    if isinstance(st, _axes.Axis) and st.axis == 0 and st.pure:  # (of any batch: `union`)
         return st
     if st in (_axes.FREE, _axes.REDUCED):
         raise PerExampleLossError(
@@ -511,11 +552,23 @@ def make_plan(
         ex = _axes.Examples(loss.graph)
         if loss.shape.rank == 1:
             loss_vector, scalar, mode = loss, tf.reduce_mean(loss), "mean"
+            if ex.of(loss) == _axes.FREE and ex.n_static is not None:
+                ex = _draws_as_examples(ex, loss)
             loss_values = (loss, check_loss_vector(loss, ex))
             form = None
         else:
             loss_vector, scalar = None, loss
-            form = _loss.analyse(loss, ex, replica.num_replicas_in_sync if replica else 1)
+            replicas = replica.num_replicas_in_sync if replica else 1
+            try:
+                form = _loss.analyse(loss, ex, replicas)
+            except PerExampleLossError as e:
+                if not _loss.holds_no_example(e) or ex.n_static is None:
+                    raise
+                ex = _draws_as_examples(ex, loss)
+                try:
+                    form = _loss.analyse(loss, ex, replicas)
+                except PerExampleLossError:
+                    raise e from None
             mode = reduction_of(form, options.reduction, loss)
             if not form.proven:
                 for term in form.terms:
@@ -537,6 +590,7 @@ def make_plan(
             plan_variable(v, nm, graph, on_path, ex, options.fallback)
             for v, nm in zip(variables, names)
         ]
+        route_other_batches(plans, loss_values[1].batch, ex, options.fallback)
         ends = [loss_vector] if form is None else [term.values for term in form.terms]
         kept = route_coupled(
             plans,
@@ -578,6 +632,14 @@ def make_plan(
         free_ids=free_ids,
         xla=xla,
     )
+
+
+def _draws_as_examples(ex, loss: tf.Tensor):
+    """The analysis of ``loss``'s graph again, random draws shaped by a constant equal to the
+    static batch size taken as rows of examples (``tf.random.normal([batch_size, d])``, or
+    ``tf.shape(x)[0]`` folded into a constant by a static shape): for a loss that holds no
+    example otherwise (a GAN generator's loss of latents drawn in the step)."""
+    return _axes.Examples(loss.graph, static_draws=True)
 
 
 def _reads(variables: Sequence[tf.Variable], graph, tensors: Sequence[tf.Tensor]) -> list[int]:

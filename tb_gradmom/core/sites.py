@@ -144,7 +144,7 @@ def _check_conv_batch(op, ex) -> str | None:
     if src.op.type == "SpaceToBatchND":
         src = src.op.inputs[0]
     st = ex.of(src)
-    if st == _axes.Axis(0):
+    if isinstance(st, _axes.Axis) and st.axis == 0 and st.pure:  # of any batch (a union too)
         return None
     why = f" (stopped at {ex.why(src)})" if st == _axes.UNKNOWN else ""
     return (
@@ -163,7 +163,7 @@ def _check_call_batch(op, ex, index: int) -> str | None:
         if t.dtype == tf.resource or i == index:
             continue
         st = ex.of(t)
-        if st != _axes.Axis(0):
+        if not (isinstance(st, _axes.Axis) and st.axis == 0 and st.pure):
             why = f" (stopped at {ex.why(t)})" if st == _axes.UNKNOWN else ""
             return (
                 f"'{t.name}' of {op.type} op '{op.name}' is not proven to hold the examples "

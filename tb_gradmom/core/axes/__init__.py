@@ -8,8 +8,13 @@ holds the examples, *proven* by following the ops from the tensors that carry th
   example axis has ``outer == inner == 1``; Keras 3 Dense on ``[n, T, d]`` reshapes to
   ``[n * T, d]`` (``inner = T``), Swin folds ``examples x windows``, a dilated convolution's
   ``SpaceToBatchND`` puts ``blocks x examples`` on its batch axis (``outer = blocks``).
-* `FREE`: depends on no example (variables, constants, shapes, random numbers, a position
-  table looked up with ``arange(T)``, LoRA's ``A @ B``, a class token broadcast to the batch).
+  ``batch`` says which batch: the step's inputs (0) or a union made in the step
+  (``concat([real, fake])`` along the examples' axis: each row an example, `Examples.union`).
+  Random numbers whose shape starts with the batch size read from an input are examples too
+  (a GAN's latents, `Examples._random`).
+* `FREE`: depends on no example (variables, constants, shapes, other random numbers, a
+  position table looked up with ``arange(T)``, LoRA's ``A @ B``, a class token broadcast to
+  the batch).
 * `REDUCED`: depends on the examples only through reductions over them (batch statistics, as
   in BatchNormalization in training mode).
 * `UNKNOWN`: the analysis cannot prove where the examples are (an op it does not know, a

@@ -27,9 +27,23 @@ class Examples:
     ``inputs``: for the body of a call or a loop (`nested`), the states of the body's inputs.
     """
 
-    def __init__(self, graph: tf.Graph, inputs=None, n_static=None, depth: int = 0):
+    def __init__(
+        self,
+        graph: tf.Graph,
+        inputs=None,
+        n_static=None,
+        depth: int = 0,
+        *,
+        static_draws: bool = False,
+    ):
         self.graph = graph
         self.depth = depth
+        # the unions of batches made in the step (`union`): batch id -> (its size as in
+        # `n_value`, the op that makes it); batch 0, the step's inputs, is not listed
+        self.unions: dict = {}
+        # random draws whose shape starts with a constant equal to the static batch size are
+        # rows of examples too (`_random`; for a loss that holds no example otherwise)
+        self.static_draws = static_draws
         self._memo: dict = {}
         self._why: dict = {}
         self._inert: set = set()  # refs of the tensors that carry no gradient (`_gradient_free`)
@@ -57,7 +71,9 @@ class Examples:
     def nested(self, graph: tf.Graph, states) -> Examples:
         """The analysis of the body ``graph`` of a call or loop of this graph, whose inputs hold
         ``states``."""
-        return Examples(graph, inputs=list(states), n_static=self.n_static, depth=self.depth + 1)
+        sub = Examples(graph, inputs=list(states), n_static=self.n_static, depth=self.depth + 1)
+        sub.unions = self.unions
+        return sub
 
     # --- sources ---------------------------------------------------------------------------
 
@@ -128,9 +144,30 @@ class Examples:
     def free(self, t: tf.Tensor) -> bool:
         return self.of(t) == FREE
 
-    def n_value(self):
-        """The batch size as a number: an int when static, else ``Sym(1)``."""
+    def n_value(self, batch: int = 0):
+        """The size of batch ``batch`` (`Axis.batch`) as a number: an int when static, a `Sym`
+        (a multiple of the step's batch size) when not, None if unknown."""
+        if batch:
+            found = self.unions.get(batch)
+            return None if found is None else found[0]
         return self.n_static if self.n_static is not None else Sym(1)
+
+    def static_size(self, batch: int = 0) -> int | None:
+        """The size of batch ``batch`` when it is static, else None."""
+        n = self.n_value(batch)
+        return n if isinstance(n, int) else None
+
+    def union(self, size, op) -> int:
+        """A new batch: the rows of ``op``'s output (a concatenation of example batches along
+        their examples' axis), ``size`` of them; its id for `Axis.batch`."""
+        batch = max(self.unions, default=0) + 1
+        self.unions[batch] = (size, op)
+        return batch
+
+    def union_op(self, batch: int):
+        """The op that made batch ``batch``, or None (batch 0, or unknown)."""
+        found = self.unions.get(batch)
+        return None if found is None else found[1]
 
     # --- symbolic shapes and integer values --------------------------------------------------
 
@@ -142,7 +179,7 @@ class Examples:
         dims = list(t.shape.as_list())
         st = self.of(t)
         if isinstance(st, Axis) and dims[st.axis] is None:
-            dims[st.axis] = mul(self.n_value(), st.partners)
+            dims[st.axis] = mul(self.n_value(st.batch), st.partners)
         return dims
 
     def sym_value(self, t: tf.Tensor):
@@ -220,10 +257,14 @@ class Examples:
                 Axis(0) if (t.shape.rank and t.dtype != tf.variant) else self._unknown(op)
                 for t in outs
             ]
+        if registry.is_random(ty) and op.inputs:
+            return [self._random(op)] * len(outs)
         if registry.is_free(ty) or not op.inputs:
             return [FREE] * len(outs)
         states = [self._memo[x.ref()] for x in op.inputs]
         if all(s == FREE for s in states):
+            if ty == "Tile" and self._tiled_to_the_batch(op):
+                return [Axis(0)]
             return [FREE] * len(outs)
         if self._inherit_unknown(op):
             return [UNKNOWN] * len(outs)
@@ -237,6 +278,85 @@ class Examples:
         if not isinstance(result, list):
             result = [result] * len(outs)
         return self._stopped(op, result)
+
+    def _random(self, op):
+        """Random numbers drawn in the step: `Axis` 0 when their shape's first entry is computed
+        from the batch size (``tf.random.normal([tf.shape(x)[0], d])``,
+        ``tf.random.uniform(tf.shape(x))``; `_batch_size_first`): row ``j`` is drawn for
+        example ``j`` (a GAN's latents, a VAE's noise, a dropout mask), so a loss of the draws
+        alone has one example per row; else `FREE` (numbers shared by every example). A
+        constant equal to the batch size (a Python number, or ``tf.shape(x)[0]`` of a static
+        shape, which TensorFlow folds into a constant) is read as one only with
+        ``static_draws`` (`tb_gradmom.core.plan` asks for it when the loss holds no example
+        otherwise): a random projection ``[d_in, d_out]`` whose ``d_in`` happens to equal the
+        batch size would otherwise seem to mix the examples.
+
+        Where a proof holds with the draws as rows, each example's loss depends on its own row,
+        as it does with the draws held fixed: the per-example losses are the same."""
+        shape = op.inputs[0]
+        out = op.outputs[0]
+        if (
+            shape.dtype not in (tf.int32, tf.int64)
+            or shape.shape.rank != 1
+            or not out.shape.rank
+            or self.depth  # inside a loop or a call: draws per iteration are not rows
+        ):
+            return FREE
+        if out.shape.rank and self._batch_size_first(shape):
+            return Axis(0)
+        if self.static_draws and self.n_static is not None and out.shape.rank:
+            dims = self.sym_value(shape)  # (a StridedSlice of a folded shape included)
+            if isinstance(dims, list) and dims and dims[0] == self.n_static:
+                return Axis(0)
+        return FREE
+
+    def _batch_size_first(self, shape: tf.Tensor, depth: int = 0) -> bool:
+        """Whether the first entry of the shape vector ``shape`` is computed from the batch
+        size: ``tf.shape(x)`` or ``tf.shape(x)[0]`` (packed or concatenated first) of a tensor
+        whose examples are on its axis 0 alone. Read from the ops, not from the value: a
+        constant equal to the batch size (``[d_in, d_out]`` with ``d_in == n``) is not one."""
+        op = shape.op
+        if depth > 16:
+            return False
+        if op.type in ("Identity", "Cast"):
+            return self._batch_size_first(op.inputs[0], depth + 1)
+        if op.type == "Shape":
+            return self.of(op.inputs[0]) == Axis(0)
+        if op.type == "ConcatV2":
+            first = op.inputs[0]
+            return first.shape.rank == 1 and self._batch_size_first(first, depth + 1)
+        if op.type == "Pack":
+            return self._batch_size(op.inputs[0], depth + 1)
+        return False
+
+    def _tiled_to_the_batch(self, op) -> bool:
+        """``tf.tile(p[None], [tf.shape(x)[0], 1, ...])``: a value that holds no example (a
+        learned initial state) copied once per example, its first multiple read from the batch
+        size of an input (`_batch_size_first`, not a constant). Row ``j`` is example ``j``'s
+        copy: the per-example gradient of ``p`` is the gradient of its own copy, and the
+        copies enter what follows (an RNN's loop) as the examples' rows. Sound as the random
+        draws are (`_random`): a proof that holds with the rows as examples holds the same
+        per-example losses as one with the copies shared."""
+        x = op.inputs[0]
+        if self.depth or not x.shape.rank or x.shape[0] != 1:
+            return False
+        return self._batch_size_first(op.inputs[1])
+
+    def _batch_size(self, t: tf.Tensor, depth: int) -> bool:
+        """Whether the scalar ``t`` is ``tf.shape(x)[0]`` of a tensor ``x`` whose examples are on
+        its axis 0 alone."""
+        op = t.op
+        if depth > 16:
+            return False
+        if op.type in ("Identity", "Cast"):
+            return self._batch_size(op.inputs[0], depth + 1)
+        if op.type == "StridedSlice" and op.inputs[0].op.type == "Shape":
+            begin, end = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[2])
+            shrink = op.get_attr("shrink_axis_mask")
+            if begin is None or end is None or begin.size != 1 or not shrink & 1:
+                return False
+            return int(begin[0]) == 0 and self.of(op.inputs[0].op.inputs[0]) == Axis(0)
+        return False
 
     def _placeholder(self, op):
         t = op.outputs[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tb_gradmom.core.axes.lattice import FREE, REDUCED, UNKNOWN, Axis, Elements
-from tb_gradmom.core.axes.symbolic import Sym, div, mul, prod, static, sym_value
+from tb_gradmom.core.axes.symbolic import Sym, add, div, mul, prod, static, sym_value
 
 
 def h_unary(ex, op, states):
@@ -168,7 +168,9 @@ def h_reshape(ex, op, states):
     out_dims = _reshape_dims(ex, op, in_dims)
     if out_dims is None:
         return UNKNOWN
-    n = ex.n_value()
+    n = ex.n_value(st.batch)
+    if n is None:
+        return UNKNOWN
     for k, d in enumerate(out_dims):
         before, after = prod(out_dims[:k]), prod(out_dims[k + 1 :])
         if before is None or after is None or isinstance(before, Sym) or isinstance(after, Sym):
@@ -177,7 +179,7 @@ def h_reshape(ex, op, states):
             continue
         o, i = big_p // before, big_q // after
         if d is not None and d == mul(n, o * i):
-            return Axis(k, o, i)
+            return Axis(k, o, i, st.batch)
     return UNKNOWN
 
 
@@ -285,6 +287,8 @@ def h_concat(ex, op, states):
     if axis is None or rank is None:
         return UNKNOWN
     axis = int(axis) % rank
+    if any(isinstance(st, Axis) and st.axis == axis for st in states[:-1]):
+        return _union(ex, op, states, axis)
     found = None
     for st in states[:-1]:
         if isinstance(st, Axis):
@@ -292,6 +296,28 @@ def h_concat(ex, op, states):
                 return UNKNOWN
             found = st
     return found if found is not None else REDUCED
+
+
+def _union(ex, op, states, axis):
+    """A concatenation of example batches along their examples' axis (a discriminator's
+    ``concat([real, fake])``, SimCLR's two views): each row is an example of a new batch, the
+    union, ``n = n1 + n2`` (`Examples.union`). Every input must hold one example per row on
+    that axis (a pure axis), or none (rows that are parameters or draws: examples too, each
+    its own); a batch statistic, a folded axis or an unknown size is not proven."""
+    size = 0
+    for x, st in zip(op.inputs[:-1], states[:-1]):
+        if isinstance(st, Axis):
+            if st.axis != axis or not st.pure:
+                return UNKNOWN
+        elif st != FREE:
+            return UNKNOWN
+        dims = ex.sym_shape(x)
+        if dims is None or len(dims) <= axis or dims[axis] is None:
+            return UNKNOWN
+        size = add(size, dims[axis])
+        if size is None:
+            return UNKNOWN
+    return Axis(axis, batch=ex.union(size, op))
 
 
 def h_pack(ex, op, states):
@@ -549,7 +575,7 @@ def h_space_to_batch(ex, op, states):
     block = static(op.inputs[1])
     if not isinstance(st, Axis) or st.axis != 0 or block is None:
         return UNKNOWN
-    return Axis(0, st.outer * int(np.prod(block)), st.inner)
+    return Axis(0, st.outer * int(np.prod(block)), st.inner, st.batch)
 
 
 def h_batch_to_space(ex, op, states):
@@ -560,7 +586,7 @@ def h_batch_to_space(ex, op, states):
     b = int(np.prod(block))
     if st.outer % b:
         return UNKNOWN
-    return Axis(0, st.outer // b, st.inner)
+    return Axis(0, st.outer // b, st.inner, st.batch)
 
 
 def along_axes(axes_input: int):

@@ -47,11 +47,17 @@ HEIGHT = 3
 
 @dataclass(frozen=True)
 class Axis:
-    """Examples on axis ``axis``; the axis is laid out ``[outer, n, inner]`` (row-major)."""
+    """Examples on axis ``axis``; the axis is laid out ``[outer, n, inner]`` (row-major).
+
+    ``batch``: which batch of examples: 0 the step's inputs (and what is drawn for them), or a
+    union made in the step (`tb_gradmom.core.axes.Examples.union`: ``concat([real, fake])``,
+    whose rows are its examples, ``n = n1 + n2``). Two batches never meet in one op: their
+    states differ, so such an op is not proven."""
 
     axis: int
     outer: int = 1
     inner: int = 1
+    batch: int = 0
 
     @property
     def pure(self) -> bool:
@@ -63,12 +69,13 @@ class Axis:
         return self.outer * self.inner
 
     def moved(self, axis: int) -> Axis:
-        return Axis(axis, self.outer, self.inner)
+        return Axis(axis, self.outer, self.inner, self.batch)
 
     def __str__(self) -> str:
+        of = f" of batch #{self.batch}" if self.batch else ""
         if self.pure:
-            return f"axis {self.axis}"
-        return f"axis {self.axis} (folded: {self.outer} x examples x {self.inner})"
+            return f"axis {self.axis}{of}"
+        return f"axis {self.axis}{of} (folded: {self.outer} x examples x {self.inner})"
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,15 @@ def is_free(op_type: str) -> bool:
     return any(w in op_type for w in _RANDOM_WORDS) and "Seed" not in op_type[:4]
 
 
+def is_random(op_type: str) -> bool:
+    """Whether ``op_type`` draws random numbers (stateful or stateless)."""
+    return (
+        op_type not in _FREE
+        and any(w in op_type for w in _RANDOM_WORDS)
+        and ("Seed" not in op_type[:4])
+    )
+
+
 def is_source(op_type: str) -> bool:
     """Whether ``op_type`` yields the step's examples (axis 0 of each output)."""
     return op_type in _SOURCES
