@@ -615,7 +615,10 @@ class Reader:
     def _moments(self, entry: TagEntry, raw: _Raw) -> MomentsAt:
         """One fetched step decoded and checked (`BadRecord` if it does not fit)."""
         array = self._array(entry, raw)
-        arrays = {int(p): array[i] for i, p in enumerate(entry.moments.orders)}
+        try:
+            arrays = metadata.decode_moments(entry.moments, array)
+        except metadata.FormatError as e:
+            raise self._bad(entry, raw.step, e) from None
         return MomentsAt(step=raw.step, wall_time=raw.wall_time, arrays=arrays)
 
     def _point(self, entry: TagEntry, raw: _Raw) -> Point:
