@@ -41,7 +41,14 @@ def _accumulator(logdir):
 def _tensor(acc, tag, step):
     events = [e for e in acc.Tensors(tag) if e.step == step]
     assert len(events) == 1, f"{tag} at step {step}: {len(events)} events"
-    return tensor_util.make_ndarray(events[0].tensor_proto)
+    array = tensor_util.make_ndarray(events[0].tensor_proto)
+    content = acc.SummaryMetadata(tag).plugin_data.content
+    parsed = metadata.parse_plugin_content(content) if content else None
+    if isinstance(parsed, metadata.MomentsContent):
+        # the moments as the format decodes them ([k, *stored_shape], any encoding)
+        decoded = metadata.decode_moments(parsed, array)
+        return np.stack([decoded[p] for p in parsed.orders])
+    return array
 
 
 def _write_steps(logdir, steps, record, **kwargs):
@@ -280,7 +287,7 @@ def test_tf1_graph_returns_merged_summary(tmp_path):
         w = tf.compat.v1.get_variable("w", initializer=rng.normal(size=(4, 2)), use_resource=True)
         x = tf.compat.v1.placeholder(tf.float64, [None, 4])
         loss = tf.reduce_mean(tf.reduce_sum(tf.square(tf.matmul(x, w)), axis=1))
-        summary_op = gradmom.summary.moments(loss, [w])
+        summary_op = gradmom.summary.moments(loss, [w], map_dtype="float32")
         assert summary_op.dtype == tf.string
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -337,9 +344,13 @@ def _gan(logdir, names=(None, None)):
             d_loss = tf.reduce_mean(
                 tf.nn.softplus(-disc(real)[:, 0]) + tf.nn.softplus(disc(gen(noise))[:, 0])
             )
-            gradmom.summary.moments(d_loss, disc.trainable_variables, name=names[0])
+            gradmom.summary.moments(
+                d_loss, disc.trainable_variables, name=names[0], map_dtype="float32"
+            )
             g_loss = tf.reduce_mean(tf.nn.softplus(-disc(gen(noise))[:, 0]))
-            gradmom.summary.moments(g_loss, gen.trainable_variables, name=names[1])
+            gradmom.summary.moments(
+                g_loss, gen.trainable_variables, name=names[1], map_dtype="float32"
+            )
 
     for s in range(3):
         step_fn(real, noise, tf.constant(s, tf.int64))
@@ -490,7 +501,9 @@ def test_conv_gradients_come_from_the_cond_exact_on_both_sides(kind, tmp_path):
         want = tf.gradients(loss, variables)
         _, moms = gradmom.gradients_and_moments(loss, variables)
         with writer.as_default(step=tf.cast(record, tf.int64)), tf.summary.record_if(record):
-            got = gradmom.summary.moments(loss, variables, exact_gradients=False)
+            got = gradmom.summary.moments(
+                loss, variables, exact_gradients=False, map_dtype="float32"
+            )
         return want, got, moms
 
     for record in (False, True):
