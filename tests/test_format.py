@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 import keras
 import numpy as np
@@ -29,41 +30,130 @@ from tests import reference
 from tests.test_plugin import get_json, make_app, nums
 
 # The trainable variables of keras.applications.ResNet50(weights=None), in order (214: 53
-# conv kernels and biases, 53 batch-norm gammas and betas, the classifier), as printed once by
-#   python -c "import keras; print([tuple(v.shape) for v in
+# conv kernels and biases, 53 batch-norm gammas and betas, the classifier), with their Keras
+# paths, as printed once by
+#   python -c "import keras; print([(v.path, tuple(v.shape)) for v in
 #              keras.applications.ResNet50(weights=None).trainable_variables])"
 # Kept as data: building the model here costs 10 s and says nothing more.
-_B = [  # (c_in, mid, c_out, stride block with a shortcut?) of the 16 bottleneck blocks
-    (64, 64, 256, True), (256, 64, 256, False), (256, 64, 256, False),
-    (256, 128, 512, True), *[(512, 128, 512, False)] * 3,
-    (512, 256, 1024, True), *[(1024, 256, 1024, False)] * 5,
-    (1024, 512, 2048, True), *[(2048, 512, 2048, False)] * 2,
-]  # fmt: skip
-
-
-def _resnet50_shapes() -> list[tuple[int, ...]]:
-    shapes: list[tuple[int, ...]] = [(7, 7, 3, 64), (64,), (64,), (64,)]
-    for c_in, mid, c_out, shortcut in _B:
-        if shortcut:  # Keras orders the shortcut's conv first, its batch norm after conv 3
-            block = [(1, 1, c_in, c_out), (c_out,), (1, 1, c_in, mid), (mid,), (mid,), (mid,)]
-        else:
-            block = [(1, 1, c_in, mid), (mid,), (mid,), (mid,)]
-        block += [(3, 3, mid, mid), (mid,), (mid,), (mid,), (1, 1, mid, c_out), (c_out,)]
-        block += [(c_out,), (c_out,)] * (2 if shortcut else 1)
-        shapes += block
-    return shapes + [(2048, 1000), (1000,)]
-
-
-RESNET50_SHAPES = _resnet50_shapes()
+# fmt: off
+RESNET50_VARIABLES = [
+    ("conv1_conv/kernel", (7, 7, 3, 64)), ("conv1_conv/bias", (64,)), ("conv1_bn/gamma", (64,)),
+    ("conv1_bn/beta", (64,)), ("conv2_block1_1_conv/kernel", (1, 1, 64, 64)),
+    ("conv2_block1_1_conv/bias", (64,)), ("conv2_block1_1_bn/gamma", (64,)),
+    ("conv2_block1_1_bn/beta", (64,)), ("conv2_block1_2_conv/kernel", (3, 3, 64, 64)),
+    ("conv2_block1_2_conv/bias", (64,)), ("conv2_block1_2_bn/gamma", (64,)),
+    ("conv2_block1_2_bn/beta", (64,)), ("conv2_block1_0_conv/kernel", (1, 1, 64, 256)),
+    ("conv2_block1_0_conv/bias", (256,)), ("conv2_block1_3_conv/kernel", (1, 1, 64, 256)),
+    ("conv2_block1_3_conv/bias", (256,)), ("conv2_block1_0_bn/gamma", (256,)),
+    ("conv2_block1_0_bn/beta", (256,)), ("conv2_block1_3_bn/gamma", (256,)),
+    ("conv2_block1_3_bn/beta", (256,)), ("conv2_block2_1_conv/kernel", (1, 1, 256, 64)),
+    ("conv2_block2_1_conv/bias", (64,)), ("conv2_block2_1_bn/gamma", (64,)),
+    ("conv2_block2_1_bn/beta", (64,)), ("conv2_block2_2_conv/kernel", (3, 3, 64, 64)),
+    ("conv2_block2_2_conv/bias", (64,)), ("conv2_block2_2_bn/gamma", (64,)),
+    ("conv2_block2_2_bn/beta", (64,)), ("conv2_block2_3_conv/kernel", (1, 1, 64, 256)),
+    ("conv2_block2_3_conv/bias", (256,)), ("conv2_block2_3_bn/gamma", (256,)),
+    ("conv2_block2_3_bn/beta", (256,)), ("conv2_block3_1_conv/kernel", (1, 1, 256, 64)),
+    ("conv2_block3_1_conv/bias", (64,)), ("conv2_block3_1_bn/gamma", (64,)),
+    ("conv2_block3_1_bn/beta", (64,)), ("conv2_block3_2_conv/kernel", (3, 3, 64, 64)),
+    ("conv2_block3_2_conv/bias", (64,)), ("conv2_block3_2_bn/gamma", (64,)),
+    ("conv2_block3_2_bn/beta", (64,)), ("conv2_block3_3_conv/kernel", (1, 1, 64, 256)),
+    ("conv2_block3_3_conv/bias", (256,)), ("conv2_block3_3_bn/gamma", (256,)),
+    ("conv2_block3_3_bn/beta", (256,)), ("conv3_block1_1_conv/kernel", (1, 1, 256, 128)),
+    ("conv3_block1_1_conv/bias", (128,)), ("conv3_block1_1_bn/gamma", (128,)),
+    ("conv3_block1_1_bn/beta", (128,)), ("conv3_block1_2_conv/kernel", (3, 3, 128, 128)),
+    ("conv3_block1_2_conv/bias", (128,)), ("conv3_block1_2_bn/gamma", (128,)),
+    ("conv3_block1_2_bn/beta", (128,)), ("conv3_block1_0_conv/kernel", (1, 1, 256, 512)),
+    ("conv3_block1_0_conv/bias", (512,)), ("conv3_block1_3_conv/kernel", (1, 1, 128, 512)),
+    ("conv3_block1_3_conv/bias", (512,)), ("conv3_block1_0_bn/gamma", (512,)),
+    ("conv3_block1_0_bn/beta", (512,)), ("conv3_block1_3_bn/gamma", (512,)),
+    ("conv3_block1_3_bn/beta", (512,)), ("conv3_block2_1_conv/kernel", (1, 1, 512, 128)),
+    ("conv3_block2_1_conv/bias", (128,)), ("conv3_block2_1_bn/gamma", (128,)),
+    ("conv3_block2_1_bn/beta", (128,)), ("conv3_block2_2_conv/kernel", (3, 3, 128, 128)),
+    ("conv3_block2_2_conv/bias", (128,)), ("conv3_block2_2_bn/gamma", (128,)),
+    ("conv3_block2_2_bn/beta", (128,)), ("conv3_block2_3_conv/kernel", (1, 1, 128, 512)),
+    ("conv3_block2_3_conv/bias", (512,)), ("conv3_block2_3_bn/gamma", (512,)),
+    ("conv3_block2_3_bn/beta", (512,)), ("conv3_block3_1_conv/kernel", (1, 1, 512, 128)),
+    ("conv3_block3_1_conv/bias", (128,)), ("conv3_block3_1_bn/gamma", (128,)),
+    ("conv3_block3_1_bn/beta", (128,)), ("conv3_block3_2_conv/kernel", (3, 3, 128, 128)),
+    ("conv3_block3_2_conv/bias", (128,)), ("conv3_block3_2_bn/gamma", (128,)),
+    ("conv3_block3_2_bn/beta", (128,)), ("conv3_block3_3_conv/kernel", (1, 1, 128, 512)),
+    ("conv3_block3_3_conv/bias", (512,)), ("conv3_block3_3_bn/gamma", (512,)),
+    ("conv3_block3_3_bn/beta", (512,)), ("conv3_block4_1_conv/kernel", (1, 1, 512, 128)),
+    ("conv3_block4_1_conv/bias", (128,)), ("conv3_block4_1_bn/gamma", (128,)),
+    ("conv3_block4_1_bn/beta", (128,)), ("conv3_block4_2_conv/kernel", (3, 3, 128, 128)),
+    ("conv3_block4_2_conv/bias", (128,)), ("conv3_block4_2_bn/gamma", (128,)),
+    ("conv3_block4_2_bn/beta", (128,)), ("conv3_block4_3_conv/kernel", (1, 1, 128, 512)),
+    ("conv3_block4_3_conv/bias", (512,)), ("conv3_block4_3_bn/gamma", (512,)),
+    ("conv3_block4_3_bn/beta", (512,)), ("conv4_block1_1_conv/kernel", (1, 1, 512, 256)),
+    ("conv4_block1_1_conv/bias", (256,)), ("conv4_block1_1_bn/gamma", (256,)),
+    ("conv4_block1_1_bn/beta", (256,)), ("conv4_block1_2_conv/kernel", (3, 3, 256, 256)),
+    ("conv4_block1_2_conv/bias", (256,)), ("conv4_block1_2_bn/gamma", (256,)),
+    ("conv4_block1_2_bn/beta", (256,)), ("conv4_block1_0_conv/kernel", (1, 1, 512, 1024)),
+    ("conv4_block1_0_conv/bias", (1024,)), ("conv4_block1_3_conv/kernel", (1, 1, 256, 1024)),
+    ("conv4_block1_3_conv/bias", (1024,)), ("conv4_block1_0_bn/gamma", (1024,)),
+    ("conv4_block1_0_bn/beta", (1024,)), ("conv4_block1_3_bn/gamma", (1024,)),
+    ("conv4_block1_3_bn/beta", (1024,)), ("conv4_block2_1_conv/kernel", (1, 1, 1024, 256)),
+    ("conv4_block2_1_conv/bias", (256,)), ("conv4_block2_1_bn/gamma", (256,)),
+    ("conv4_block2_1_bn/beta", (256,)), ("conv4_block2_2_conv/kernel", (3, 3, 256, 256)),
+    ("conv4_block2_2_conv/bias", (256,)), ("conv4_block2_2_bn/gamma", (256,)),
+    ("conv4_block2_2_bn/beta", (256,)), ("conv4_block2_3_conv/kernel", (1, 1, 256, 1024)),
+    ("conv4_block2_3_conv/bias", (1024,)), ("conv4_block2_3_bn/gamma", (1024,)),
+    ("conv4_block2_3_bn/beta", (1024,)), ("conv4_block3_1_conv/kernel", (1, 1, 1024, 256)),
+    ("conv4_block3_1_conv/bias", (256,)), ("conv4_block3_1_bn/gamma", (256,)),
+    ("conv4_block3_1_bn/beta", (256,)), ("conv4_block3_2_conv/kernel", (3, 3, 256, 256)),
+    ("conv4_block3_2_conv/bias", (256,)), ("conv4_block3_2_bn/gamma", (256,)),
+    ("conv4_block3_2_bn/beta", (256,)), ("conv4_block3_3_conv/kernel", (1, 1, 256, 1024)),
+    ("conv4_block3_3_conv/bias", (1024,)), ("conv4_block3_3_bn/gamma", (1024,)),
+    ("conv4_block3_3_bn/beta", (1024,)), ("conv4_block4_1_conv/kernel", (1, 1, 1024, 256)),
+    ("conv4_block4_1_conv/bias", (256,)), ("conv4_block4_1_bn/gamma", (256,)),
+    ("conv4_block4_1_bn/beta", (256,)), ("conv4_block4_2_conv/kernel", (3, 3, 256, 256)),
+    ("conv4_block4_2_conv/bias", (256,)), ("conv4_block4_2_bn/gamma", (256,)),
+    ("conv4_block4_2_bn/beta", (256,)), ("conv4_block4_3_conv/kernel", (1, 1, 256, 1024)),
+    ("conv4_block4_3_conv/bias", (1024,)), ("conv4_block4_3_bn/gamma", (1024,)),
+    ("conv4_block4_3_bn/beta", (1024,)), ("conv4_block5_1_conv/kernel", (1, 1, 1024, 256)),
+    ("conv4_block5_1_conv/bias", (256,)), ("conv4_block5_1_bn/gamma", (256,)),
+    ("conv4_block5_1_bn/beta", (256,)), ("conv4_block5_2_conv/kernel", (3, 3, 256, 256)),
+    ("conv4_block5_2_conv/bias", (256,)), ("conv4_block5_2_bn/gamma", (256,)),
+    ("conv4_block5_2_bn/beta", (256,)), ("conv4_block5_3_conv/kernel", (1, 1, 256, 1024)),
+    ("conv4_block5_3_conv/bias", (1024,)), ("conv4_block5_3_bn/gamma", (1024,)),
+    ("conv4_block5_3_bn/beta", (1024,)), ("conv4_block6_1_conv/kernel", (1, 1, 1024, 256)),
+    ("conv4_block6_1_conv/bias", (256,)), ("conv4_block6_1_bn/gamma", (256,)),
+    ("conv4_block6_1_bn/beta", (256,)), ("conv4_block6_2_conv/kernel", (3, 3, 256, 256)),
+    ("conv4_block6_2_conv/bias", (256,)), ("conv4_block6_2_bn/gamma", (256,)),
+    ("conv4_block6_2_bn/beta", (256,)), ("conv4_block6_3_conv/kernel", (1, 1, 256, 1024)),
+    ("conv4_block6_3_conv/bias", (1024,)), ("conv4_block6_3_bn/gamma", (1024,)),
+    ("conv4_block6_3_bn/beta", (1024,)), ("conv5_block1_1_conv/kernel", (1, 1, 1024, 512)),
+    ("conv5_block1_1_conv/bias", (512,)), ("conv5_block1_1_bn/gamma", (512,)),
+    ("conv5_block1_1_bn/beta", (512,)), ("conv5_block1_2_conv/kernel", (3, 3, 512, 512)),
+    ("conv5_block1_2_conv/bias", (512,)), ("conv5_block1_2_bn/gamma", (512,)),
+    ("conv5_block1_2_bn/beta", (512,)), ("conv5_block1_0_conv/kernel", (1, 1, 1024, 2048)),
+    ("conv5_block1_0_conv/bias", (2048,)), ("conv5_block1_3_conv/kernel", (1, 1, 512, 2048)),
+    ("conv5_block1_3_conv/bias", (2048,)), ("conv5_block1_0_bn/gamma", (2048,)),
+    ("conv5_block1_0_bn/beta", (2048,)), ("conv5_block1_3_bn/gamma", (2048,)),
+    ("conv5_block1_3_bn/beta", (2048,)), ("conv5_block2_1_conv/kernel", (1, 1, 2048, 512)),
+    ("conv5_block2_1_conv/bias", (512,)), ("conv5_block2_1_bn/gamma", (512,)),
+    ("conv5_block2_1_bn/beta", (512,)), ("conv5_block2_2_conv/kernel", (3, 3, 512, 512)),
+    ("conv5_block2_2_conv/bias", (512,)), ("conv5_block2_2_bn/gamma", (512,)),
+    ("conv5_block2_2_bn/beta", (512,)), ("conv5_block2_3_conv/kernel", (1, 1, 512, 2048)),
+    ("conv5_block2_3_conv/bias", (2048,)), ("conv5_block2_3_bn/gamma", (2048,)),
+    ("conv5_block2_3_bn/beta", (2048,)), ("conv5_block3_1_conv/kernel", (1, 1, 2048, 512)),
+    ("conv5_block3_1_conv/bias", (512,)), ("conv5_block3_1_bn/gamma", (512,)),
+    ("conv5_block3_1_bn/beta", (512,)), ("conv5_block3_2_conv/kernel", (3, 3, 512, 512)),
+    ("conv5_block3_2_conv/bias", (512,)), ("conv5_block3_2_bn/gamma", (512,)),
+    ("conv5_block3_2_bn/beta", (512,)), ("conv5_block3_3_conv/kernel", (1, 1, 512, 2048)),
+    ("conv5_block3_3_conv/bias", (2048,)), ("conv5_block3_3_bn/gamma", (2048,)),
+    ("conv5_block3_3_bn/beta", (2048,)), ("predictions/kernel", (2048, 1000)),
+    ("predictions/bias", (1000,)),
+]
+# fmt: on
+RESNET50_SHAPES = [s for _, s in RESNET50_VARIABLES]
 HALF_ULP = 2.0**-11  # float16: 11 significant bits, round to nearest
 
 
-def test_resnet50_shapes_are_kerass():
-    """The hard-coded list is what Keras builds (its sizes and its parameter count)."""
-    assert len(RESNET50_SHAPES) == 214
-    assert sum(math.prod(s) for s in RESNET50_SHAPES) == 25_583_592  # ResNet50's trainables
-    assert RESNET50_SHAPES[:5] == [(7, 7, 3, 64), (64,), (64,), (64,), (1, 1, 64, 256)]
-    assert RESNET50_SHAPES[-3:] == [(2048,), (2048, 1000), (1000,)]
+def test_resnet50_variables_are_kerass():
+    """The list is ResNet50's: 214 variables, 25,583,592 parameters (Keras' summary)."""
+    assert len(RESNET50_VARIABLES) == len({p for p, _ in RESNET50_VARIABLES}) == 214
+    assert sum(math.prod(s) for s in RESNET50_SHAPES) == 25_583_592
 
 
 def _file_bytes(logdir) -> int:
@@ -82,12 +172,11 @@ def _moments_of(shapes, seed, scale=1e-3):
 
 
 def test_resnet50_logged_step_is_at_most_2_mb(tmp_path):
-    """A ResNet50-sized set of variables (214 tags, 25.6M parameters) logged with the defaults:
-    at most 2 MB of event file per logged step, every tag's maps at most DEFAULT_MAX_ELEMENTS
-    cells, and the exact statistics (/_stats) of every variable beside them."""
-    variables = [
-        tf.Variable(tf.zeros(s), name=f"layer{i:03d}/w") for i, s in enumerate(RESNET50_SHAPES)
-    ]
+    """ResNet50's variables (214 tags under their Keras names, 25.6M parameters) logged with
+    the defaults: at most 2 MB of event file per logged step, every tag's maps at most
+    DEFAULT_MAX_ELEMENTS cells (float16 when pooled, float32 when not), and the exact
+    statistics (/_stats) of every variable beside them."""
+    variables = [tf.Variable(tf.zeros(s), name=p) for p, s in RESNET50_VARIABLES]
     moments = _moments_of(RESNET50_SHAPES, 0)
     writer = tf.summary.create_file_writer(str(tmp_path))
     sizes = []
@@ -100,18 +189,21 @@ def test_resnet50_logged_step_is_at_most_2_mb(tmp_path):
     per_step = np.diff(sizes)
     print(
         f"ResNet50 bytes per logged step: {per_step.tolist()}"
-    )  # measured: 1,573,581 and 1,577,449
+    )  # measured: 1,477,180 and 1,481,048
     assert per_step.max() <= 2_000_000, per_step
 
     run = data.load(tmp_path)["."]
     tags = gradmom.summary.tag_names(variables)
+    assert tags == [p for p, _ in RESNET50_VARIABLES]
     assert set(run) == set(tags) | {"_model"}
     for tag, shape, m in zip(tags, RESNET50_SHAPES, moments):
         rec = run[tag][-1]
         assert rec.content.version == metadata.FORMAT_VERSION == 2
-        assert rec.content.encoding == "float16"
         assert math.prod(rec.content.stored_shape) <= gradmom.summary.DEFAULT_MAX_ELEMENTS
         assert rec.content.pooled is (math.prod(shape) > gradmom.summary.DEFAULT_MAX_ELEMENTS)
+        assert rec.content.encoding == ("float16" if rec.content.pooled else "float32")
+        if not rec.pooled:  # stored as computed
+            np.testing.assert_array_equal(rec.moments[1], m[1])
         # the statistics are the exact sums over every element (float64 numpy, stored float32)
         m1 = m[1].astype(np.float64)
         assert rec.stats["num_elements"] == math.prod(shape)
@@ -175,7 +267,7 @@ def _case_moments(case, rng):
 
 @pytest.mark.parametrize("max_elements", [None, 60], ids=["full", "pooled"])
 def test_float16_maps_hold_m1_and_the_variance_to_half_an_ulp(tmp_path, max_elements):
-    """The default maps through the real writer and `data.load`: M_1 and the variance derived
+    """float16 maps through the real writer and `data.load`: M_1 and the variance derived
     from the decoded moments within half a float16 ulp of numpy's float32 moments (their block
     means when pooled), whatever the scale; the writer's tensors are `metadata.encode_float16`'s
     (its numpy twin) bit for bit."""
@@ -186,7 +278,9 @@ def test_float16_maps_hold_m1_and_the_variance_to_half_an_ulp(tmp_path, max_elem
         moments.append(dict(zip((1, 2), _case_moments(case, rng))))
     writer = tf.summary.create_file_writer(str(tmp_path))
     with writer.as_default(step=4), np.errstate(invalid="ignore", over="ignore"):
-        gradmom.summary.write(moments, variables, n=16, max_elements=max_elements)
+        gradmom.summary.write(
+            moments, variables, n=16, max_elements=max_elements, map_dtype="float16"
+        )
     writer.close()
     run = data.load(tmp_path)["."]
     acc = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
@@ -225,14 +319,15 @@ def test_float16_maps_hold_m1_and_the_variance_to_half_an_ulp(tmp_path, max_elem
 
 
 def test_full_resolution_on_request_round_trips_exactly(tmp_path):
-    """``max_elements=None, map_dtype="float32"``: every variable at its shape, the moments the
-    writer was given (cast to float32) read back bit for bit by `data.load` and the plugin."""
+    """``max_elements=None``: every variable at its shape, as float32 (the default ``"auto"``
+    maps), the moments the writer was given (cast to float32) read back bit for bit by
+    `data.load` and the plugin."""
     shapes = [(3, 3, 8, 70), (5000,), (2048, 1000)]  # 5,040; 5,000; 2,048,000 elements
     variables = [tf.Variable(tf.zeros(s), name=f"big{i}/w") for i, s in enumerate(shapes)]
     moments = _moments_of(shapes, 1)
     writer = tf.summary.create_file_writer(str(tmp_path))
     with writer.as_default(step=7):
-        gradmom.summary.write(moments, variables, n=8, max_elements=None, map_dtype="float32")
+        gradmom.summary.write(moments, variables, n=8, max_elements=None)
     writer.close()
     run = data.load(tmp_path)["."]
     tags = gradmom.summary.tag_names(variables)
@@ -273,9 +368,9 @@ def test_full_resolution_costs_what_the_readme_says(tmp_path):
 
 
 def test_the_default_maps_against_per_example_gradients(tmp_path):
-    """`summary.moments` on a real model, default maps (pooled above 4,096 cells, float16):
-    the stored means against brute-force per-example gradients in float64 (block means of a
-    pooled kernel), the statistics exact."""
+    """`summary.moments` on a real model, default maps (pooled above 2,048 cells, as float16):
+    the stored means against brute-force per-example gradients (block means of the pooled
+    kernel), the statistics exact."""
     keras.utils.set_random_seed(5)
     model = keras.Sequential(
         [keras.Input((90,)), keras.layers.Dense(64, name="wide"), keras.layers.Dense(3, name="out")]
@@ -302,11 +397,11 @@ def test_the_default_maps_against_per_example_gradients(tmp_path):
     run = data.load(tmp_path)["."]
     for tag, ge in zip(gradmom.summary.tag_names(variables), g):
         rec = run[tag][0]
-        assert rec.content.encoding == "float16"
+        assert rec.content.encoding == ("float16" if rec.pooled else "float32")
         m1 = ge.mean(0)
         var = ge.var(0, ddof=1)
-        if rec.pooled:  # wide/kernel: 5,760 cells > 4,096
-            assert rec.content.block == (2, 1)
+        if rec.pooled:  # wide/kernel: 5,760 cells > 2,048
+            assert rec.content.block == (2, 2)
             m1 = _ref_block_means(m1, rec.content.block)
             m2 = _ref_block_means((ge**2).mean(0), rec.content.block)
             var = 12 / 11 * (m2 - m1**2)
@@ -442,14 +537,14 @@ def test_a_version_1_log_is_read_by_the_plugin(v1_log):
 
 
 def test_a_float16_log_is_served_by_the_plugin(tmp_path):
-    """The default (version 2, float16) maps through TensorBoard's loader and the plugin: the
-    heatmap's means within half a float16 ulp of the float32 moments written."""
+    """float16 maps (version 2) through TensorBoard's loader and the plugin: the heatmap's
+    means within half a float16 ulp of the float32 moments written."""
     shape = (50, 40)
     v = [tf.Variable(tf.zeros(shape), name="k/w")]
     m = _moments_of([shape], 4)
     writer = tf.summary.create_file_writer(str(tmp_path))
     with writer.as_default(step=3):
-        gradmom.summary.write(m, v, n=8)
+        gradmom.summary.write(m, v, n=8, map_dtype="float16")
     writer.close()
     client, _, _ = make_app(str(tmp_path))
     tag = gradmom.summary.tag_names(v)[0]
@@ -522,7 +617,7 @@ def test_writer_arguments_are_checked():
     v = [tf.Variable(tf.zeros([2]))]
     m = [{1: np.zeros(2), 2: np.zeros(2)}]
     with pytest.raises(
-        ValueError, match=r"map_dtype must be one of 'float32', 'float16', got 'bfloat16'"
+        ValueError, match=r"map_dtype must be one of 'auto', 'float32', 'float16', got 'bfloat16'"
     ):
         gradmom.summary.write(m, v, n=2, step=0, map_dtype="bfloat16")
     with pytest.raises(TypeError, match="max_elements must be a positive integer"):
@@ -538,7 +633,7 @@ def test_higher_orders_are_stored_float32(tmp_path):
     m = [{p: rng.standard_normal([4, 5]).astype(np.float32) for p in (1, 2, 3)}]
     writer = tf.summary.create_file_writer(str(tmp_path))
     with writer.as_default(step=0):
-        gradmom.summary.write(m, v, n=4)
+        gradmom.summary.write(m, v, n=4, map_dtype="float16")
     writer.close()
     rec = data.load(tmp_path)["."][gradmom.summary.tag_names(v)[0]][0]
     assert rec.content.encoding == "float32" and rec.content.orders == (1, 2, 3)
@@ -572,3 +667,59 @@ def test_the_callback_and_the_tape_pass_the_options_through(tmp_path):
     writer.close()
     rec = data.load(tmp_path / "tape")["."]["d/kernel"][0]
     assert rec.content.encoding == "float16" and math.prod(rec.content.stored_shape) <= 100
+
+
+def _loaders():
+    from tests import test_plugin_subprocess as tps
+
+    problem = tps._data_server_problem()  # noqa: SLF001
+    return [
+        "false",
+        pytest.param("true", marks=pytest.mark.skipif(bool(problem), reason=str(problem))),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("load_fast", _loaders())
+def test_both_loaders_serve_version_1_and_float16_runs(tmp_path, v1_log, load_fast):
+    """A real `tensorboard` (Python loader, and RustBoard's data server over gRPC) on a log
+    directory holding a version-1 run and a version-2 float16 run side by side: both listed,
+    both heatmaps served, the v1 one exact, the float16 one within half an ulp."""
+    import shutil
+
+    from tests import test_plugin_subprocess as tps
+
+    root = tmp_path / "logs"
+    shutil.copytree(v1_log[0], root / "old")
+    shape = (50, 40)
+    v = [tf.Variable(tf.zeros(shape), name="k/w")]
+    m = _moments_of([shape], 6)
+    writer = tf.summary.create_file_writer(str(root / "new"))
+    with writer.as_default(step=2):
+        gradmom.summary.write(m, v, n=8, map_dtype="float16")
+    writer.close()
+    tag = gradmom.summary.tag_names(v)[0]
+    server = tps.start_tensorboard(str(root), tmp_path / "tb", f"--load_fast={load_fast}")
+    try:
+        p = "/data/plugin/gradmom/"
+        runs = {}
+        for _ in range(240):  # RustBoard loads asynchronously
+            runs = server.json(p + "tags")["runs"]
+            if tag in runs.get("new", {}) and set(V1_TAGS) <= set(runs.get("old", {})):
+                break
+            time.sleep(0.5)
+        assert runs["new"][tag]["stored_shape"] == [50, 40], runs
+        assert runs["old"]["big/kernel"]["block"] == [2, 2], runs
+        d = server.json(
+            p + "heatmap", run="new", tag=tag, step=2, stat="mean", max_rows=50, max_cols=40
+        )
+        _assert_within_half_ulp(nums(d["values"]).reshape(shape), m[0][1], "float16 mean")
+        stored = v1_log[1][("dense/kernel", 5)]
+        d = server.json(
+            p + "heatmap", run="old", tag="dense/kernel", step=5, stat="mean", max_rows=30,
+            max_cols=20,
+        )  # fmt: skip
+        got = np.asarray(nums(d["values"]), np.float32).reshape(stored.shape[1:])
+        np.testing.assert_array_equal(got, stored[0])
+    finally:
+        tps.stop(server)

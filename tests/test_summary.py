@@ -287,7 +287,7 @@ def test_tf1_graph_returns_merged_summary(tmp_path):
         w = tf.compat.v1.get_variable("w", initializer=rng.normal(size=(4, 2)), use_resource=True)
         x = tf.compat.v1.placeholder(tf.float64, [None, 4])
         loss = tf.reduce_mean(tf.reduce_sum(tf.square(tf.matmul(x, w)), axis=1))
-        summary_op = gradmom.summary.moments(loss, [w], map_dtype="float32")
+        summary_op = gradmom.summary.moments(loss, [w])
         assert summary_op.dtype == tf.string
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -344,13 +344,9 @@ def _gan(logdir, names=(None, None)):
             d_loss = tf.reduce_mean(
                 tf.nn.softplus(-disc(real)[:, 0]) + tf.nn.softplus(disc(gen(noise))[:, 0])
             )
-            gradmom.summary.moments(
-                d_loss, disc.trainable_variables, name=names[0], map_dtype="float32"
-            )
+            gradmom.summary.moments(d_loss, disc.trainable_variables, name=names[0])
             g_loss = tf.reduce_mean(tf.nn.softplus(-disc(gen(noise))[:, 0]))
-            gradmom.summary.moments(
-                g_loss, gen.trainable_variables, name=names[1], map_dtype="float32"
-            )
+            gradmom.summary.moments(g_loss, gen.trainable_variables, name=names[1])
 
     for s in range(3):
         step_fn(real, noise, tf.constant(s, tf.int64))
@@ -501,9 +497,7 @@ def test_conv_gradients_come_from_the_cond_exact_on_both_sides(kind, tmp_path):
         want = tf.gradients(loss, variables)
         _, moms = gradmom.gradients_and_moments(loss, variables)
         with writer.as_default(step=tf.cast(record, tf.int64)), tf.summary.record_if(record):
-            got = gradmom.summary.moments(
-                loss, variables, exact_gradients=False, map_dtype="float32"
-            )
+            got = gradmom.summary.moments(loss, variables, exact_gradients=False)
         return want, got, moms
 
     for record in (False, True):

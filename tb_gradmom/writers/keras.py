@@ -54,8 +54,8 @@ class GradMoments(keras.callbacks.Callback):
       orders: moment orders (1 and 2 are always logged).
       variables: the variables to log (default: every variable a step differentiates). Their
         gradients come from the same backward pass as the others'.
-      max_elements, map_dtype: see `tb_gradmom.writers.summary.moments` (None: full
-        resolution; ``map_dtype="float32"``: maps as computed instead of float16).
+      max_elements, map_dtype: see `tb_gradmom.writers.summary.moments` (``max_elements=None``:
+        every variable at full resolution, float32; ``map_dtype="float32"``: pooled maps too).
       per_variable_scalars: also write per-variable scalars for the Scalars dashboard.
       log_learning_rate: pass the optimizer's learning rate so the CABS batch size is logged.
       fallback: ``"exact"`` or ``"error"`` for layers without an exact rule (see

@@ -41,18 +41,21 @@ __all__ = [
 ]
 
 # Largest number of cells stored per moment array; bigger variables are block-pooled to at most
-# this many cells (64 x 64: what a heatmap on a screen shows), with exact sums and a variance
-# histogram beside them. ``max_elements=None`` stores every variable at full resolution. With
-# float16 maps a ResNet50 (214 variables, 25.6M parameters) writes ~1.6 MB per logged step
-# (tests/test_format.py; 24.6 MB at 65,536 float32 cells, format version 1's default).
-DEFAULT_MAX_ELEMENTS = 1 << 12
+# this many cells (a heatmap on a screen), with exact sums and a variance histogram beside them.
+# ``max_elements=None`` stores every variable at full resolution. A ResNet50 (214 variables,
+# 25.6M parameters) writes 1.5 MB per logged step with the defaults (tests/test_format.py;
+# 24.6 MB with format version 1's 65,536 float32 cells).
+DEFAULT_MAX_ELEMENTS = 1 << 11
 
-# How the moment maps are stored (`metadata.ENCODINGS`): "float16" (the default; M_1 and the
-# variance, each row scaled by a power of two, 3.3 significant digits) or "float32" (the moments
-# as computed, bit for bit). The statistics (`/_stats`) are exact either way. Tags with orders
-# above 2 are always float32.
-DEFAULT_MAP_DTYPE = metadata.ENCODING_FLOAT16
-MAP_DTYPES = metadata.ENCODINGS
+# How the moment maps are stored: "auto" (the default) float16 for pooled maps (block means,
+# already an approximation of the elements, rounded 2**-11 further) and float32 for maps at
+# full resolution (the moments as computed, bit for bit); "float16" or "float32" for every map
+# (`metadata.ENCODINGS`). float16 stores M_1 and the variance, each map scaled by a power of
+# two (docs/format.md). The statistics (`/_stats`) are exact either way; a tag with orders
+# above 2 is always float32.
+MAP_DTYPE_AUTO = "auto"
+DEFAULT_MAP_DTYPE = MAP_DTYPE_AUTO
+MAP_DTYPES = (MAP_DTYPE_AUTO, *metadata.ENCODINGS)
 
 # Derived statistics also written as ordinary scalars, under "gradmom/<tag>/<name>".
 SCALARS = (
@@ -101,8 +104,8 @@ def moments(
     when given. For each variable it writes:
 
     * tag ``<variable path>``: the raw moments ``M_p = (1/n) sum_j g_j**p`` of the orders
-      logged, block-pooled above ``max_elements`` cells, as float16 maps by default
-      (``map_dtype``);
+      logged, block-pooled above ``max_elements`` cells (pooled maps float16 by default,
+      ``map_dtype``);
     * tag ``<variable path>/_stats``: exact sums (``|m|^2``, total variance, GSNR, ...) and a
       histogram of the per-element unbiased variance;
     * tag ``_model/_stats``: the same sums over all variables of the call;
@@ -123,8 +126,8 @@ def moments(
       reduction: None (read from the graph), or ``"mean"``/``"sum"``: see
         `gradients_and_moments`.
       max_elements: variables with more elements are stored block-pooled to at most this many
-        cells per order (statistics stay exact); default 4,096 (64 x 64). None stores every
-        variable at full resolution.
+        cells per order (statistics stay exact); default 2,048. None stores every variable at
+        full resolution.
       per_variable_scalars: also write per-variable scalars (not only the model's).
       step: the step; default ``tf.summary.experimental.get_step()``.
       learning_rate: optional; with it the CABS batch size is logged.
@@ -145,10 +148,11 @@ def moments(
         TensorFlow's up to float rounding).
       coupled: ``"exact"`` or ``"rules"``, for variables used before an op that couples the
         examples (a training-mode batch normalisation): see `gradients_and_moments`.
-      map_dtype: ``"float16"`` (default): the maps of orders 1 and 2 as float16 (``M_1`` and
-        the variance, each scaled by a power of two: 3.3 significant digits, half the bytes);
-        ``"float32"``: the moments as computed, cast to float32 (with ``max_elements=None``,
-        bit for bit). Tags with orders above 2 are float32. See ``docs/format.md``.
+      map_dtype: ``"auto"`` (default): pooled maps as float16 (``M_1`` and the variance, each
+        scaled by a power of two: 3.3 significant digits, half the bytes), maps at full
+        resolution as float32 (the moments as computed, cast to float32, bit for bit);
+        ``"float16"`` or ``"float32"``: every map so. Tags with orders above 2 are float32.
+        See ``docs/format.md``.
 
     Returns:
       In a ``tf.function``: the gradients, aligned with ``var_list`` (``None`` where the loss
@@ -597,16 +601,18 @@ def _check_map_dtype(map_dtype) -> str:
     if map_dtype not in MAP_DTYPES:
         raise ValueError(
             f"map_dtype must be one of {', '.join(map(repr, MAP_DTYPES))}, got {map_dtype!r}: "
-            "'float16' stores compact maps (3.3 significant digits), 'float32' the moments as "
+            "'auto' stores pooled maps as float16 and full-resolution ones as float32, "
+            "'float16' every map compact (3.3 significant digits), 'float32' the moments as "
             "computed"
         )
     return str(map_dtype)
 
 
-def _encoding(orders, map_dtype: str) -> str:
-    """The encoding of a tag's maps: float16 holds orders 1 and 2 only (higher orders' statistics
-    cancel more than float16 keeps), so with more orders a tag is float32."""
-    if map_dtype == metadata.ENCODING_FLOAT16 and tuple(orders) == metadata.FLOAT16_ORDERS:
+def _encoding(orders, map_dtype: str, pooled: bool) -> str:
+    """The encoding of a tag's maps (see `DEFAULT_MAP_DTYPE`). float16 holds orders 1 and 2 only
+    (higher orders' statistics cancel more than float16 keeps): with more orders, float32."""
+    half = map_dtype == metadata.ENCODING_FLOAT16 or (map_dtype == MAP_DTYPE_AUTO and pooled)
+    if half and tuple(orders) == metadata.FLOAT16_ORDERS:
         return metadata.ENCODING_FLOAT16
     return metadata.ENCODING_FLOAT32
 
@@ -643,7 +649,7 @@ def _content_of(
         op=op_type,
         layer=layer,
         variable=name,
-        encoding=_encoding(orders, map_dtype),
+        encoding=_encoding(orders, map_dtype, pooled),
     )
 
 
