@@ -699,7 +699,12 @@ def test_both_loaders_serve_version_1_and_float16_runs(tmp_path, v1_log, load_fa
         gradmom.summary.write(m, v, n=8, map_dtype="float16")
     writer.close()
     tag = gradmom.summary.tag_names(v)[0]
-    server = tps.start_tensorboard(str(root), tmp_path / "tb", f"--load_fast={load_fast}")
+    from tests import test_readers
+
+    (tmp_path / "tb").mkdir()
+    server = test_readers._launch(  # noqa: SLF001
+        str(root), tmp_path / "tb", f"--load_fast={load_fast}", "--reload_interval", "0"
+    )
     try:
         p = "/data/plugin/gradmom/"
         runs = {}
