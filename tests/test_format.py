@@ -728,3 +728,44 @@ def test_both_loaders_serve_version_1_and_float16_runs(tmp_path, v1_log, load_fa
         np.testing.assert_array_equal(got, stored[0])
     finally:
         tps.stop(server)
+
+
+def _export_csv(logdir, out, tag, step, stat):
+    """`tb-gradmom export` of one heatmap as CSV: ``{(row, col): value}``."""
+    import csv
+
+    from tb_gradmom import cli
+
+    argv = ["export", "--logdir", str(logdir), "--out", str(out), "--format", "csv"]
+    argv += ["--tag", f"^{tag}$", "--step", str(step), "--stat", stat, "--quiet"]
+    assert cli.main(argv) == 0
+    (path,) = out.iterdir()
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["row", "col", stat]
+    return {(int(r), int(c)): float(v) for r, c, v in rows[1:]}
+
+
+def test_the_export_reads_version_1_and_float16_logs(tmp_path, v1_log):
+    """``tb-gradmom export`` (the CLI) reads a version-1 tag as stored, and a float16 one
+    decoded (within half an ulp of the float32 moments written)."""
+    root, written = v1_log
+    stored = written[("dense/kernel", 5)]
+    got = _export_csv(root, tmp_path / "v1", "dense/kernel", 5, "mean")
+    assert len(got) == stored[0].size
+    for (r, c), value in got.items():
+        assert np.float32(value) == stored[0][r, c]
+    shape = (30, 70)  # 2,100 elements: pooled by default, as float16
+    v = [tf.Variable(tf.zeros(shape), name="k/w")]
+    m = _moments_of([shape], 7)
+    writer = tf.summary.create_file_writer(str(tmp_path / "v2"))
+    with writer.as_default(step=1):
+        gradmom.summary.write(m, v, n=8)
+    writer.close()
+    rec = data.load(tmp_path / "v2")["."]["k/w"][0]
+    assert rec.content.encoding == "float16" and rec.content.block == (1, 2)
+    got = _export_csv(tmp_path / "v2", tmp_path / "out2", "k/w", 1, "mean")
+    grid = np.full(rec.content.stored_shape, np.nan)
+    for (r, c), value in got.items():
+        grid[r, c] = value
+    _assert_within_half_ulp(grid, _ref_block_means(m[0][1], (1, 2)), "export mean")
