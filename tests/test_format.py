@@ -769,3 +769,31 @@ def test_the_export_reads_version_1_and_float16_logs(tmp_path, v1_log):
     for (r, c), value in got.items():
         grid[r, c] = value
     _assert_within_half_ulp(grid, _ref_block_means(m[0][1], (1, 2)), "export mean")
+
+
+def test_the_plugin_skips_a_bad_float16_step_and_serves_the_others(tmp_path):
+    """A float16 step whose exponent is not an integer: the plugin answers 404 for it, naming
+    the problem, and serves the tag's good step."""
+    c = metadata.parse_plugin_content(_content16(variable="w"))
+    m1, m2 = np.full([3, 4], 0.5), np.full([3, 4], 2.0)
+    good = metadata.encode_float16(m1, m2)
+    bad = good.copy()
+    bad[1, 0] = 0.25
+    sums = stats.sums_from_moments(m1, m2, 4)
+    counts = stats.variance_histogram(reductions.stat_array({1: m1, 2: m2}, 4, "variance"))
+    st = np.concatenate([[sums.get(f, np.nan) for f in metadata.STATS_FIELDS], counts])
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default():
+        for step, t in ((1, good), (2, bad)):
+            tf.summary.write("w", t, step=step, metadata=_md(metadata._encode(c)))  # noqa: SLF001
+            tf.summary.write(
+                "w/_stats", st.astype(np.float32), step=step,
+                metadata=_md(_v1_stats_content("w")),
+            )  # fmt: skip
+    writer.close()
+    client, _, _ = make_app(str(tmp_path))
+    d = get_json(client, "heatmap", run=".", tag="w", step=1, stat="variance")
+    np.testing.assert_allclose(nums(d["values"]), 4 / 3 * (2.0 - 0.25), rtol=1e-7)
+    r = client.get("/data/plugin/gradmom/heatmap", query_string=dict(run=".", tag="w", step=2))
+    assert r.status_code == 404
+    assert "exponents must be integers" in r.get_data(as_text=True)
