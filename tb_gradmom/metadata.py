@@ -8,10 +8,16 @@ Every Grad Moments tag is a tensor summary with plugin name ``gradmom`` and
 ``data_class=DATA_CLASS_TENSOR``. Its ``plugin_data.content`` is UTF-8 JSON (the *content
 message*) with a ``version`` field and a ``kind``:
 
-* ``kind="moments"``: tag ``<variable path>``, tensor float32 ``[k, *stored_shape]`` holding the
-  raw moments ``M_p = (1/n) sum_j g_j**p`` for the ``k`` orders in ``orders``. ``stored_shape``
-  is the variable's shape, or for a variable bigger than ``max_elements`` a 2-D block-pooled
-  grid (block means of each moment over the 2-D view described in `to_2d_shape`).
+* ``kind="moments"``: tag ``<variable path>``, the raw moments ``M_p = (1/n) sum_j g_j**p`` for
+  the ``k`` orders in ``orders``, each an array of ``stored_shape``: the variable's shape, or
+  for a variable bigger than ``max_elements`` a 2-D block-pooled grid (block means of each
+  moment over the 2-D view described in `to_2d_shape`). The content's ``encoding`` says how
+  they are stored: ``"float32"`` (format version 1 always) a float tensor ``[k,
+  *stored_shape]``, ``tensor[i] = M_{orders[i]}``; ``"float16"`` (orders 1 and 2 only) a
+  half tensor ``[2, 1 + prod(stored_shape)]`` whose row ``i`` is a power-of-two exponent
+  ``e_i`` followed by the values divided by ``2**e_i``, row 0 ``M_1`` and row 1 the biased
+  variance ``M_2 - M_1**2`` (see `encode_float16`). `decode_moments` gives ``{p: M_p}``
+  for every encoding.
 * ``kind="stats"``: tag ``<variable path>/_stats`` (and ``_model/_stats`` for all variables of
   one call together), tensor float32 ``[len(STATS_FIELDS) + len(HIST_EDGES) + 1]``: the exact
   sums in ``STATS_FIELDS`` followed by the counts of a histogram of the per-element unbiased
@@ -31,10 +37,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+import numpy as np
 from tensorboard.compat.proto import summary_pb2, types_pb2
 
 PLUGIN_NAME = "gradmom"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+
+# How a moments tag stores its arrays (the content's `encoding`; version 1 has float32 only).
+ENCODING_FLOAT32 = "float32"
+ENCODING_FLOAT16 = "float16"
+ENCODINGS = (ENCODING_FLOAT32, ENCODING_FLOAT16)
+# The orders a float16 moments tag holds: M_1, and M_2 stored as the biased variance.
+FLOAT16_ORDERS = (1, 2)
+# Largest |exponent| of a float16 row's scale: float64 values are 2**-1074 to 2**1024, and
+# integers this size are exact in float16 (up to 2048).
+MAX_FLOAT16_EXPONENT = 1100
+# The writer scales each float16 row so that its largest finite magnitude is in
+# (2**(MAX16_LOG2 - 1), 2**MAX16_LOG2]: float16 holds up to 65504, full precision (11 bits)
+# down to 2**-14, so each row keeps 3.3 significant digits over 29 binades below its largest
+# value (8.7 decades), and subnormals 10 binades further.
+FLOAT16_TOP_LOG2 = 15
 
 KIND_MOMENTS = "moments"
 KIND_STATS = "stats"
@@ -132,6 +154,8 @@ class MomentsContent:
       op: the op type that consumes the variable (``MatMul``, ``Conv2D``, ...).
       layer: a readable layer name (for Keras, the variable path without its last part).
       variable: the variable's full name.
+      encoding: how the arrays are stored: ``"float32"`` or ``"float16"`` (see the module
+        docstring; format version 1 is always ``"float32"``).
     """
 
     orders: tuple[int, ...]
@@ -143,6 +167,7 @@ class MomentsContent:
     op: str = ""
     layer: str = ""
     variable: str = ""
+    encoding: str = ENCODING_FLOAT32
     version: int = FORMAT_VERSION
     kind: str = field(default=KIND_MOMENTS)
 
@@ -267,6 +292,15 @@ def _parse_moments(d: dict[str, Any], version: int) -> MomentsContent:
         _ints(d, "block", 1, MAX_VARIABLE_ELEMENTS, 2, 2) if "block" in d else (1, 1)
     )
     block = (block_rows, block_cols)
+    encoding = ENCODING_FLOAT32
+    if version >= 2:
+        encoding = d.get("encoding", ENCODING_FLOAT32)
+        if encoding not in ENCODINGS:
+            raise FormatError(f"`encoding` must be one of {list(ENCODINGS)}, got {_show(encoding)}")
+        if encoding == ENCODING_FLOAT16 and orders != FLOAT16_ORDERS:
+            raise FormatError(
+                f"`encoding` float16 stores orders {list(FLOAT16_ORDERS)}, got {list(orders)}"
+            )
     if pooled:
         rows, cols = to_2d_shape(shape)
         want = (-(-rows // block[0]), -(-cols // block[1]))
@@ -291,6 +325,7 @@ def _parse_moments(d: dict[str, Any], version: int) -> MomentsContent:
         op=_text(d, "op"),
         layer=_text(d, "layer"),
         variable=_text(d, "variable"),
+        encoding=encoding,
         version=version,
     )
 
@@ -308,7 +343,7 @@ def _parse_stats(d: dict[str, Any], version: int) -> StatsContent:
     missing = [f for f in STATS_FIELDS if f not in fields]
     if missing:
         raise FormatError(
-            f"`fields` lacks {', '.join(missing)} (format version 1 has all of "
+            f"`fields` lacks {', '.join(missing)} (every format version has all of "
             f"{', '.join(STATS_FIELDS)})"
         )
     if "hist" in d:
@@ -393,8 +428,16 @@ def parse_plugin_content(content: bytes) -> MomentsContent | StatsContent:
 
 
 def moments_shape(content: MomentsContent) -> tuple[int, ...]:
-    """The shape of a moments tag's tensor: ``[len(orders), *stored_shape]``."""
+    """The shape of a moments tag's decoded arrays stacked: ``[len(orders), *stored_shape]``."""
     return (len(content.orders), *content.stored_shape)
+
+
+def tensor_shape(content: MomentsContent) -> tuple[int, ...]:
+    """The shape of a moments tag's stored tensor: `moments_shape` for ``"float32"``,
+    ``[2, 1 + prod(stored_shape)]`` for ``"float16"`` (an exponent, then the values)."""
+    if content.encoding == ENCODING_FLOAT16:
+        return (len(content.orders), 1 + math.prod(content.stored_shape))
+    return moments_shape(content)
 
 
 def stats_length(content: StatsContent) -> int:
@@ -405,8 +448,9 @@ def stats_length(content: StatsContent) -> int:
 def check_tensor(content: MomentsContent | StatsContent, array: Any) -> None:
     """Checks one step's tensor against its tag's content message.
 
-    A moments tensor must be a float array of `moments_shape`; a stats tensor a 1-D
-    numeric (float or integer) array of `stats_length`. Accepts anything array-like.
+    A moments tensor must be a float array of `tensor_shape` (float16 for the ``"float16"``
+    encoding); a stats tensor a 1-D numeric (float or integer) array of `stats_length`.
+    Accepts anything array-like.
 
     Raises:
       FormatError: saying what was expected and what came.
@@ -415,12 +459,14 @@ def check_tensor(content: MomentsContent | StatsContent, array: Any) -> None:
     dtype = getattr(array, "dtype", None)
     kind = getattr(dtype, "kind", "?")
     if isinstance(content, MomentsContent):
-        want_shape = moments_shape(content)
-        if shape != want_shape or kind != "f":
+        want_shape = tensor_shape(content)
+        half = content.encoding == ENCODING_FLOAT16
+        what = "float16" if half else "float"
+        if shape != want_shape or kind != "f" or (half and getattr(dtype, "itemsize", 0) != 2):
             raise FormatError(
                 f"the stored tensor has shape {list(shape)} and dtype {dtype}, but its metadata "
-                f"says float [{', '.join(map(str, want_shape))}]; the event file is corrupt or was "
-                "written by another tool"
+                f"says {what} [{', '.join(map(str, want_shape))}]; the event file is corrupt or "
+                "was written by another tool"
             )
         return
     want = stats_length(content)
@@ -432,6 +478,67 @@ def check_tensor(content: MomentsContent | StatsContent, array: Any) -> None:
         )
 
 
+def encode_float16(m1: Any, m2: Any) -> np.ndarray:
+    """The ``"float16"`` tensor of one step: ``[2, 1 + S]`` float16 from ``M_1`` and ``M_2``.
+
+    Row 0 is ``M_1``, row 1 the biased variance ``M_2 - M_1**2`` (computed in float64 from the
+    float32 moments: storing it, not ``M_2``, keeps the variance's precision where ``M_1**2``
+    is close to ``M_2``). Each row is ``[e, x / 2**e ...]`` with ``e`` the exponent that puts
+    the row's largest finite magnitude in ``(2**14, 2**15]`` (0 for a row with none), so no
+    value overflows and nothing within 2**-29 of the largest loses precision. The writer
+    builds the same tensor in TensorFlow (`tb_gradmom.writers.summary`); this numpy twin
+    documents it and writes test files.
+
+    Args:
+      m1, m2: ``M_1`` and ``M_2``, any shape (flattened in C order), cast to float32 first.
+    """
+    x1 = np.asarray(m1, np.float32).astype(np.float64).reshape(-1)
+    x2 = np.asarray(m2, np.float32).astype(np.float64).reshape(-1)
+    rows = np.stack([x1, x2 - x1 * x1])
+    out = np.empty([2, 1 + rows.shape[1]], np.float16)
+    for i, row in enumerate(rows):
+        finite = np.abs(row[np.isfinite(row)])
+        top = float(finite.max()) if finite.size else 0.0
+        e = math.frexp(top)[1] - FLOAT16_TOP_LOG2 if top > 0 else 0
+        out[i, 0] = e
+        out[i, 1:] = np.ldexp(row, -e).astype(np.float16)
+    return out
+
+
+def decode_moments(content: MomentsContent, array: Any) -> dict[int, np.ndarray]:
+    """``{order: M_order}`` (arrays of ``stored_shape``) from a tensor `check_tensor` accepted.
+
+    ``"float32"``: the rows of the tensor as stored. ``"float16"``: each row times ``2**e``,
+    and ``M_2 = variance + M_1**2`` (float64, then float32: the variance derived from the
+    result is the stored one to float32 rounding of ``M_2``).
+
+    Raises:
+      FormatError: if a float16 row's exponent is not an integer within
+        `MAX_FLOAT16_EXPONENT`.
+    """
+    if content.encoding != ENCODING_FLOAT16:
+        return {int(p): array[i] for i, p in enumerate(content.orders)}
+    raw = np.asarray(array).astype(np.float64)
+    exps = raw[:, 0]
+    if not (
+        np.all(np.isfinite(exps))
+        and np.all(exps == np.round(exps))
+        and np.all(np.abs(exps) <= MAX_FLOAT16_EXPONENT)
+    ):
+        raise FormatError(
+            f"the float16 rows' exponents must be integers within {MAX_FLOAT16_EXPONENT}, got "
+            f"{_show(exps.tolist())}"
+        )
+    values = np.ldexp(raw[:, 1:], exps.astype(np.int64)[:, None])
+    m1 = values[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        m2 = values[1] + m1 * m1
+        return {
+            1: m1.astype(np.float32).reshape(content.stored_shape),
+            2: m2.astype(np.float32).reshape(content.stored_shape),
+        }
+
+
 # Tensor dtypes a reader accepts (numpy item size, and the TensorProto field holding values
 # when they are not packed in `tensor_content`). Moments are floats; stats may be integers.
 _FLOAT_DTYPES = {
@@ -439,6 +546,7 @@ _FLOAT_DTYPES = {
     types_pb2.DT_FLOAT: (4, "float_val"),
     types_pb2.DT_DOUBLE: (8, "double_val"),
 }
+_HALF_DTYPES = {types_pb2.DT_HALF: _FLOAT_DTYPES[types_pb2.DT_HALF]}
 _NUMBER_DTYPES = {
     **_FLOAT_DTYPES,
     types_pb2.DT_INT32: (4, "int_val"),
@@ -449,8 +557,8 @@ _NUMBER_DTYPES = {
 def check_tensor_proto(content: MomentsContent | StatsContent, proto: Any) -> None:
     """Checks a `TensorProto` against its tag's content message before it is decoded.
 
-    Its shape must be the tag's (`moments_shape`, or ``[stats_length]``), its dtype a float
-    (moments) or a number (stats), and its values as many as the shape says (packed in
+    Its shape must be the tag's (`tensor_shape`, or ``[stats_length]``), its dtype a float
+    (moments; float16 for the ``"float16"`` encoding) or a number (stats), and its values as many as the shape says (packed in
     ``tensor_content``, one value repeated, or one per element). A proto may declare any
     shape with a single value, which decoding repeats to fill it: checking first bounds what
     `tensor_util.make_ndarray` can allocate by what the content allows.
@@ -459,7 +567,9 @@ def check_tensor_proto(content: MomentsContent | StatsContent, proto: Any) -> No
       FormatError: saying what was expected and what came.
     """
     dims = [int(d.size) for d in proto.tensor_shape.dim[: MAX_RANK + 2]]
-    if isinstance(content, MomentsContent):
+    if isinstance(content, MomentsContent) and content.encoding == ENCODING_FLOAT16:
+        want, dtypes, what = list(tensor_shape(content)), _HALF_DTYPES, "float16"
+    elif isinstance(content, MomentsContent):
         want, dtypes, what = list(moments_shape(content)), _FLOAT_DTYPES, "float"
     else:
         want, dtypes, what = [stats_length(content)], _NUMBER_DTYPES, "number"

@@ -261,7 +261,14 @@ def _header_probes():
         ("null", None),
     ]:
         out.append(Probe("header", f"kind-{i}", "moments-content", content=mc(kind=v)))
-    out.append(Probe("header", "stats-newer", "stats-content", content=sc(version=2)))
+    out.append(
+        Probe(
+            "header",
+            "stats-newer",
+            "stats-content",
+            content=sc(version=metadata.FORMAT_VERSION + 1),
+        )
+    )
     return out
 
 

@@ -41,7 +41,14 @@ def _accumulator(logdir):
 def _tensor(acc, tag, step):
     events = [e for e in acc.Tensors(tag) if e.step == step]
     assert len(events) == 1, f"{tag} at step {step}: {len(events)} events"
-    return tensor_util.make_ndarray(events[0].tensor_proto)
+    array = tensor_util.make_ndarray(events[0].tensor_proto)
+    content = acc.SummaryMetadata(tag).plugin_data.content
+    parsed = metadata.parse_plugin_content(content) if content else None
+    if isinstance(parsed, metadata.MomentsContent):
+        # the moments as the format decodes them ([k, *stored_shape], any encoding)
+        decoded = metadata.decode_moments(parsed, array)
+        return np.stack([decoded[p] for p in parsed.orders])
+    return array
 
 
 def _write_steps(logdir, steps, record, **kwargs):

@@ -100,7 +100,7 @@ class Record:
       wall_time: seconds since the epoch when the event was written.
       batch_size: ``n`` from the stats tag at this step, or None without stats.
       moments: order -> float32 array ``[*stored_shape]`` of ``M_order`` (empty for stats-only
-        tags such as ``_model``).
+        tags such as ``_model``), decoded from the tag's encoding (`metadata.decode_moments`).
       pooled: whether the arrays are block means over the 2-D view of the variable.
       shape: the variable's shape (``()`` for stats-only tags).
       stats: field -> value of `metadata.STATS_FIELDS` at this step, or None.
@@ -484,6 +484,10 @@ def _decode(content: metadata.MomentsContent | metadata.StatsContent, value: Any
     except Exception as e:  # noqa: BLE001 - whatever a corrupt proto raises
         raise metadata.FormatError(f"unreadable tensor ({type(e).__name__}: {e})") from None
     metadata.check_tensor(content, array)
+    if isinstance(content, metadata.MomentsContent) and content.encoding != "float32":
+        # the moments of the orders, stacked as a float32 tag stores them
+        decoded = metadata.decode_moments(content, array)
+        return np.stack([decoded[p] for p in content.orders])
     return array
 
 

@@ -500,9 +500,13 @@ class Reader:
         return GRPC_READ_FACTOR * points * self._tensor_bytes(entry)
 
     def _tensor_bytes(self, entry: TagEntry) -> int:
-        if isinstance(entry.content, metadata.MomentsContent):
-            return self.bytes_per_step(entry)
-        return 4 * metadata.stats_length(entry.content)
+        """Bytes of one stored step's tensor (a float16 tag's half of its decoded arrays)."""
+        c = entry.content
+        if not isinstance(c, metadata.MomentsContent):
+            return 4 * metadata.stats_length(c)
+        if c.encoding == metadata.ENCODING_FLOAT16:
+            return 2 * math.prod(metadata.tensor_shape(c))
+        return self.bytes_per_step(entry)
 
     def _array(self, entry: TagEntry, raw: _Raw) -> np.ndarray:
         """The checked array of one fetched step (`BadRecord`, logged, if it does not fit)."""
@@ -606,6 +610,7 @@ class Reader:
     # ----------------------------------------------------------------------- moments
 
     def bytes_per_step(self, entry: TagEntry) -> int:
+        """Bytes of one step's decoded moments (float32 arrays, whatever the encoding)."""
         c = entry.moments
         return 4 * len(c.orders) * max(1, math.prod(c.stored_shape))
 
@@ -615,7 +620,10 @@ class Reader:
     def _moments(self, entry: TagEntry, raw: _Raw) -> MomentsAt:
         """One fetched step decoded and checked (`BadRecord` if it does not fit)."""
         array = self._array(entry, raw)
-        arrays = {int(p): array[i] for i, p in enumerate(entry.moments.orders)}
+        try:
+            arrays = metadata.decode_moments(entry.moments, array)
+        except metadata.FormatError as e:
+            raise self._bad(entry, raw.step, e) from None
         return MomentsAt(step=raw.step, wall_time=raw.wall_time, arrays=arrays)
 
     def _point(self, entry: TagEntry, raw: _Raw) -> Point:

@@ -54,7 +54,8 @@ class GradMoments(keras.callbacks.Callback):
       orders: moment orders (1 and 2 are always logged).
       variables: the variables to log (default: every variable a step differentiates). Their
         gradients come from the same backward pass as the others'.
-      max_elements: see `tb_gradmom.writers.summary.moments`.
+      max_elements, map_dtype: see `tb_gradmom.writers.summary.moments` (``max_elements=None``:
+        every variable at full resolution, float32; ``map_dtype="float32"``: pooled maps too).
       per_variable_scalars: also write per-variable scalars for the Scalars dashboard.
       log_learning_rate: pass the optimizer's learning rate so the CABS batch size is logged.
       fallback: ``"exact"`` or ``"error"`` for layers without an exact rule (see
@@ -74,11 +75,12 @@ class GradMoments(keras.callbacks.Callback):
         every_n_steps: int = 100,
         orders: Sequence[int] = (1, 2),
         variables: Sequence[tf.Variable] | None = None,
-        max_elements: int = _summary.DEFAULT_MAX_ELEMENTS,
+        max_elements: int | None = _summary.DEFAULT_MAX_ELEMENTS,
         per_variable_scalars: bool = True,
         log_learning_rate: bool = True,
         fallback: str = "exact",
         coupled: str = "exact",
+        map_dtype: str = _summary.DEFAULT_MAP_DTYPE,
     ) -> None:
         super().__init__()
         self.every_n_steps = _validate.positive_int("every_n_steps", every_n_steps)
@@ -99,7 +101,8 @@ class GradMoments(keras.callbacks.Callback):
                 "variables is empty: pass None to log every trainable variable, or the "
                 "variables to log (e.g. model.layers[-1].trainable_variables)"
             )
-        self.max_elements = _validate.positive_int("max_elements", max_elements)
+        self.max_elements = _summary._check_max_elements(max_elements)
+        self.map_dtype = _summary._check_map_dtype(map_dtype)
         self.per_variable_scalars = _validate.boolean("per_variable_scalars", per_variable_scalars)
         self.log_learning_rate = _validate.boolean("log_learning_rate", log_learning_rate)
         if fallback not in ("exact", "error"):
@@ -150,6 +153,7 @@ class GradMoments(keras.callbacks.Callback):
             orders=self.orders,
             variables=self.variables,
             max_elements=self.max_elements,
+            map_dtype=self.map_dtype,
             per_variable_scalars=self.per_variable_scalars,
             log_learning_rate=self.log_learning_rate,
             fallback=self.fallback,
@@ -472,6 +476,7 @@ def _write_function(writer: Any, ctx: Any, group: str | None, variables: list) -
                 name=group,
                 max_elements=ctx.max_elements,
                 per_variable_scalars=ctx.per_variable_scalars,
+                map_dtype=ctx.map_dtype,
             )
 
     return tf.function(write, autograph=False)

@@ -30,11 +30,32 @@ from tb_gradmom.core import moments as _moments
 from tb_gradmom.core import plan as _plan
 from tb_gradmom.core import validate as _validate
 
-__all__ = ["moments", "write", "tag_names", "DEFAULT_MAX_ELEMENTS", "SCALARS"]
+__all__ = [
+    "moments",
+    "write",
+    "tag_names",
+    "DEFAULT_MAX_ELEMENTS",
+    "DEFAULT_MAP_DTYPE",
+    "MAP_DTYPES",
+    "SCALARS",
+]
 
 # Largest number of cells stored per moment array; bigger variables are block-pooled to at most
-# this many cells (256 x 256), with exact sums and a variance histogram beside them.
-DEFAULT_MAX_ELEMENTS = 1 << 16
+# this many cells (a heatmap on a screen), with exact sums and a variance histogram beside them.
+# ``max_elements=None`` stores every variable at full resolution. A ResNet50 (214 variables,
+# 25.6M parameters) writes 1.5 MB per logged step with the defaults (tests/test_format.py;
+# 24.6 MB with format version 1's 65,536 float32 cells).
+DEFAULT_MAX_ELEMENTS = 1 << 11
+
+# How the moment maps are stored: "auto" (the default) float16 for pooled maps (block means,
+# already an approximation of the elements, rounded 2**-11 further) and float32 for maps at
+# full resolution (the moments as computed, bit for bit); "float16" or "float32" for every map
+# (`metadata.ENCODINGS`). float16 stores M_1 and the variance, each map scaled by a power of
+# two (docs/format.md). The statistics (`/_stats`) are exact either way; a tag with orders
+# above 2 is always float32.
+MAP_DTYPE_AUTO = "auto"
+DEFAULT_MAP_DTYPE = MAP_DTYPE_AUTO
+MAP_DTYPES = (MAP_DTYPE_AUTO, *metadata.ENCODINGS)
 
 # Derived statistics also written as ordinary scalars, under "gradmom/<tag>/<name>".
 SCALARS = (
@@ -55,7 +76,7 @@ def moments(
     orders: Sequence[int] = (1, 2),
     name: str | None = None,
     reduction: str | None = None,
-    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    max_elements: int | None = DEFAULT_MAX_ELEMENTS,
     per_variable_scalars: bool = True,
     *,
     step=None,
@@ -67,6 +88,7 @@ def moments(
     loss_scale=None,
     exact_gradients: bool = True,
     coupled: str = "exact",
+    map_dtype: str = DEFAULT_MAP_DTYPE,
 ):
     """Computes gradients and logs the moments of the per-example gradients.
 
@@ -82,7 +104,8 @@ def moments(
     when given. For each variable it writes:
 
     * tag ``<variable path>``: the raw moments ``M_p = (1/n) sum_j g_j**p`` of the orders
-      logged, block-pooled above ``max_elements`` cells;
+      logged, block-pooled above ``max_elements`` cells (pooled maps float16 by default,
+      ``map_dtype``);
     * tag ``<variable path>/_stats``: exact sums (``|m|^2``, total variance, GSNR, ...) and a
       histogram of the per-element unbiased variance;
     * tag ``_model/_stats``: the same sums over all variables of the call;
@@ -103,7 +126,8 @@ def moments(
       reduction: None (read from the graph), or ``"mean"``/``"sum"``: see
         `gradients_and_moments`.
       max_elements: variables with more elements are stored block-pooled to at most this many
-        cells per order (statistics stay exact).
+        cells per order (statistics stay exact); default 2,048. None stores every variable at
+        full resolution.
       per_variable_scalars: also write per-variable scalars (not only the model's).
       step: the step; default ``tf.summary.experimental.get_step()``.
       learning_rate: optional; with it the CABS batch size is logged.
@@ -124,6 +148,11 @@ def moments(
         TensorFlow's up to float rounding).
       coupled: ``"exact"`` or ``"rules"``, for variables used before an op that couples the
         examples (a training-mode batch normalisation): see `gradients_and_moments`.
+      map_dtype: ``"auto"`` (default): pooled maps as float16 (``M_1`` and the variance, each
+        scaled by a power of two: 3.3 significant digits, half the bytes), maps at full
+        resolution as float32 (the moments as computed, cast to float32, bit for bit);
+        ``"float16"`` or ``"float32"``: every map so. Tags with orders above 2 are float32.
+        See ``docs/format.md``.
 
     Returns:
       In a ``tf.function``: the gradients, aligned with ``var_list`` (``None`` where the loss
@@ -133,7 +162,8 @@ def moments(
     orders = tuple(sorted(set(_plan.check_orders(orders)) | {1, 2}))
     if not isinstance(exact_gradients, bool):
         raise TypeError(f"exact_gradients must be True or False, got {exact_gradients!r}")
-    max_elements = _validate.positive_int("max_elements", max_elements)
+    max_elements = _check_max_elements(max_elements)
+    map_dtype = _check_map_dtype(map_dtype)
     per_variable_scalars = _validate.boolean("per_variable_scalars", per_variable_scalars)
     step = _validate.int_tensor_or_int("step", step)
     learning_rate = _validate.positive_float("learning_rate", learning_rate)
@@ -180,7 +210,7 @@ def moments(
             tags, [plan.variables[i].variable for i in indices], [plan.names[i] for i in indices]
         )
     contents = [
-        _moments_content(plan.variables[i], tag, orders, plan.op_type(i), max_elements)
+        _moments_content(plan.variables[i], tag, orders, plan.op_type(i), max_elements, map_dtype)
         for i, tag in zip(indices, tags)
     ]
     lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
@@ -251,8 +281,9 @@ def write(
     loss=None,
     learning_rate=None,
     name: str | None = None,
-    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    max_elements: int | None = DEFAULT_MAX_ELEMENTS,
     per_variable_scalars: bool = True,
+    map_dtype: str = DEFAULT_MAP_DTYPE,
 ):
     """Writes moments computed elsewhere (an XLA-compiled step) to the default summary writer.
 
@@ -281,7 +312,7 @@ def write(
       step: the step; default ``tf.summary.experimental.get_step()``.
       loss: the mean loss of the batch (for the CABS batch size; NaN if not given).
       learning_rate: with it the CABS batch size is logged.
-      name, max_elements, per_variable_scalars: as for `moments`.
+      name, max_elements, per_variable_scalars, map_dtype: as for `moments`.
 
     Returns:
       True when the default writer recorded (a bool tensor), as ``tf.summary.write``.
@@ -301,7 +332,8 @@ def write(
             f"{sorted(orders_seen)}"
         )
     orders = tuple(_plan.check_orders(next(iter(orders_seen))))
-    max_elements = _validate.positive_int("max_elements", max_elements)
+    max_elements = _check_max_elements(max_elements)
+    map_dtype = _check_map_dtype(map_dtype)
     per_variable_scalars = _validate.boolean("per_variable_scalars", per_variable_scalars)
     step = _validate.int_tensor_or_int("step", step)
     learning_rate = _validate.positive_float("learning_rate", learning_rate)
@@ -326,7 +358,7 @@ def write(
     tags = _unique_tags(_tag_names(names, group))
     _claim(tags, variables, names)
     contents = [
-        _content_of(v, nm, tag, orders, "", max_elements)
+        _content_of(v, nm, tag, orders, "", max_elements, map_dtype)
         for v, nm, tag in zip(variables, names, tags)
     ]
     moms = [
@@ -558,13 +590,47 @@ def _unique_tags(names: list[str]) -> list[str]:
     return out
 
 
-def _moments_content(plan, tag, orders, op_type, max_elements) -> metadata.MomentsContent:
-    return _content_of(plan.variable, plan.name, tag, orders, op_type, max_elements)
+def _check_max_elements(max_elements) -> int | None:
+    """``max_elements`` checked: a positive int, or None (full resolution)."""
+    if max_elements is None:
+        return None
+    return _validate.positive_int("max_elements", max_elements)
 
 
-def _content_of(variable, name, tag, orders, op_type, max_elements) -> metadata.MomentsContent:
+def _check_map_dtype(map_dtype) -> str:
+    if map_dtype not in MAP_DTYPES:
+        raise ValueError(
+            f"map_dtype must be one of {', '.join(map(repr, MAP_DTYPES))}, got {map_dtype!r}: "
+            "'auto' stores pooled maps as float16 and full-resolution ones as float32, "
+            "'float16' every map compact (3.3 significant digits), 'float32' the moments as "
+            "computed"
+        )
+    return str(map_dtype)
+
+
+def _encoding(orders, map_dtype: str, pooled: bool) -> str:
+    """The encoding of a tag's maps (see `DEFAULT_MAP_DTYPE`). float16 holds orders 1 and 2 only
+    (higher orders' statistics cancel more than float16 keeps): with more orders, float32."""
+    half = map_dtype == metadata.ENCODING_FLOAT16 or (map_dtype == MAP_DTYPE_AUTO and pooled)
+    if half and tuple(orders) == metadata.FLOAT16_ORDERS:
+        return metadata.ENCODING_FLOAT16
+    return metadata.ENCODING_FLOAT32
+
+
+def _moments_content(
+    plan, tag, orders, op_type, max_elements, map_dtype=DEFAULT_MAP_DTYPE
+) -> metadata.MomentsContent:
+    return _content_of(plan.variable, plan.name, tag, orders, op_type, max_elements, map_dtype)
+
+
+def _content_of(
+    variable, name, tag, orders, op_type, max_elements, map_dtype=DEFAULT_MAP_DTYPE
+) -> metadata.MomentsContent:
     shape = tuple(int(s) for s in variable.shape)
-    block = metadata.pool_block(shape, int(max_elements))
+    if max_elements is None:
+        block = (1, 1)
+    else:
+        block = metadata.pool_block(shape, int(max_elements))
     pooled = block != (1, 1)
     stored: tuple[int, ...]
     if pooled:
@@ -583,7 +649,30 @@ def _content_of(variable, name, tag, orders, op_type, max_elements) -> metadata.
         op=op_type,
         layer=layer,
         variable=name,
+        encoding=_encoding(orders, map_dtype, pooled),
     )
+
+
+def _encode_float16(arrays):
+    """The ``"float16"`` tensors (`metadata.encode_float16`, its numpy twin) of several tags at
+    once: ``arrays[k]`` the float32 ``[2, *stored]`` (``M_1``, ``M_2``) of tag k, the result
+    its float16 ``[2, 1 + S_k]``. One set of ops for all tags: the rows are concatenated, each
+    row's largest finite magnitude found per tag by a segment max."""
+    sizes = [int(np.prod(a.shape.as_list()[1:])) for a in arrays]
+    flat = tf.cast(tf.concat([tf.reshape(a, [2, -1]) for a in arrays], 1), tf.float64)
+    m1 = flat[0]
+    rows = tf.stack([m1, flat[1] - m1 * m1])  # [2, T]: M_1 and the biased variance
+    seg = tf.constant(np.repeat(np.arange(len(sizes), dtype=np.int32), sizes))
+    mag = tf.where(tf.math.is_finite(rows), tf.abs(rows), tf.zeros_like(rows))
+    top = tf.math.unsorted_segment_max(tf.transpose(mag), seg, len(sizes))  # [V, 2]
+    # e = ceil(log2(top)) - 15 (to a ulp of the logarithm either way, the values stay below
+    # float16's 65504): the largest value lands in (2**14, 2**15]
+    log2 = tf.math.log(tf.where(top > 0, top, tf.ones_like(top))) / math.log(2.0)
+    exps = tf.where(top > 0, tf.math.ceil(log2) - metadata.FLOAT16_TOP_LOG2, tf.zeros_like(top))
+    scale = tf.transpose(tf.gather(tf.pow(tf.constant(2.0, tf.float64), -exps), seg))  # [2, T]
+    half = tf.split(tf.cast(rows * scale, tf.float16), sizes, axis=1)
+    heads = tf.split(tf.cast(tf.transpose(exps), tf.float16), len(sizes), axis=1)  # [2, 1] each
+    return [tf.concat([h, x], 1) for h, x in zip(heads, half)]
 
 
 def _pool(x: tf.Tensor, shape, block) -> tf.Tensor:
@@ -955,10 +1044,14 @@ def _records_of(moms, n, loss, tags, contents, orders, lr, group):
         arrays = [[tf.cast(moms[i][p], tf.float32) for p in orders] for i in pooled]
         specs = tuple((contents[i].shape, contents[i].block) for i in pooled)
         stored = dict(zip(pooled, (_pool_xla if _use_xla() else _pool_all)(arrays, specs)))
-    tensors = []
-    for i, (tag, content, m, stats) in enumerate(zip(tags, contents, moms, packed)):
+    for i, m in enumerate(moms):
         if i not in stored:
             stored[i] = tf.stack([tf.cast(m[p], tf.float32) for p in orders])
+    half = [i for i, c in enumerate(contents) if c.encoding == metadata.ENCODING_FLOAT16]
+    if half:
+        stored.update(zip(half, _encode_float16([stored[i] for i in half])))
+    tensors = []
+    for i, (tag, content, stats) in enumerate(zip(tags, contents, packed)):
         md = metadata.create_summary_metadata(content)
         tensors.append((tag, stored[i], md))
         stats_md = metadata.create_summary_metadata(metadata.StatsContent(variable=tag))

@@ -46,12 +46,13 @@ class CallbackContext:
     every_n_steps: int
     orders: tuple[int, ...]
     variables: list | None
-    max_elements: int
+    max_elements: int | None
     per_variable_scalars: bool
     log_learning_rate: bool
     fallback: str
     optimizer: Any
     coupled: str = "exact"
+    map_dtype: str = _summary.DEFAULT_MAP_DTYPE
     # set when a tape of the traced step logged: the callback warns when none did
     used: bool = False
     # what the tapes of the traced step computed, in order: returned by the logged step
@@ -261,6 +262,7 @@ _SUMMARY_KWARGS = frozenset(
         "fallback",
         "loss_scale",
         "coupled",
+        "map_dtype",
     }
 )
 
