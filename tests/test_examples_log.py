@@ -286,3 +286,30 @@ def test_conv_and_fallback_norms_under_a_gate(tmp_path, exact_gradients):
     tags = gradmom.summary.tag_names(variables)
     for tag, want in zip(tags, norms):
         np.testing.assert_allclose(rec.variables[tag], want, rtol=1e-4, err_msg=tag)
+
+
+def test_callback_with_gradient_accumulation_logs_every_micro_batch_example(tmp_path):
+    """Keras' default train_step (the callback's copy with the tape), two micro-batches per
+    update: the logged step holds the examples of both, positions over the two, each norm
+    that of its example at the update's starting weights."""
+    model = _model()
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.05, gradient_accumulation_steps=2),
+        # float64 (a Keras loss computes in floatx, float32, by default)
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64"),
+    )
+    x, y = _data(16, seed=9)
+    initial = [v.numpy().copy() for v in model.trainable_variables]
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=2, log_examples=True)
+    model.fit(ds, epochs=1, verbose=0, callbacks=[cb])
+
+    recs = data.load_examples(tmp_path)["."]["_examples"]
+    assert [r.step for r in recs] == [0]  # updates 0 and 1; logged: 0
+    rec = recs[0]
+    assert rec.batch_size == 8 and list(rec.positions) == list(range(8))
+    fresh = _model()
+    for v, value in zip(fresh.trainable_variables, initial):
+        v.assign(value)
+    norms, losses = _brute(fresh, x[:8], y[:8])
+    _check_rows(rec, fresh, norms, losses)
