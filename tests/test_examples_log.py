@@ -313,3 +313,30 @@ def test_callback_with_gradient_accumulation_logs_every_micro_batch_example(tmp_
         v.assign(value)
     norms, losses = _brute(fresh, x[:8], y[:8])
     _check_rows(rec, fresh, norms, losses)
+
+
+def test_tf1_graph_merged_summary_holds_the_examples(tmp_path):
+    """In a TF1 graph the merged summary op carries the examples tag, read back by
+    `data.load_examples` from a ``FileWriter``'s file."""
+    graph = tf.Graph()
+    rng = np.random.default_rng(0)
+    x_np = rng.normal(size=(6, 4))
+    with graph.as_default():
+        w = tf.compat.v1.get_variable("w", initializer=rng.normal(size=(4, 2)), use_resource=True)
+        x = tf.compat.v1.placeholder(tf.float64, [None, 4])
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        loss = tf.reduce_mean(tf.reduce_sum(tf.square(tf.matmul(x, w)), axis=1))
+        summary_op = gradmom.summary.moments(loss, [w], example_ids=ids)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            serialized = sess.run(summary_op, {x: x_np, ids: np.arange(6) + 50})
+            w_np = sess.run(w)
+        fw = tf.compat.v1.summary.FileWriter(str(tmp_path))
+        fw.add_summary(serialized, global_step=3)
+        fw.close()
+    rec = data.load_examples(tmp_path)["."]["_examples"][0]
+    # per-example gradient of sum((x w)^2) wrt w: 2 x_j (x_j w)^T
+    g = np.einsum("ni,no->nio", x_np, 2 * (x_np @ w_np))
+    np.testing.assert_allclose(rec.model, np.sum(g.reshape(6, -1) ** 2, 1), rtol=TOL)
+    np.testing.assert_allclose(rec.losses, np.sum((x_np @ w_np) ** 2, 1), rtol=TOL)
+    assert rec.step == 3 and list(rec.ids) == list(range(50, 56))
