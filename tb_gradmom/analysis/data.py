@@ -829,7 +829,8 @@ def load(
       progress: a text stream (e.g. ``sys.stderr``) told how far a long read is, from
         `PROGRESS_MIN_BYTES` of event files on.
       examples: also return the per-example norms of the runs read, as `ExamplesRecord`
-        lists under their tags (``_examples``, ``<name>/_examples``; see `load_examples`).
+        lists under their tags (``_examples``, ``<name>/_examples``; see `load_examples`):
+        every step of them, whatever ``tags`` and ``steps`` select.
 
     Returns:
       ``{run: {tag: [Record, ...]}}``, runs and tags sorted by name; runs without Grad
