@@ -340,3 +340,25 @@ def test_tf1_graph_merged_summary_holds_the_examples(tmp_path):
     np.testing.assert_allclose(rec.model, np.sum(g.reshape(6, -1) ** 2, 1), rtol=TOL)
     np.testing.assert_allclose(rec.losses, np.sum((x_np @ w_np) ** 2, 1), rtol=TOL)
     assert rec.step == 3 and list(rec.ids) == list(range(50, 56))
+
+
+def test_log_examples_adds_no_op_outside_the_logged_branch(tmp_path):
+    """Skipped steps cost nothing more with log_examples: the step's graph outside the
+    ``cond`` holds the same ops with and without it (the norms live in the branch)."""
+    model = _model()
+    x, y = _data(6)
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    def ops(**kw):
+        @tf.function
+        def step(x, y, on):
+            with writer.as_default(step=0), tf.summary.record_if(on):
+                loss = tf.reduce_mean(_per_example_loss(model(x), y))
+                return gradmom.summary.moments(loss, model.trainable_variables, **kw)
+
+        graph = step.get_concrete_function(
+            tf.constant(x), tf.constant(y), tf.constant(True)
+        ).graph
+        return sorted(op.type for op in graph.get_operations())
+
+    assert ops(log_examples=True) == ops()
