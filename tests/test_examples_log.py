@@ -356,9 +356,7 @@ def test_log_examples_adds_no_op_outside_the_logged_branch(tmp_path):
                 loss = tf.reduce_mean(_per_example_loss(model(x), y))
                 return gradmom.summary.moments(loss, model.trainable_variables, **kw)
 
-        graph = step.get_concrete_function(
-            tf.constant(x), tf.constant(y), tf.constant(True)
-        ).graph
+        graph = step.get_concrete_function(tf.constant(x), tf.constant(y), tf.constant(True)).graph
         return sorted(op.type for op in graph.get_operations())
 
     assert ops(log_examples=True) == ops()
