@@ -751,7 +751,7 @@ def summary_child(rounds: int, steps: int, name: str = "mlp") -> dict:
     load0 = os.getloadavg()[0]
 
     real_write, real_stats, real_pool = tf.summary.write, gsum._stats_fields, gsum._pool
-    real_scalars, real_records, real_bins = gsum._selected_scalars, gsum._records, gsum._bins
+    real_scalars, real_records, real_bins = gsum._selected_scalars, gsum._records_of, gsum._bins
     real_xla, real_pool_xla = gsum._elementwise_xla, gsum._pool_xla
 
     sink = tf.Variable(0.0)
@@ -777,9 +777,7 @@ def summary_child(rounds: int, steps: int, name: str = "mlp") -> dict:
         r, c = -(-rows // block[0]), -(-cols // block[1])
         return tf.reshape(x, [-1])[: r * c] * 0.0 + tf.zeros([r * c])  # keeps x, no pooling
 
-    def records_moments_only(backward, indices, tags, contents, orders, lr, moms=None, group=None):
-        computed = backward.moments(orders, indices) if moms is None else moms
-        moms = computed.values
+    def records_moments_only(moms, n, loss, tags, contents, orders, lr, group):
         total = tf.add_n([tf.reduce_sum(m[p]) for m in moms for p in orders])
         return [("moments_only", tf.reshape(total, [1]), None)], []
 
@@ -791,7 +789,7 @@ def summary_child(rounds: int, steps: int, name: str = "mlp") -> dict:
         "no_statistics": {"_stats_fields": stats_none},
         "no_pooling": {"_pool": pool_none},
         "no_xla": {"env": "0"},
-        "moments_in_cond_only": {"_records": records_moments_only, "write": fake_write},
+        "moments_in_cond_only": {"_records_of": records_moments_only, "write": fake_write},
     }
     steps_by = {}
     base, writer = bench_summary.make_steps(model, os.path.join(logdir, "base"))
@@ -841,7 +839,7 @@ def summary_child(rounds: int, steps: int, name: str = "mlp") -> dict:
         steps_by[abl] = fn
     assert tf.summary.write is real_write and gsum._stats_fields is real_stats
     assert gsum._pool is real_pool and gsum._selected_scalars is real_scalars
-    assert gsum._records is real_records and gsum._bins is real_bins
+    assert gsum._records_of is real_records and gsum._bins is real_bins
     per_round = {k: 10 if name == "mlp" else 3 for k in steps_by}
     times = bench_core.time_interleaved(steps_by, x, y, rounds, per_round)
     per = {k: [statistics.median(r) for r in v] for k, v in times.items()}

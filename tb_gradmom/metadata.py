@@ -601,3 +601,107 @@ _DTYPE_NAMES = frozenset(types_pb2.DataType.values())
 def stats_tag(variable_tag: str) -> str:
     """The stats tag that belongs to a moments tag."""
     return variable_tag + STATS_SUFFIX
+
+
+# --------------------------------------------------------------------------- examples
+# Per-example squared gradient norms (docs/format.md, "Per-example norms"). A separate block:
+# these tags carry their own plugin name, so that the moments readers (the plugin's, `data.load`'s
+# moments path) never list them, and their own version.
+
+EXAMPLES_PLUGIN_NAME = "gradmom_examples"
+EXAMPLES_VERSION = 1
+KIND_EXAMPLES = "examples"
+EXAMPLES_SUFFIX = "_examples"
+# What an ``ids`` tag holds: the example ids the user passed, as given.
+EXAMPLE_ID_KINDS = ("int64", "string")
+# The fixed leading columns of an examples tensor; then one column per norm in ``norms``.
+EXAMPLE_COLUMNS = ("batch_size", "position", "loss", "model")
+MAX_EXAMPLE_COLUMNS = 1 << 16
+MAX_EXAMPLE_ROWS = 1 << 24
+
+
+def examples_tag(group: str | None = None) -> str:
+    """The per-example norms tag of a group of tags (``_examples``, ``<group>/_examples``);
+    its ids go to ``<that>/ids``."""
+    return f"{group}/{EXAMPLES_SUFFIX}" if group else EXAMPLES_SUFFIX
+
+
+def examples_ids_tag(tag: str) -> str:
+    return tag + "/ids"
+
+
+@dataclass(frozen=True)
+class ExamplesContent:
+    """The content message of an ``examples`` tag: tensor float64 ``[rows, len(columns)]``,
+    one row per kept example of the step.
+
+    Attributes:
+      columns: ``EXAMPLE_COLUMNS`` then the names of ``norms``.
+      norms: per column after the fixed ones, ``"layer"`` or ``"variable"`` (``||g_j||^2``
+        summed over a layer's variables, or of one variable).
+      max_examples: the cap of rows per step (`summary.moments`' ``max_examples``).
+      ids: ``""`` without ids, else the kind of the ``<tag>/ids`` tensor (EXAMPLE_ID_KINDS).
+    """
+
+    columns: tuple[str, ...]
+    norms: tuple[str, ...]
+    max_examples: int
+    ids: str = ""
+    version: int = EXAMPLES_VERSION
+    kind: str = field(default=KIND_EXAMPLES)
+
+
+def create_examples_metadata(content: ExamplesContent) -> summary_pb2.SummaryMetadata:
+    """The `SummaryMetadata` of an examples tag (and of its ids tag)."""
+    d = {k: list(v) if isinstance(v, tuple) else v for k, v in content.__dict__.items()}
+    return summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(
+            plugin_name=EXAMPLES_PLUGIN_NAME,
+            content=json.dumps(d, sort_keys=True, separators=(",", ":")).encode("utf-8"),
+        ),
+        data_class=summary_pb2.DATA_CLASS_TENSOR,
+    )
+
+
+def parse_examples_content(content: bytes) -> ExamplesContent:
+    """Parses and checks the content message of an examples tag.
+
+    Raises:
+      FormatError: not a JSON object of kind ``examples``, a newer version than this reader,
+        or a field out of its bounds; the message says which.
+    """
+    try:
+        d = json.loads(bytes(content).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError, RecursionError) as e:
+        raise FormatError(f"Grad Moments examples content is not valid JSON: {e}") from None
+    if not isinstance(d, dict) or d.get("kind") != KIND_EXAMPLES:
+        raise FormatError("Grad Moments examples content must be a JSON object of kind 'examples'")
+    version = d.get("version")
+    if not _is_int(version) or not 1 <= version <= EXAMPLES_VERSION:
+        raise FormatError(
+            f"Grad Moments examples content has version {_show(version)}; this reader knows "
+            f"1 to {EXAMPLES_VERSION} (upgrade tb_gradmom for a newer one)"
+        )
+    columns, norms = d.get("columns"), d.get("norms")
+    if (
+        not isinstance(columns, list)
+        or not isinstance(norms, list)
+        or not len(EXAMPLE_COLUMNS) <= len(columns) <= MAX_EXAMPLE_COLUMNS
+        or tuple(columns[: len(EXAMPLE_COLUMNS)]) != EXAMPLE_COLUMNS
+        or len(norms) != len(columns) - len(EXAMPLE_COLUMNS)
+        or not all(isinstance(c, str) and len(c) <= MAX_TEXT_CHARS for c in columns)
+        or not all(k in ("layer", "variable") for k in norms)
+    ):
+        raise FormatError(
+            "Grad Moments examples content: `columns` must start with "
+            f"{list(EXAMPLE_COLUMNS)} and `norms` name each further column 'layer' or 'variable'"
+        )
+    cap = d.get("max_examples")
+    if not _is_int(cap) or not 1 <= cap <= MAX_EXAMPLE_ROWS:
+        raise FormatError(f"Grad Moments examples content: bad max_examples {_show(cap)}")
+    ids = d.get("ids", "")
+    if ids not in ("", *EXAMPLE_ID_KINDS):
+        raise FormatError(f"Grad Moments examples content: bad ids kind {_show(ids)}")
+    return ExamplesContent(
+        columns=tuple(columns), norms=tuple(norms), max_examples=cap, ids=ids, version=version
+    )

@@ -965,3 +965,93 @@ def test_per_example_norms_take_coupled_like_the_moments():
         sq, dz = norms(x)
     share = np.einsum("ni,no->nio", x, 6 * dz.numpy())  # each example's share, as the rules
     np.testing.assert_allclose(sq.numpy(), (share**2).sum((1, 2)), rtol=1e-5)
+
+
+def _zoo_family_params():
+    """One in-process zoo entry per family (the first), for the callback path."""
+    from tests import zoo
+
+    first: dict[str, object] = {}
+    for e in zoo.selected():
+        if not e.isolate and e.family not in first:
+            first[e.family] = e
+    return [pytest.param(e, id=e.id) for e in first.values()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", _zoo_family_params())
+def test_zoo_families_log_through_the_callback_what_the_core_computes(entry, tmp_path):
+    """One zoo entry per family trained 3 steps by ``model.fit`` with the `GradMoments`
+    callback (a ``train_step`` with `gradmom.GradientTape`, float64 data from a ``tf.data``
+    pipeline so Keras casts nothing), logged at steps 0 and 2; read back with
+    `gradmom.data.load`, each logged step holds the moments `gradients_and_moments` computes
+    at the weights that step started from (which `tests/test_zoo.py` checks against one
+    gradient per example)."""
+    import contextlib
+
+    from tests import zoo
+
+    inside = zoo.float64_inside() if entry.float32_inside else contextlib.nullcontext()
+    with inside:
+        forward, variables, (x, y), loss_spec = entry.build("float64")
+        if isinstance(loss_spec, zoo.ScalarLoss):
+            scalar = loss_spec.scalar
+        else:
+
+            def scalar(out, t):
+                return tf.reduce_mean(loss_spec(out, t))
+
+        class ZooFit(keras.Model):
+            def train_step(self, data):
+                bx, by = data
+                with gradmom.GradientTape() as tape:
+                    loss = scalar(forward(bx), by)
+                grads = tape.gradient(loss, variables)
+                for v, g in zip(variables, grads):
+                    if g is not None:
+                        v.assign_sub(1e-3 * tf.cast(tf.convert_to_tensor(g), v.dtype))
+                return {"loss": loss}
+
+        model = ZooFit()
+        model.compile(optimizer=keras.optimizers.SGD(1e-3))
+        weights: list = []
+
+        class Keep(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                weights.append([np.array(v.numpy()) for v in variables])
+
+        ds = tf.data.Dataset.from_tensors((x, y)).repeat(3)
+        cb = gradmom.keras.GradMoments(
+            tmp_path, every_n_steps=2, fallback=entry.fallback, max_elements=1 << 30
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.fit(ds, epochs=1, verbose=0, callbacks=[Keep(), cb])
+
+            @tf.function
+            def core(x, y):
+                loss = scalar(forward(x), y)
+                return gradmom.gradients_and_moments(loss, variables, fallback=entry.fallback)[1]
+
+            want = {}
+            for step in (0, 2):
+                for v, value in zip(variables, weights[step]):
+                    v.assign(value)
+                want[step] = core(x, y)
+    assert len(weights) == 3
+    # the steps trained: step 2's moments are of other weights than step 0's
+    assert any(not np.array_equal(a, b) for a, b in zip(weights[0], weights[2]))
+    run = data.load(tmp_path)["."]
+    tags = gradmom.summary.tag_names(variables)
+    for step, moments in want.items():
+        scale = max(float(np.max(np.abs(m[2].numpy()))) for m in moments)
+        for tag, m in zip(tags, moments):
+            rec = next(r for r in run[tag] if r.step == step)
+            assert rec.batch_size == len(tf.nest.flatten(x)[0]), tag
+            for p in (1, 2):
+                want_p = m[p].numpy().astype(np.float64)
+                tol = 1e-6 * max(float(np.max(np.abs(want_p))), 1e-30) + 1e-12 * scale
+                np.testing.assert_allclose(
+                    rec.moments[p], want_p, rtol=1e-6, atol=tol, err_msg=f"{tag} step {step}"
+                )
+    assert sorted({r.step for r in run[tags[0]]}) == [0, 2]

@@ -58,6 +58,8 @@ __all__ = [
     "DataWarning",
     "SelectionError",
     "load",
+    "load_examples",
+    "ExamplesRecord",
     "list_runs",
     "read_records",
     "crc32c",
@@ -802,6 +804,7 @@ def load(
     tags: Selection | None = None,
     steps: int | str | Iterable[int] | None = None,
     progress: TextIO | None = None,
+    examples: bool = False,
 ) -> dict[str, dict[str, list[Record]]]:
     """Loads the Grad Moments tags under a logdir: all of them, or the runs and tags asked for.
 
@@ -829,6 +832,9 @@ def load(
         unreadable, the tag has no record). Default: every step.
       progress: a text stream (e.g. ``sys.stderr``) told how far a long read is, from
         `PROGRESS_MIN_BYTES` of event files on.
+      examples: also return the per-example norms of the runs read, as `ExamplesRecord`
+        lists under their tags (``_examples``, ``<name>/_examples``; see `load_examples`):
+        every step of them, whatever ``tags`` and ``steps`` select.
 
     Returns:
       ``{run: {tag: [Record, ...]}}``, runs and tags sorted by name; runs without Grad
@@ -900,6 +906,9 @@ def load(
         records = _records_of_run(tags_read, name)
         if latest:
             records = {tag: recs[-1:] for tag, recs in records.items()}
+        if examples:
+            for tag, recs in load_examples(logdir, runs=[name]).get(name, {}).items():
+                records[tag] = recs  # type: ignore[assignment]
         if records:
             out[name] = records
     bar.close()
@@ -929,4 +938,140 @@ def load(
             f"no Grad Moments data in {where} {where_logdir!r}{detail}; log some with "
             "tb_gradmom.writers.summary or the Keras callback"
         )
+    return out
+
+
+# ----------------------------------------------------------------------------- examples
+
+
+@dataclass
+class ExamplesRecord:
+    """One logged step's per-example squared gradient norms (tag ``_examples``, see
+    docs/format.md "Per-example norms"): one entry per kept example, in batch order.
+
+    Attributes:
+      step, wall_time: as in `Record`.
+      batch_size: ``n``, the examples of the step (more than the rows when capped).
+      positions: int64 ``[rows]``, each kept example's position in the batch.
+      ids: ``[rows]`` the ids passed with the batch (int64, or ``str``), or None.
+      losses: float64 ``[rows]``, each example's loss (its per-example part, unscaled).
+      model: float64 ``[rows]``, ``||g_j||^2`` over all the variables of the call.
+      layers: layer name -> float64 ``[rows]``, ``||g_j||^2`` over the layer's variables.
+      variables: variable tag -> float64 ``[rows]`` (when logged per variable).
+      max_examples: the cap of rows per step the writer used.
+    """
+
+    step: int
+    wall_time: float
+    batch_size: int
+    positions: np.ndarray
+    ids: np.ndarray | None
+    losses: np.ndarray
+    model: np.ndarray
+    layers: dict[str, np.ndarray]
+    variables: dict[str, np.ndarray]
+    max_examples: int
+
+
+def load_examples(
+    logdir: str | os.PathLike, runs: Selection | None = None
+) -> dict[str, dict[str, list[ExamplesRecord]]]:
+    """The per-example norms under a logdir: ``{run: {tag: [ExamplesRecord, ...]}}``, tags
+    ``_examples`` (``<name>/_examples``), records sorted by step (a step written twice: the
+    later event). Runs without any are left out. A tag whose content or a step whose tensors
+    do not fit their content is skipped with a `DataWarning`.
+
+    Args:
+      logdir: the directory given to TensorBoard's ``--logdir``.
+      runs: read only these runs (names, or a function of a name).
+    """
+    found = list_runs(logdir)
+    pick = _selector(runs, "runs")
+    out: dict[str, dict[str, list[ExamplesRecord]]] = {}
+    for run, files in found.items():
+        if pick is not None and not pick(run):
+            continue
+        contents: dict[str, metadata.ExamplesContent | None] = {}
+        tables: dict[str, dict[int, tuple[float, np.ndarray]]] = {}
+        for path in files:
+            for raw in read_records(path):
+                event = event_pb2.Event.FromString(raw)
+                for value in event.summary.value:
+                    _read_examples_value(run, event, value, contents, tables)
+        records = _examples_of_run(run, contents, tables)
+        if records:
+            out[run] = records
+    return out
+
+
+def _read_examples_value(run, event, value, contents, tables) -> None:
+    tag = value.tag
+    if tag not in contents:
+        plugin = value.metadata.plugin_data
+        if plugin.plugin_name != metadata.EXAMPLES_PLUGIN_NAME:
+            return
+        try:
+            contents[tag] = metadata.parse_examples_content(plugin.content)
+        except metadata.FormatError as e:
+            _warn(run, tag, int(event.step), f"tag skipped: {e}")
+            contents[tag] = None
+    if contents[tag] is None:
+        return
+    try:
+        array = tensor_util.make_ndarray(value.tensor)
+    except Exception as e:  # noqa: BLE001 - a corrupt tensor skips its step
+        _warn(run, tag, int(event.step), f"unreadable tensor ({type(e).__name__})")
+        return
+    tables.setdefault(tag, {})[int(event.step)] = (float(event.wall_time), array)
+
+
+def _examples_of_run(run, contents, tables) -> dict[str, list[ExamplesRecord]]:
+    out: dict[str, list[ExamplesRecord]] = {}
+    for tag, content in contents.items():
+        if content is None or tag.endswith("/ids"):
+            continue
+        ids_by_step = tables.get(metadata.examples_ids_tag(tag), {})
+        records = []
+        for step, (wall, table) in sorted(tables.get(tag, {}).items()):
+            width = len(content.columns)
+            if table.ndim != 2 or table.shape[1] != width or table.dtype.kind != "f":
+                _warn(run, tag, step, f"tensor {table.shape} is not [rows, {width}] floats")
+                continue
+            if table.shape[0] > content.max_examples:
+                _warn(run, tag, step, f"{table.shape[0]} rows, over max_examples")
+                continue
+            ids = None
+            if content.ids:
+                got = ids_by_step.get(step)
+                if got is None or got[1].shape != (table.shape[0],):
+                    _warn(run, tag, step, "its ids are missing or do not match its rows")
+                    continue
+                ids = got[1]
+                if content.ids == "string":
+                    ids = np.array([b.decode("utf-8", "replace") for b in ids], dtype=object)
+                else:
+                    ids = ids.astype(np.int64)
+            fixed = len(metadata.EXAMPLE_COLUMNS)
+            cols = {name: table[:, i].astype(np.float64) for i, name in enumerate(content.columns)}
+            named = list(zip(content.columns[fixed:], content.norms))
+            records.append(
+                ExamplesRecord(
+                    step=step,
+                    wall_time=wall,
+                    batch_size=int(table[0, 0]) if len(table) else 0,
+                    positions=table[:, 1].astype(np.int64),
+                    ids=ids,
+                    losses=cols["loss"],
+                    model=cols["model"],
+                    layers={
+                        c: table[:, fixed + i] for i, (c, k) in enumerate(named) if k == "layer"
+                    },
+                    variables={
+                        c: table[:, fixed + i] for i, (c, k) in enumerate(named) if k == "variable"
+                    },
+                    max_examples=content.max_examples,
+                )
+            )
+        if records:
+            out[tag] = records
     return out

@@ -156,28 +156,50 @@ def sq_norms(
     n: int | tf.Tensor,
     chunk: int,
     inv_scale: tf.Tensor | None = None,
+    gate: tf.Tensor | None = None,
 ) -> list[tf.Tensor]:
     """``[n]`` per variable: ``||g_j + shift||^2`` with ``g_j`` row ``j`` of the jacobian of
     ``loss_vector`` (chunks of ``chunk`` examples vectorised at once when the batch size is
-    static, the whole batch otherwise; see `power_sums`)."""
+    static, the whole batch otherwise; see `power_sums`). ``gate``: as for `power_sums`
+    (zeros where it is False, nothing of this run)."""
     from tb_gradmom.core.rules.base import sq_norms_of
 
-    tf_private.require("pfor")
+    tf_private.require("pfor", *(("update_input",) if gate is not None else ()))
+    graph = loss_vector.graph
     seed_size = tf.size(loss_vector)
+    if gate is not None:
+        seed_size = tf.raw_ops.Switch(data=seed_size, pred=gate)[1]
     n_static = tf.get_static_value(n)
     starts: list[tuple[int, int | None]] = [(0, None)]
     if n_static is not None:
         starts = [(s, min(chunk, int(n_static) - s)) for s in range(0, int(n_static), chunk)]
     parts: list[list[tf.Tensor]] = [[] for _ in variables]
     for start, size in starts:
+        before = set(graph.get_operations())
         rows = _rows(
             loss_vector, variables, dtypes, seed_size, start, n if size is None else size, inv_scale
         )
+        if gate is not None:
+            _gate_function_ops(graph, before, gate)
         for k, (g, shift) in enumerate(zip(rows, shifts)):
             parts[k].append(sq_norms_of(g if shift is None else g + shift))
     if not starts:  # a statically empty batch
         return [tf.zeros([0], d) for d in dtypes]
-    return [p[0] if len(p) == 1 else tf.concat(p, 0) for p in parts]
+    out = [p[0] if len(p) == 1 else tf.concat(p, 0) for p in parts]
+    if gate is not None:
+        # zeros of the batch's size, built from the (live) loss vector
+        out = [
+            tf.raw_ops.Merge(
+                inputs=[
+                    tf.raw_ops.Switch(data=tf.zeros(tf.shape(loss_vector)[:1], t.dtype), pred=gate)[
+                        0
+                    ],
+                    t,
+                ]
+            )[0]
+            for t in out
+        ]
+    return out
 
 
 def _rows(

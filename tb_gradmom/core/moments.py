@@ -987,3 +987,204 @@ def variance(
         return biased * (n / (n - 1.0))
     nf = tf.cast(n, biased.dtype)
     return biased * nf / (nf - 1.0)
+
+
+@dataclass(frozen=True)
+class Logged:
+    """What one logged call hands to a writer: the moments of the variables it logs, over
+    ``n`` examples, with what a writer names them by.
+
+    ``moments[k][p]`` is ``M_p`` of ``variables[k]`` (float32, float64 for float64 variables),
+    ``loss`` the batch's mean loss (float64, unscaled; None when unknown), ``names`` the
+    variables' paths and ``op_types`` the op each is consumed by (``""`` when unknown).
+
+    With per-example norms (``compute_logged(norms=True)``): ``sq_norms[k]`` the ``[n]``
+    squared norms ``||g_j||^2`` of ``variables[k]``, ``losses`` the ``[n]`` per-example losses
+    (float64, unscaled) and ``ids`` the ``[n]`` example ids the caller passed (or None).
+    """
+
+    variables: list
+    names: list[str]
+    op_types: list[str]
+    moments: list[dict[int, tf.Tensor]]
+    n: Any
+    loss: Any = None
+    sq_norms: list | None = None
+    losses: Any = None
+    ids: Any = None
+
+    @property
+    def orders(self) -> tuple[int, ...]:
+        return tuple(sorted(self.moments[0])) if self.moments else ()
+
+    def values(self) -> tuple:
+        """The tensors of this record, a nest a ``tf.function`` can return (`with_values`
+        rebuilds the record from it outside); ``()`` stands for None."""
+        vals = (self.moments, self.n, self.loss, self.sq_norms, self.losses, self.ids)
+        return tuple(() if v is None else v for v in vals)
+
+    def with_values(self, values: tuple) -> Logged:
+        moments, n, loss, sq_norms, losses, ids = (
+            None if isinstance(v, tuple) and not v else v for v in values
+        )
+        return replace(
+            self,
+            moments=list(moments or []),
+            n=n,
+            loss=loss,
+            sq_norms=None if sq_norms is None else list(sq_norms),
+            losses=losses,
+            ids=ids,
+        )
+
+
+@dataclass(frozen=True)
+class Computed:
+    """What `compute_logged` returns: the gradients, aligned with the plan's variables, as
+    ``tf.gradients`` gives them; ``logged`` when the moments were computed unconditionally
+    (None under a gate: they exist only inside its ``tf.cond``); ``written`` what ``write``
+    returned (under a gate, the ``cond``'s bool output)."""
+
+    plan: Plan
+    grads: list[tf.Tensor | None]
+    logged: Logged | None
+    written: Any
+
+
+@tf.autograph.experimental.do_not_convert
+def compute_logged(
+    plan: Plan,
+    indices: Sequence[int] | None = None,
+    *,
+    gate: tf.Tensor | None = None,
+    record: tf.Tensor | None = None,
+    exact_gradients: bool = True,
+    write: Any = None,
+    norms: bool = False,
+    ids: tf.Tensor | None = None,
+) -> Computed:
+    """The one entry between the core and the writers: the gradients and, from the same
+    backward pass, the `Logged` moments of the variables at ``indices`` (default all) for the
+    plan's orders.
+
+    Without ``gate`` the moments are computed on every run (a TF1 graph, an XLA function, the
+    Keras callback's dry run); ``write(logged)``, if given, is called on them and its result
+    returned in ``written``.
+
+    With ``gate`` (a scalar bool tensor: is this step logged) nothing of the moments runs where
+    it is False: they are computed in the true branch of a ``tf.cond`` on ``record`` (default
+    ``gate``; False for an empty batch of unknown size), which calls ``write(logged)`` there (a
+    list of ops or tensors to run). Under ``tf.distribute`` the per-replica sums run under
+    ``gate`` and their all-reduce on every step, outside the ``cond`` (a synchronisation point
+    no branch may hold); ``record`` then says where to write (replica 0). A statically False
+    ``gate`` builds the gradients alone.
+
+    ``exact_gradients`` False: a logged convolution's gradient is the order-1 sum of the
+    per-example work of its moments (computed in the ``cond``, from TensorFlow's own filter
+    gradient where nothing is logged; on every run without a gate) instead of TensorFlow's own.
+
+    ``norms``: the record also holds the per-example squared norms of the logged variables
+    (`tb_gradmom.core.norms.sq_norms`, from the same backward pass) and the per-example
+    losses; ``ids``, a ``[n]`` tensor of example ids, is carried along. Not under
+    ``tf.distribute`` (each replica holds its own examples).
+    """
+    indices = list(range(len(plan.variables)) if indices is None else indices)
+    orders = plan.options.orders
+    if norms and plan.replica is not None:
+        raise NotImplementedError(
+            "logging per-example norms inside a tf.distribute replica context with several "
+            "replicas is not supported yet: log them on one replica (or outside the "
+            "strategy), or leave log_examples off"
+        )
+    extras = _Extras(norms, ids)
+    if gate is None:
+        backward = run_backward(plan, fused=not exact_gradients)
+        extras.prepare(backward, indices, None)
+        logged = _logged(backward, orders, indices, backward.moments(orders, indices), extras)
+        written = write(logged) if write is not None else None
+        return Computed(plan, list(backward.grads), logged, written)
+    static = tf.get_static_value(gate)
+    if static is not None and not bool(static):
+        return Computed(plan, list(run_backward(plan).grads), None, None)
+    dynamic = static is None
+    backward = run_backward(
+        plan,
+        gate=gate if dynamic else None,
+        # the logged variables whose gradient their rule's sums can give (convolutions) take it
+        # from those sums inside the cond below, on both sides, instead of TF's filter gradient
+        # outside it plus the sums on logged steps
+        defer=() if exact_gradients else indices,
+    )
+    record = gate if record is None else record
+    moms = None
+    if plan.replica is not None:
+        # the replica's sums gated by their own cond, their all-reduce on every step (zeros
+        # when not logged); the write below, on the replicas `record` holds for
+        moms = backward.moments(orders, indices, gate=gate if dynamic else None)
+    elif tf.get_static_value(plan.n) is None:
+        # an empty batch has no moments: nothing is written for it
+        record = tf.logical_and(record, tf.cast(plan.n, tf.int64) > 0)
+    deferred = backward.deferred  # empty under tf.distribute (see run_backward)
+    extras.prepare(backward, indices, gate if dynamic else None)
+
+    def logged_branch():
+        grads, source = backward.from_sums(orders) if deferred else ([], backward)
+        computed = source.moments(orders, indices) if moms is None else moms
+        logged = _logged(source, orders, indices, computed, extras)
+        out = write(logged) if write is not None else []
+        ops = [t for t in tf.nest.flatten(out) if t is not None]
+        if deferred:
+            return grads  # the writes run in the branch all the same (stateful ops)
+        with tf.control_dependencies(ops):
+            return tf.constant(True)
+
+    def skipped_branch():
+        return backward.plain_grads() if deferred else tf.constant(False)
+
+    out = tf.cond(record, logged_branch, skipped_branch, name="gradmom_record")
+    grads = list(backward.grads)
+    for i, g in zip(deferred, out if deferred else []):
+        grads[i] = g
+    return Computed(plan, grads, None, None if deferred else out)
+
+
+class _Extras:
+    """The per-example part of a record (`compute_logged(norms=True)`): the exact fallback's
+    norms are taken in the step's graph (`prepare`, gated), the rest in the record's branch."""
+
+    def __init__(self, norms: bool, ids: tf.Tensor | None) -> None:
+        self.norms = norms
+        self.ids = ids
+        self.fallback: dict[int, tf.Tensor] = {}
+
+    def prepare(self, backward: Backward, indices: Sequence[int], gate) -> None:
+        if self.norms:
+            from tb_gradmom.core import norms as _norms
+
+            self.fallback = _norms.fallback_sq_norms(backward, indices, gate)
+
+    def of(self, backward: Backward, indices: Sequence[int]) -> dict[str, Any]:
+        if not self.norms:
+            return {}
+        from tb_gradmom.core import norms as _norms
+
+        sq, _ = _norms.sq_norms(backward, indices, fallback_norms=self.fallback)
+        return {"sq_norms": sq, "losses": _norms.per_example_losses(backward), "ids": self.ids}
+
+
+def _logged(
+    backward: Backward, orders, indices: Sequence[int], computed: Moments, extras: _Extras
+) -> Logged:
+    plan = backward.plan
+    loss = tf.cast(plan.loss, tf.float64)
+    if backward.inv_scale is not None:
+        loss = loss * tf.cast(backward.inv_scale, tf.float64)
+    return Logged(
+        variables=[plan.variables[i].variable for i in indices],
+        names=[plan.names[i] for i in indices],
+        op_types=[plan.op_type(i) for i in indices],
+        moments=computed.values,
+        n=computed.n,
+        loss=loss,
+        **extras.of(backward, indices),
+    )

@@ -145,11 +145,16 @@ def _with_gradients(
 
 
 def sq_norms(
-    backward: Backward, indices: Sequence[int] | None = None, from_work: Collection[int] = ()
+    backward: Backward,
+    indices: Sequence[int] | None = None,
+    from_work: Collection[int] = (),
+    fallback_norms: dict[int, tf.Tensor] | None = None,
 ) -> tuple[list[tf.Tensor], dict[int, tf.Tensor]]:
     """``[n]`` per variable (at ``indices``, default all): ``||g_j||^2`` for every example;
     and for the variables ``from_work`` (their rule has `Contribution.sq_norms_and_sum`) the
-    sum of their per-example gradients from the same work."""
+    sum of their per-example gradients from the same work. ``fallback_norms``: the norms of
+    the variables on the exact fallback, already computed (`fallback_sq_norms`, outside a
+    ``tf.cond`` branch, where a gradient can be taken)."""
     plan = backward.plan
     indices = list(range(len(plan.variables)) if indices is None else indices)
     n = plan.n
@@ -160,7 +165,9 @@ def sq_norms(
     out: dict[int, tf.Tensor] = {}
     sums: dict[int, tf.Tensor] = {}
     with tf.name_scope(scope), tf.control_dependencies(asserts), static_chunks(plan.xla):
-        fallback_ids = [i for i in indices if i in plan.fallback_ids]
+        if fallback_norms is not None:
+            out.update({i: fallback_norms[i] for i in indices if i in fallback_norms})
+        fallback_ids = [i for i in indices if i in plan.fallback_ids and i not in out]
         if fallback_ids:
             with tf.name_scope("fallback"):
                 out.update(zip(fallback_ids, _fallback_norms(backward, fallback_ids)))
@@ -261,7 +268,37 @@ def _materialised(
     return norms_over_chunks(n, _chunk(vplan, chunk_size, n=n), vplan.dtype, chunk_norms)
 
 
-def _fallback_norms(backward: Backward, ids: list[int]) -> list[tf.Tensor]:
+def fallback_sq_norms(
+    backward: Backward, indices: Sequence[int], gate: tf.Tensor | None = None
+) -> dict[int, tf.Tensor]:
+    """``{i: [n] norms}`` of the variables at ``indices`` on the exact fallback, computed
+    where ``gate`` (a scalar bool tensor) holds (zeros elsewhere): in the step's graph, for
+    `sq_norms` in a ``tf.cond`` branch."""
+    plan = backward.plan
+    ids = [i for i in indices if i in plan.fallback_ids]
+    if not ids:
+        return {}
+    with tf.name_scope(plan.scope.rstrip("/") + "_norms/fallback"), static_chunks(plan.xla):
+        return dict(zip(ids, _fallback_norms(backward, ids, gate)))
+
+
+def per_example_losses(backward: Backward) -> tf.Tensor:
+    """The ``[n]`` per-example losses ``l_j`` of the plan's loss (its per-example part: a mean
+    or a sum of them is the loss without its example-free terms), unscaled, float64."""
+    plan = backward.plan
+    if plan.form is None:
+        vector = plan.loss_vector
+    else:
+        vector = _loss.per_example_losses(plan.form, plan.n, plan.mode)
+    out = tf.cast(vector, tf.float64)
+    if backward.inv_scale is not None:
+        out = out * tf.cast(backward.inv_scale, tf.float64)
+    return out
+
+
+def _fallback_norms(
+    backward: Backward, ids: list[int], gate: tf.Tensor | None = None
+) -> list[tf.Tensor]:
     """The squared norms of the rows of the jacobian of the per-example losses (plus the
     example-free terms' share), for the variables ``ids`` on the exact fallback."""
     plan = backward.plan
@@ -286,4 +323,5 @@ def _fallback_norms(backward: Backward, ids: list[int]) -> list[tf.Tensor]:
         plan.n,
         _fallback.DEFAULT_CHUNK if chunk is None else int(chunk),
         backward.inv_scale,
+        gate,
     )

@@ -64,6 +64,14 @@ class GradMoments(keras.callbacks.Callback):
         examples, a training-mode BatchNormalization above all (see
         `tb_gradmom.gradients_and_moments`): ``"rules"`` is much cheaper on a network with
         batch normalisation in training, and its higher moments are of another split.
+      log_examples: also log each logged step's per-example squared gradient norms (whole
+        model and per layer) and losses, under ``_examples`` (see
+        `tb_gradmom.writers.summary.moments`). For example ids, write a ``train_step`` that
+        unpacks them from the data and passes them to
+        ``gradmom.GradientTape(example_ids=ids)`` (README, "Per-example norms").
+      max_examples: at most this many examples logged per step (the largest and smallest
+        norms always kept).
+      per_variable_norms: also log each variable's per-example norms.
 
     Under mixed precision the optimizer's loss scale is taken out of the moments; under a
     ``tf.distribute`` strategy the moments are over the global batch, written by replica 0.
@@ -81,6 +89,9 @@ class GradMoments(keras.callbacks.Callback):
         fallback: str = "exact",
         coupled: str = "exact",
         map_dtype: str = _summary.DEFAULT_MAP_DTYPE,
+        log_examples: bool = False,
+        max_examples: int = _summary.DEFAULT_MAX_EXAMPLES,
+        per_variable_norms: bool = False,
     ) -> None:
         super().__init__()
         self.every_n_steps = _validate.positive_int("every_n_steps", every_n_steps)
@@ -111,6 +122,9 @@ class GradMoments(keras.callbacks.Callback):
         if coupled not in ("exact", "rules"):
             raise ValueError(f"coupled must be 'exact' or 'rules', got {coupled!r}")
         self.coupled = coupled
+        self.log_examples = _validate.boolean("log_examples", log_examples)
+        self.max_examples = _validate.positive_int("max_examples", max_examples)
+        self.per_variable_norms = _validate.boolean("per_variable_norms", per_variable_norms)
         self._writer: tf.summary.SummaryWriter | None = None  # while training
         self._run_dir = self.log_dir
         self._context: _tape.CallbackContext | None = None
@@ -159,6 +173,9 @@ class GradMoments(keras.callbacks.Callback):
             fallback=self.fallback,
             optimizer=optimizer,
             coupled=self.coupled,
+            log_examples=self.log_examples,
+            max_examples=self.max_examples,
+            per_variable_norms=self.per_variable_norms,
         )
         user_step = _user_train_step(model)
         step = _default_train_step(model) if user_step is None else user_step
@@ -169,8 +186,11 @@ class GradMoments(keras.callbacks.Callback):
                 context.collected = []
                 context.errors = []
                 out = step(data)
-                collected = [(c.values, c.n, c.loss) for c in context.collected]
-                context.layout = [(c.group, c.variables) for c in context.collected]
+                collected = [c.logged.values() for c in context.collected]
+                # what the writer needs besides the values: no tensors of this graph
+                context.layout = [
+                    (c.group, c.logged.with_values(_EMPTY)) for c in context.collected
+                ]
             return out, collected
 
         model.make_train_function()
@@ -237,6 +257,9 @@ class GradMoments(keras.callbacks.Callback):
         )
 
 
+# the values of a `Logged` record kept as the writer's template (no tensors of the trace)
+_EMPTY = ((), (), (), (), (), ())
+
 # model -> the GradMoments attached to it, until its fit ends or the next fit starts
 _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -253,25 +276,42 @@ class _Accumulated:
     accumulation): ``sum_j g_j ** p`` over all their examples."""
 
     def __init__(self) -> None:
-        self.groups: list[Any] = []  # (group, variables) per tape call
+        self.groups: list[Any] = []  # (group, Logged without values) per tape call
         self.sums: list[list[dict[int, tf.Tensor]]] = []
         self.n: list[tf.Tensor] = []
         self.loss: list[tf.Tensor] = []
+        # per tape call, the micro-batches' per-example (sq_norms, losses, ids), or ()
+        self.examples: list[list[Any]] = []
 
     def add(self, layout: list[Any], collected: list[Any]) -> None:
         if not self.sums:
             self.groups = list(layout)
-            self.sums = [[{} for _ in values] for values, _, _ in collected]
+            self.sums = [[{} for _ in values[0]] for values in collected]
             self.n = [tf.zeros([], tf.int64) for _ in collected]
             self.loss = [tf.zeros([], tf.float64) for _ in collected]
-        for k, (values, n, loss) in enumerate(collected):
+            self.examples = [[] for _ in collected]
+        for k, (moments, n, loss, *extra) in enumerate(collected):
+            if isinstance(extra[0], list):  # per-example norms
+                self.examples[k].append(extra)
             nf = tf.cast(n, tf.float64)
-            for sums, m in zip(self.sums[k], values):
+            for sums, m in zip(self.sums[k], moments):
                 for p, t in m.items():
                     s = t * tf.cast(nf, t.dtype)
                     sums[p] = sums[p] + s if p in sums else s
             self.n[k] = self.n[k] + n
             self.loss[k] = self.loss[k] + loss * nf
+
+    def examples_of(self, k: int) -> tuple:
+        """The per-example values of tape call ``k`` over the update's micro-batches, in
+        order: ``(sq_norms, losses, ids)`` (``()`` for what was not logged)."""
+        parts = self.examples[k] if self.examples else []
+        if not parts:
+            return (), (), ()
+        norms = [tf.concat([p[0][v] for p in parts], 0) for v in range(len(parts[0][0]))]
+        losses = tf.concat([p[1] for p in parts], 0)
+        has_ids = not (isinstance(parts[0][2], tuple) and not parts[0][2])
+        ids = tf.concat([p[2] for p in parts], 0) if has_ids else ()
+        return norms, losses, ids
 
 
 class _Switch:
@@ -408,13 +448,18 @@ class _Switch:
         writer = self.cb._writer
         ctx = self.cb._context
         assert writer is not None and ctx is not None
-        for k, (group, variables) in enumerate(acc.groups):
-            key = (k, group, tuple(id(v) for v in variables))
+        for k, (group, template) in enumerate(acc.groups):
+            key = (k, group, tuple(id(v) for v in template.variables))
             if key not in self.writes:
-                self.writes[key] = _write_function(writer, ctx, group, variables)
+                self.writes[key] = _write_function(writer, ctx, group, template)
             try:
                 self.writes[key](
-                    acc.sums[k], acc.n[k], acc.loss[k], lr, tf.constant(step, tf.int64)
+                    acc.sums[k],
+                    acc.n[k],
+                    acc.loss[k],
+                    lr,
+                    tf.constant(step, tf.int64),
+                    acc.examples_of(k),
                 )
                 writer.flush()
                 self.write_failed = False
@@ -460,23 +505,23 @@ def _first_message(message: str) -> str:
     return next((ln for ln in lines if "Graph execution error" not in ln), message)
 
 
-def _write_function(writer: Any, ctx: Any, group: str | None, variables: list) -> Callable:
-    """A ``tf.function`` writing one group's summed moments at a step."""
+def _write_function(writer: Any, ctx: Any, group: str | None, template: Any) -> Callable:
+    """A ``tf.function`` writing one group's summed moments at a step (``template``: the
+    group's `Logged` record, whose values it fills in)."""
 
-    def write(sums: list, n: Any, loss: Any, lr: Any, step: Any) -> Any:
+    def write(sums: list, n: Any, loss: Any, lr: Any, step: Any, examples: tuple) -> Any:
         nf = tf.cast(n, tf.float64)
         moments = [{p: t / tf.cast(nf, t.dtype) for p, t in m.items()} for m in sums]
         with writer.as_default(step=step):
             return _summary.write(
-                moments,
-                variables,
-                n,
-                loss=loss / nf,
+                template.with_values((moments, n, loss / nf, *examples)),
                 learning_rate=lr,
                 name=group,
                 max_elements=ctx.max_elements,
                 per_variable_scalars=ctx.per_variable_scalars,
                 map_dtype=ctx.map_dtype,
+                max_examples=ctx.max_examples,
+                per_variable_norms=ctx.per_variable_norms,
             )
 
     return tf.function(write, autograph=False)

@@ -14,6 +14,7 @@ filter gradient otherwise. The event format is in ``docs/format.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -34,9 +35,11 @@ __all__ = [
     "moments",
     "write",
     "tag_names",
+    "keep_examples",
     "DEFAULT_MAX_ELEMENTS",
     "DEFAULT_MAP_DTYPE",
     "MAP_DTYPES",
+    "DEFAULT_MAX_EXAMPLES",
     "SCALARS",
 ]
 
@@ -56,6 +59,9 @@ DEFAULT_MAX_ELEMENTS = 1 << 11
 MAP_DTYPE_AUTO = "auto"
 DEFAULT_MAP_DTYPE = MAP_DTYPE_AUTO
 MAP_DTYPES = (MAP_DTYPE_AUTO, *metadata.ENCODINGS)
+
+# Per-example norms: rows of the examples tensor per logged step (`moments`' max_examples).
+DEFAULT_MAX_EXAMPLES = 1024
 
 # Derived statistics also written as ordinary scalars, under "gradmom/<tag>/<name>".
 SCALARS = (
@@ -89,6 +95,10 @@ def moments(
     exact_gradients: bool = True,
     coupled: str = "exact",
     map_dtype: str = DEFAULT_MAP_DTYPE,
+    log_examples: bool = False,
+    example_ids=None,
+    max_examples: int = DEFAULT_MAX_EXAMPLES,
+    per_variable_norms: bool = False,
 ):
     """Computes gradients and logs the moments of the per-example gradients.
 
@@ -153,6 +163,15 @@ def moments(
         resolution as float32 (the moments as computed, cast to float32, bit for bit);
         ``"float16"`` or ``"float32"``: every map so. Tags with orders above 2 are float32.
         See ``docs/format.md``.
+      log_examples: also log the per-example squared gradient norms ``||g_j||^2`` of the
+        step (whole model and per layer, from the same backward pass) with each example's
+        loss, under tag ``_examples`` (``<name>/_examples``); see docs/format.md,
+        "Per-example norms". On by default when ``example_ids`` is given.
+      example_ids: optional ``[n]`` int or string tensor, an id per example (dataset indices,
+        keys), logged beside its norms (tag ``_examples/ids``).
+      max_examples: at most this many examples per logged step: the ``max_examples // 4``
+        largest and smallest whole-model norms always, the others evenly spaced in rank.
+      per_variable_norms: also log each variable's norms (not only the layers' and model's).
 
     Returns:
       In a ``tf.function``: the gradients, aligned with ``var_list`` (``None`` where the loss
@@ -167,6 +186,11 @@ def moments(
     per_variable_scalars = _validate.boolean("per_variable_scalars", per_variable_scalars)
     step = _validate.int_tensor_or_int("step", step)
     learning_rate = _validate.positive_float("learning_rate", learning_rate)
+    max_examples = _validate.positive_int("max_examples", max_examples)
+    per_variable_norms = _validate.boolean("per_variable_norms", per_variable_norms)
+    log_examples = _validate.boolean("log_examples", log_examples)
+    example_ids = _example_ids(example_ids)
+    log_examples = log_examples or example_ids is not None
     inside = tf.inside_function()
     if inside and _plan.in_xla_context():
         raise RuntimeError(
@@ -195,32 +219,29 @@ def moments(
     )
     plan = _plan.make_plan(loss, var_list, options, name="gradmom_summary")
     indices = _log_indices(var_list, log_only)
-    backward = _moments.run_backward(
-        plan,
-        gate=compute if inside and static is None else None,
-        # in a tf.function: the logged variables whose gradient their rule's sums can give
-        # (convolutions) take it from those sums inside the cond below, on both sides, instead
-        # of TF's filter gradient outside it plus the sums on logged steps
-        defer=indices if inside and not off and not exact_gradients else (),
-    )
     group = _group(name, var_list, inside)
     tags = _unique_tags(_tag_names([plan.names[i] for i in indices], group))
     if inside:
         _claim(
             tags, [plan.variables[i].variable for i in indices], [plan.names[i] for i in indices]
         )
-    contents = [
-        _moments_content(plan.variables[i], tag, orders, plan.op_type(i), max_elements, map_dtype)
-        for i, tag in zip(indices, tags)
-    ]
     lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
+    writer = _Writer(
+        tags,
+        group,
+        max_elements,
+        per_variable_scalars,
+        lr,
+        max_examples,
+        per_variable_norms,
+        map_dtype=map_dtype,
+    )
+    examples = {"norms": log_examples, "ids": example_ids}
 
     if not inside:
-        return _v1_summary(
-            backward, indices, tags, contents, orders, lr, per_variable_scalars, group
-        )
+        return _moments.compute_logged(plan, indices, write=writer.v1_summary, **examples).written
     if off:
-        return backward.grads  # nothing is built
+        return _moments.compute_logged(plan, indices, gate=tf.constant(False)).grads
     if step is None:
         step = tf.summary.experimental.get_step()
         if step is None:
@@ -228,54 +249,99 @@ def moments(
                 "gradmom.summary.moments needs a step: pass step= or use "
                 "writer.as_default(step=...) / tf.summary.experimental.set_step(...)"
             )
+    return _moments.compute_logged(
+        plan,
+        indices,
+        # tf.distribute: every replica computes (and all-reduces) the moments; TF records on
+        # replica 0 only (`should` is False elsewhere), which writes
+        gate=compute if static is None else tf.constant(True),
+        record=should,
+        exact_gradients=exact_gradients,
+        write=lambda logged: writer.emit(logged, step),
+        **examples,
+    ).grads
 
-    moms, pred = None, should
-    if plan.replica is None and tf.get_static_value(plan.n) is None:
-        # an empty batch has no moments: nothing is written for it
-        pred = tf.logical_and(should, tf.cast(plan.n, tf.int64) > 0)
-    if plan.replica is not None:
-        # tf.distribute: a cond branch cannot hold the all-reduce (a synchronisation point):
-        # the replica's sums are gated by their own cond, the all-reduce of those sums runs on
-        # every step (zeros when not recording), and replica 0 writes.
-        # TF records on replica 0 only (`should` is False elsewhere); every replica must take
-        # part in the sums, so their gate is the recording condition without that restriction.
-        moms = backward.moments(orders, indices, gate=compute if static is None else None)
 
-    deferred = backward.deferred  # empty under tf.distribute (see run_backward)
+class _Writer:
+    """Writes a `tb_gradmom.core.moments.Logged` record under the given tags: the moments'
+    tensors, their statistics and scalars (see `moments`), as ``tf.summary`` writes
+    (`emit`) or a merged TF1 ``Summary`` (`v1_summary`)."""
 
-    def write():
-        grads, logged = backward.from_sums(orders) if deferred else ([], backward)
-        tensors, scalar_values = _records(logged, indices, tags, contents, orders, lr, moms, group)
+    def __init__(
+        self,
+        tags,
+        group,
+        max_elements,
+        per_variable_scalars,
+        lr,
+        max_examples: int = 1024,
+        per_variable_norms: bool = False,
+        map_dtype: str = DEFAULT_MAP_DTYPE,
+    ) -> None:
+        self.tags = tags
+        self.group = group
+        self.max_elements = max_elements
+        self.per_variable_scalars = per_variable_scalars
+        self.lr = lr
+        self.max_examples = max_examples
+        self.per_variable_norms = per_variable_norms
+        self.map_dtype = map_dtype
+
+    def _records(self, logged: _moments.Logged):
+        orders = logged.orders
+        contents = [
+            _content_of(v, nm, tag, orders, op, self.max_elements, self.map_dtype)
+            for v, nm, tag, op in zip(logged.variables, logged.names, self.tags, logged.op_types)
+        ]
+        return _records_of(
+            logged.moments, logged.n, logged.loss, self.tags, contents, orders, self.lr, self.group
+        )
+
+    def _all_records(self, logged: _moments.Logged):
+        tensors, scalar_values = self._records(logged)
+        if logged.sq_norms is not None:
+            tensors = tensors + _examples_records(
+                logged, self.tags, self.group, self.max_examples, self.per_variable_norms
+            )
+        return tensors, scalar_values
+
+    def emit(self, logged: _moments.Logged, step) -> list:
+        """The ``tf.summary.write`` ops of ``logged`` at ``step`` (where the caller decided to
+        record: each write skips its own recording condition)."""
+        tensors, scalar_values = self._all_records(logged)
         ok = []
-        # This branch runs only where `pred` holds: record_if(True) lets each tf.summary.write
+        # In the branch where the caller records: record_if(True) lets each tf.summary.write
         # skip its own cond on the recording condition (an `If` op, a function call per write
         # at run time). Under tf.distribute the "replica 0" part of the condition stays.
         with tf.summary.record_if(True):
             for tag, tensor, md in tensors:
                 ok.append(tf.summary.write(tag, tensor, step=step, metadata=md))
-            for stag, value in _selected_scalars(scalar_values, per_variable_scalars):
+            for stag, value in _selected_scalars(scalar_values, self.per_variable_scalars):
                 # tf.summary.write keeps the tag as given (tf.summary.scalar prefixes scopes).
                 ok.append(tf.summary.write(stag, tf.cast(value, tf.float32), step, _SCALAR_MD))
-        if deferred:
-            return grads  # the writes run in the branch all the same (stateful ops)
-        with tf.control_dependencies(ok):
-            return tf.constant(True)
+        return ok
 
-    def skip():
-        return backward.plain_grads() if deferred else tf.constant(False)
-
-    out = tf.cond(pred, write, skip, name="gradmom_record")
-    grads = list(backward.grads)
-    for i, g in zip(deferred, out if deferred else []):
-        grads[i] = g
-    return grads
+    def v1_summary(self, logged: _moments.Logged):
+        """A merged TF1 ``Summary`` with the same tags and tensors as the TF2 path."""
+        tensors, scalar_values = self._all_records(logged)
+        parts = [
+            tf.raw_ops.TensorSummaryV2(
+                tag=tag, tensor=tensor, serialized_summary_metadata=md.SerializeToString()
+            )
+            for tag, tensor, md in tensors
+        ]
+        parts += [
+            tf.raw_ops.ScalarSummary(tags=stag, values=tf.cast(value, tf.float32))
+            for stag, value in _selected_scalars(scalar_values, self.per_variable_scalars)
+        ]
+        return tf.raw_ops.MergeSummary(inputs=parts)
 
 
 @tf.autograph.experimental.do_not_convert
 def write(
     moments,
-    var_list: Sequence,
-    n,
+    var_list: Sequence | None = None,
+    n=None,
     *,
     step=None,
     loss=None,
@@ -284,6 +350,8 @@ def write(
     max_elements: int | None = DEFAULT_MAX_ELEMENTS,
     per_variable_scalars: bool = True,
     map_dtype: str = DEFAULT_MAP_DTYPE,
+    max_examples: int = DEFAULT_MAX_EXAMPLES,
+    per_variable_norms: bool = False,
 ):
     """Writes moments computed elsewhere (an XLA-compiled step) to the default summary writer.
 
@@ -306,17 +374,36 @@ def write(
 
     Args:
       moments: ``moments[i]`` a dict from order to ``M_p`` of ``var_list[i]`` (orders 1 and 2
-        at least), as `gradients_and_moments` returns them.
-      var_list: the variables, aligned with ``moments``.
-      n: the number of examples the moments average over.
+        at least), as `gradients_and_moments` returns them; or a
+        `tb_gradmom.core.moments.Logged` record (what `compute_logged` returns, and the
+        callback's and the tape's dry runs), which holds the variables, ``n`` and the loss.
+      var_list: the variables, aligned with ``moments`` (not with a ``Logged``).
+      n: the number of examples the moments average over (not with a ``Logged``).
       step: the step; default ``tf.summary.experimental.get_step()``.
       loss: the mean loss of the batch (for the CABS batch size; NaN if not given).
       learning_rate: with it the CABS batch size is logged.
       name, max_elements, per_variable_scalars, map_dtype: as for `moments`.
+      max_examples, per_variable_norms: as for `moments`, for a ``Logged`` record that holds
+        per-example norms (written under ``_examples``).
 
     Returns:
       True when the default writer recorded (a bool tensor), as ``tf.summary.write``.
     """
+    logged = moments if isinstance(moments, _moments.Logged) else None
+    if logged is not None:
+        if var_list is not None or n is not None:
+            raise ValueError(
+                "a Logged record holds its variables and n: call write(logged, step=...) "
+                "without var_list and n"
+            )
+        var_list, n, moments = logged.variables, logged.n, logged.moments
+        if loss is None:
+            loss = logged.loss
+    if var_list is None or n is None:
+        raise TypeError(
+            "gradmom.summary.write(moments, var_list, n, ...) needs var_list and n with the "
+            "moments gradients_and_moments returned"
+        )
     var_list = list(var_list)
     moments = list(moments)
     if len(moments) != len(var_list):
@@ -353,14 +440,10 @@ def write(
                 "moments from the compiled step and call it outside (see its docstring)"
             )
     variables = [_plan.tf_variable(v, i) for i, v in enumerate(var_list)]
-    names = [_plan.variable_name(v) for v in var_list]
+    names = [_plan.variable_name(v) for v in var_list] if logged is None else logged.names
     group = _group(name, var_list, tf.inside_function())
     tags = _unique_tags(_tag_names(names, group))
     _claim(tags, variables, names)
-    contents = [
-        _content_of(v, nm, tag, orders, "", max_elements, map_dtype)
-        for v, nm, tag in zip(variables, names, tags)
-    ]
     moms = [
         {
             p: tf.convert_to_tensor(m[p], v.dtype if v.dtype.is_floating else tf.float32)
@@ -372,18 +455,43 @@ def write(
         for p in orders:
             m[p].shape.assert_is_compatible_with(v.shape)
             m[p] = tf.reshape(m[p], v.shape)
-    loss64 = None if loss is None else tf.cast(loss, tf.float64)
+    record = _moments.Logged(
+        variables=variables,
+        names=names,
+        op_types=[""] * len(variables) if logged is None else logged.op_types,
+        moments=moms,
+        n=n,
+        loss=None if loss is None else tf.cast(loss, tf.float64),
+    )
+    if logged is not None and logged.sq_norms is not None:
+        record = dataclasses.replace(
+            record, sq_norms=logged.sq_norms, losses=logged.losses, ids=logged.ids
+        )
     lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
+    max_examples = _validate.positive_int("max_examples", max_examples)
+    per_variable_norms = _validate.boolean("per_variable_norms", per_variable_norms)
+    writer = _Writer(
+        tags,
+        group,
+        max_elements,
+        per_variable_scalars,
+        lr,
+        max_examples,
+        per_variable_norms,
+        map_dtype=map_dtype,
+    )
+    return _write_logged(writer, record, step)
+
+
+def _write_logged(writer: _Writer, logged: _moments.Logged, step):
+    """Writes ``logged`` where ``tf.summary`` records and the batch is not empty: eagerly, or
+    in a ``tf.cond`` in a ``tf.function``. True when it wrote (a bool tensor)."""
 
     def record():
-        tensors, scalar_values = _records_of(moms, n, loss64, tags, contents, orders, lr, group)
-        ok = [tf.summary.write(tag, t, step=step, metadata=md) for tag, t, md in tensors]
-        for stag, value in _selected_scalars(scalar_values, per_variable_scalars):
-            ok.append(tf.summary.write(stag, tf.cast(value, tf.float32), step, _SCALAR_MD))
-        return tf.reduce_all(tf.stack(ok))
+        return tf.reduce_all(tf.stack(writer.emit(logged, step)))
 
     should = tf.logical_and(
-        tf.summary.should_record_summaries(), tf.cast(n, tf.int64) > 0
+        tf.summary.should_record_summaries(), tf.cast(logged.n, tf.int64) > 0
     )  # an empty batch has no moments
     if not tf.inside_function():
         return record() if bool(should) else tf.constant(False)
@@ -1080,17 +1188,98 @@ def _selected_scalars(scalar_values, per_variable_scalars):
     ]
 
 
-def _v1_summary(backward, indices, tags, contents, orders, lr, per_variable_scalars, group):
-    """A merged TF1 ``Summary`` with the same tags and tensors as the TF2 path."""
-    tensors, scalar_values = _records(backward, indices, tags, contents, orders, lr, None, group)
-    parts = [
-        tf.raw_ops.TensorSummaryV2(
-            tag=tag, tensor=tensor, serialized_summary_metadata=md.SerializeToString()
+# ----------------------------------------------------------------------- per-example norms
+
+
+def examples_columns(tags: Sequence[str], per_variable_norms: bool) -> tuple[list, list, list]:
+    """``(names, kinds, members)`` of the norm columns of an examples tensor: one per layer
+    (the tags' paths without their last part, in order of first appearance; a tag without a
+    layer is its own), then one per variable when ``per_variable_norms``; ``members[c]`` the
+    positions in ``tags`` that column ``c`` sums."""
+    layers: dict[str, list[int]] = {}
+    for k, tag in enumerate(tags):
+        layers.setdefault(tag.rsplit("/", 1)[0] if "/" in tag else tag, []).append(k)
+    names, kinds, members = list(layers), ["layer"] * len(layers), list(layers.values())
+    if per_variable_norms:
+        names += list(tags)
+        kinds += ["variable"] * len(tags)
+        members += [[k] for k in range(len(tags))]
+    return names, kinds, members
+
+
+def keep_examples(model: tf.Tensor, cap: int) -> tf.Tensor:
+    """The positions (ascending) of the examples kept of a batch whose whole-model squared
+    norms are ``model`` (``[n]``): all of them when ``n <= cap``; else the ``cap // 4`` largest
+    and the ``cap // 4`` smallest norms, always, and ``cap - 2 * (cap // 4)`` examples evenly
+    spaced in rank between them (quantiles of the rest)."""
+    n = tf.shape(model, out_type=tf.int64)[0]
+    k = cap // 4
+    mid = cap - 2 * k
+
+    def capped():
+        order = tf.argsort(model, direction="DESCENDING", stable=True)
+        rest = n - 2 * k
+        picks = k + (tf.range(mid, dtype=tf.int64) * rest) // mid
+        chosen = tf.concat([order[:k], tf.gather(order, picks), order[n - k :]], 0)
+        return tf.sort(tf.cast(chosen, tf.int64))
+
+    return tf.cond(n > cap, capped, lambda: tf.range(n, dtype=tf.int64))
+
+
+def _examples_records(logged, tags, group, cap: int, per_variable_norms: bool) -> list:
+    """The examples tag's tensor (float64 ``[rows, columns]``, see `metadata.ExamplesContent`)
+    and, with ids, the ids tag's (``[rows]``), of the kept examples."""
+    names, kinds, members = examples_columns(tags, per_variable_norms)
+    norms = [tf.cast(t, tf.float64) for t in logged.sq_norms]
+    model = tf.add_n(norms)
+    keep = keep_examples(model, cap)
+    n = tf.shape(model, out_type=tf.int64)[0]
+    columns = [
+        tf.cast(tf.fill([n], n), tf.float64),
+        tf.cast(tf.range(n), tf.float64),
+        tf.cast(logged.losses, tf.float64),
+        model,
+    ] + [norms[m[0]] if len(m) == 1 else tf.add_n([norms[i] for i in m]) for m in members]
+    table = tf.gather(tf.stack(columns, 1), keep)
+    if logged.ids is not None:
+        check = tf.debugging.assert_equal(
+            tf.shape(logged.ids, out_type=tf.int64)[0],
+            n,
+            message="tb_gradmom: example_ids must hold one id per example of the batch",
         )
-        for tag, tensor, md in tensors
-    ]
-    parts += [
-        tf.raw_ops.ScalarSummary(tags=stag, values=tf.cast(value, tf.float32))
-        for stag, value in _selected_scalars(scalar_values, per_variable_scalars)
-    ]
-    return tf.raw_ops.MergeSummary(inputs=parts)
+        with tf.control_dependencies([check]):
+            table = tf.identity(table)
+    ids_kind = ""
+    if logged.ids is not None:
+        ids_kind = "string" if logged.ids.dtype == tf.string else "int64"
+    content = metadata.ExamplesContent(
+        columns=metadata.EXAMPLE_COLUMNS + tuple(names),
+        norms=tuple(kinds),
+        max_examples=int(cap),
+        ids=ids_kind,
+    )
+    md = metadata.create_examples_metadata(content)
+    tag = metadata.examples_tag(group)
+    out = [(tag, table, md)]
+    if logged.ids is not None:
+        ids = logged.ids if ids_kind == "string" else tf.cast(logged.ids, tf.int64)
+        out.append((metadata.examples_ids_tag(tag), tf.gather(ids, keep), md))
+    return out
+
+
+def _example_ids(ids):
+    """``example_ids`` as a ``[n]`` int64 or string tensor (checked), or None."""
+    if ids is None:
+        return None
+    t = tf.convert_to_tensor(ids)
+    if t.dtype != tf.string and not t.dtype.is_integer:
+        raise TypeError(
+            f"example_ids must be a [n] tensor of integers (dataset indices) or strings "
+            f"(keys), got dtype {t.dtype.name}"
+        )
+    if t.shape.rank is not None and t.shape.rank != 1:
+        raise ValueError(
+            f"example_ids must be a [n] vector, one id per example of the batch; got shape "
+            f"{t.shape}"
+        )
+    return t

@@ -25,6 +25,7 @@ import dataclasses
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import tensorflow as tf
@@ -53,6 +54,10 @@ class CallbackContext:
     optimizer: Any
     coupled: str = "exact"
     map_dtype: str = _summary.DEFAULT_MAP_DTYPE
+    # per-example norms (`summary.moments`' log_examples, max_examples, per_variable_norms)
+    log_examples: bool = False
+    max_examples: int = 1024
+    per_variable_norms: bool = False
     # set when a tape of the traced step logged: the callback warns when none did
     used: bool = False
     # what the tapes of the traced step computed, in order: returned by the logged step
@@ -65,14 +70,11 @@ class CallbackContext:
 
 @dataclasses.dataclass
 class Collected:
-    """The moments one tape call computed under a callback: ``values[k][p]`` of
-    ``variables[k]``, over ``n`` examples, with the loss (unscaled, float64)."""
+    """What one tape call computed under a callback: its tag group and its `Logged` record
+    (``n`` int64, the loss unscaled float64)."""
 
     group: str | None
-    variables: list
-    values: list
-    n: Any
-    loss: Any
+    logged: _moments.Logged
 
 
 _LOCAL = threading.local()
@@ -225,27 +227,26 @@ class GradientTape(tf.GradientTape):
         go to ``ctx.collected``, to be returned by the step and written outside it."""
         ctx.used = True
         scale = _loss_scale_of(loss, ctx.optimizer)
+        orders = tuple(sorted(set(ctx.orders) | {1, 2}))
         options = _plan.Options.check(
-            ctx.orders, None, None, None, ctx.fallback, scale, coupled=ctx.coupled
+            orders, None, None, None, ctx.fallback, scale, coupled=ctx.coupled
         )
         plan = _plan.make_plan(loss, variables, options, name="gradmom_callback")
-        backward = _moments.run_backward(plan, fused=True)
         ids = {id(_plan.tf_variable(v, i)) for i, v in enumerate(log_only or variables)}
         indices = [i for i, v in enumerate(variables) if id(_plan.tf_variable(v, i)) in ids]
-        computed = backward.moments(ctx.orders, indices)
-        value = tf.cast(plan.loss, tf.float64)
-        if backward.inv_scale is not None:
-            value = value * tf.cast(backward.inv_scale, tf.float64)
-        ctx.collected.append(
-            Collected(
-                group=self._gm_name,
-                variables=[variables[i] for i in indices],
-                values=computed.values,
-                n=tf.cast(computed.n, tf.int64),
-                loss=value,
-            )
+        # a dry run: its gradients are never applied (Keras' own step runs the batch), so
+        # they may come from the moments' sums (no separate filter gradient)
+        ids = _summary._example_ids(self._gm_kwargs.get("example_ids"))
+        norms = ctx.log_examples or bool(self._gm_kwargs.get("log_examples")) or ids is not None
+        computed = _moments.compute_logged(
+            plan, indices, exact_gradients=False, norms=norms, ids=ids
         )
-        return backward.grads
+        assert computed.logged is not None
+        logged = computed.logged
+        ctx.collected.append(
+            Collected(group=self._gm_name, logged=replace(logged, n=tf.cast(logged.n, tf.int64)))
+        )
+        return computed.grads
 
 
 _LOG_ERRORS = (PerExampleLossError, UnsupportedOpError, BatchSizeError)
@@ -263,6 +264,10 @@ _SUMMARY_KWARGS = frozenset(
         "loss_scale",
         "coupled",
         "map_dtype",
+        "log_examples",
+        "example_ids",
+        "max_examples",
+        "per_variable_norms",
     }
 )
 
