@@ -5,7 +5,8 @@ computed responses are cached in one `ByteLRU` whose size is what its values rea
 (`nbytes` counts every array, each buffer once), so the budget (``--gradmom_cache_mb``) holds.
 A series that gets new data (a live run) is cached under a new *version*; putting it evicts
 the versions before it (``group``), so a growing run does not pile up copies. Concurrent
-requests for the same missing key wait for one load instead of each decoding the same tensors.
+requests for the same missing key wait for one load and share its result (single flight)
+instead of each decoding the same tensors or computing the same response.
 
 What is not cached but alive while a request runs (tensors being read, arrays being computed,
 a response being encoded) goes through a `MemoryGate`: each request reserves its estimated
@@ -106,9 +107,10 @@ class ByteLRU:
         self._groups: dict[Hashable, Hashable] = {}
         self._size = 0
         self._lock = threading.Lock()
-        self._loading: dict[Hashable, threading.Lock] = {}
+        self._loading: dict[Hashable, _Flight] = {}
         self.hits = 0
         self.misses = 0
+        self.loads = 0  # values loaded by `get_or_load` (one per key however many waited)
 
     @property
     def size_bytes(self) -> int:
@@ -176,30 +178,68 @@ class ByteLRU:
         load: Callable[[], object],
         size: Callable[[object], int] | None = None,
         group: Hashable | None = None,
+        max_size: int | None = None,
     ):
         """The cached value, or ``load()`` run once even if many threads ask at the same time.
 
-        ``size(value)`` gives the bytes to count (default `nbytes`); ``group`` as in `put`.
-        Exceptions from ``load`` propagate to every waiting caller that retries it; nothing is
-        cached for them.
+        Single flight: while one caller loads a key, the others asking for it wait and get
+        its result (also when the value is not kept: bigger than ``max_size`` or the whole
+        budget). ``size(value)`` gives the bytes to count (default `nbytes`); ``group`` as in
+        `put`. An exception from ``load`` propagates to its caller; nothing is cached and each
+        waiting caller then tries the load itself, one at a time.
         """
-        value = self.get(key, _MISSING)
-        if value is not _MISSING:
-            return value
-        with self._lock:
-            gate = self._loading.setdefault(key, threading.Lock())
-        with gate:
+        while True:
             value = self.get(key, _MISSING)
             if value is not _MISSING:
                 return value
+            with self._lock:
+                flight = self._loading.get(key)
+                leader = flight is None
+                if leader:
+                    flight = self._loading[key] = _Flight()
+            if not leader:
+                ok, value = flight.wait()
+                if ok:
+                    return value
+                continue  # the load failed: try it ourselves
             try:
-                value = load()
-                self.put(key, value, None if size is None else size(value), group)
+                with self._lock:  # a load that finished between our miss and our flight
+                    item = self._data.get(key)
+                if item is not None:
+                    flight.finish(True, item[0])
+                    return item[0]
+                try:
+                    value = load()
+                except BaseException:
+                    flight.finish(False, None)
+                    raise
+                n = nbytes(value) if size is None else int(size(value))
+                if max_size is None or n <= max_size:
+                    self.put(key, value, n, group)
+                flight.finish(True, value)
+                self.loads += 1
+                return value
             finally:
                 with self._lock:
-                    if self._loading.get(key) is gate:
+                    if self._loading.get(key) is flight:
                         del self._loading[key]
-        return value
+
+
+class _Flight:
+    """One load in progress: the callers waiting for it get its result."""
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._ok = False
+        self._value: object = None
+
+    def finish(self, ok: bool, value) -> None:
+        self._ok, self._value = ok, value
+        self._done.set()
+
+    def wait(self) -> tuple[bool, object]:
+        self._done.wait()
+        return self._ok, self._value
 
 
 _MISSING = object()

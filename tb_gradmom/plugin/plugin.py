@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import gzip
 import logging
 import math
 import threading
@@ -51,7 +52,14 @@ COMPUTE_THREADS = 2
 _worker = threading.local()
 ROUTE_PREFIX = "/data/plugin/" + metadata.PLUGIN_NAME + "/"
 MAX_GRID = 4096  # the largest max_rows / max_cols a heatmap may ask for
+# The most cells a /heatmap answers unless `max_cells` says otherwise: 256 x 256, about what a
+# heatmap card shows at once (the tab asks for `api.js` HEATMAP_MAX_CELLS, see docs/http_api.md).
+DEFAULT_MAX_CELLS = 256 * 256
 MAX_BINS = reductions.MAX_BINS
+# `format` of /heatmap and /histogram: JSON text, or the binary form (`_payloads.to_binary`).
+ARRAY_FORMATS = ("json", "binary")
+# An export's body is kept in the cache only up to this share of the cache's budget.
+EXPORT_CACHE_SHARE = 8
 EXPORT_WHAT = ("heatmap", "histogram", "series", "moments")
 EXPORT_FORMATS = ("csv", "json", "npy")
 
@@ -83,6 +91,12 @@ def _route(fn):
 def _meta_json() -> str:
     """`views.meta` as JSON, encoded once: it is the same for every request of a process."""
     return encode.to_json(views.meta())
+
+
+def _gzip(text: str | bytes) -> bytes:
+    """A response body compressed once, as TensorBoard's `http_util.Respond` would per request."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return gzip.compress(data, compresslevel=3, mtime=0)
 
 
 def _mark_worker() -> None:
@@ -174,8 +188,20 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         text = body if isinstance(body, str) else encode.to_json(body)
         return http_util.Respond(request, text, "application/json")
 
-    def _cached_json(self, request, key, build) -> wrappers.Response:
-        return self._json(request, self._cache.get_or_load(key, lambda: encode.to_json(build())))
+    def _body(self, request, body: str | bytes) -> wrappers.Response:
+        """A /heatmap or /histogram body: JSON text, or the binary form (bytes)."""
+        if isinstance(body, bytes):
+            return http_util.Respond(request, body, _payloads.BINARY_MIME)
+        return self._json(request, body)
+
+    def _cached_json(self, request, key, build, group=None) -> wrappers.Response:
+        """A JSON response computed once per ``key`` (single flight) and cached compressed:
+        TensorBoard would gzip the text again for every request (it decompresses it for a
+        client that does not accept gzip)."""
+        gz = self._cache.get_or_load(
+            key, lambda: _gzip(encode.to_json(self._compute(build))), group=group
+        )
+        return http_util.Respond(request, gz, "application/json", content_encoding="gzip")
 
     # -------------------------------------------------------------------------- /tags
 
@@ -190,12 +216,12 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             for tag, e in sorted({**ri.moments, **ri.stats}.items())
         ) + tuple((run, tuple(sorted(ri.skipped.items()))) for run, ri in sorted(index.items()))
         key = ("tags", experiment, version)
-        text = self._cache.get_or_load(
+        return self._cached_json(
+            request,
             key,
-            lambda: encode.to_json(self.tags_impl(ctx, experiment, index)),
+            lambda: self.tags_impl(ctx, experiment, index),
             group=("tags", experiment),
         )
-        return self._json(request, text)
 
     def tags_impl(self, ctx, experiment: str, index=None) -> dict:
         """``{"runs": {run: {tag: info}}, "model": {run: {"steps": [...]}}, "groups": ...,
@@ -277,9 +303,17 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
     def _heatmap_route(self, request):
         ctx, experiment = self._ctx(request)
         args = self._heatmap_args(request)
-        return self._json(request, self.heatmap_impl(ctx, experiment, **args))
+        fmt = _params.choice(request, "format", ARRAY_FORMATS, default="json")
+        return self._body(request, self.heatmap_impl(ctx, experiment, **args, fmt=fmt))
 
-    def _heatmap_args(self, request, max_default: int = 256, max_limit: int = MAX_GRID):
+    def _heatmap_args(
+        self,
+        request,
+        max_default: int = 256,
+        max_limit: int = MAX_GRID,
+        cells_default: int | None = DEFAULT_MAX_CELLS,
+        cells_limit: int = MAX_GRID * MAX_GRID,
+    ):
         return {
             "run": _params.string(request, "run", required=True),
             "tag": _params.string(request, "tag", required=True),
@@ -290,6 +324,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             ),
             "max_cols": _params.integer(
                 request, "max_cols", default=max_default, lo=1, hi=max_limit
+            ),
+            "max_cells": _params.integer(
+                request, "max_cells", default=cells_default, lo=1, hi=cells_limit
             ),
         }
 
@@ -353,23 +390,51 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 n = float(s.sums["batch_size"][i])
         return entry, m, n
 
-    def heatmap_impl(self, ctx, experiment, *, run, tag, step, stat, max_rows, max_cols) -> str:
-        """The /heatmap body as JSON text (cached per run, tag, step and parameters)."""
+    def heatmap_impl(
+        self,
+        ctx,
+        experiment,
+        *,
+        run,
+        tag,
+        step,
+        stat,
+        max_rows,
+        max_cols,
+        max_cells=DEFAULT_MAX_CELLS,
+        fmt="json",
+    ) -> str | bytes:
+        """The /heatmap body: JSON text, or for ``fmt="binary"`` the binary form (bytes).
+
+        Computed once however many requests ask for it at the same time (single flight) and
+        cached per run, tag, step, parameters and format.
+        """
         looked_up = self._lookup(ctx, experiment, run, tag)
         entry, _, s = looked_up
         resolved = self._resolve_step(entry, s, step)
         # "latest" is keyed apart: when its record is unreadable it shows an earlier step.
         which = ("latest", entry.max_step) if resolved is None else resolved
-        key = ("heatmap", experiment, run, tag, which, stat, max_rows, max_cols)
+        key = ("heatmap", experiment, run, tag, which, stat, max_rows, max_cols, max_cells, fmt)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        encoder = _payloads.to_binary if fmt == "binary" else encode.to_json
+        work = self._heatmap_work(entry, max_rows, max_cols, max_cells, fmt)
 
         def build():
-            with self._work.reserve(self._heatmap_work(entry, max_rows, max_cols)):
-                return encode.to_json(
+            with self._work.reserve(work):
+                return encoder(
                     self._heatmap_body(
-                        ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up
+                        ctx,
+                        experiment,
+                        run,
+                        tag,
+                        step,
+                        stat,
+                        max_rows,
+                        max_cols,
+                        looked_up,
+                        max_cells,
                     )
                 )
 
@@ -378,17 +443,31 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         return self._cache.get_or_load(key, lambda: self._compute(build), group=group)
 
     @staticmethod
-    def _heatmap_work(entry, max_rows, max_cols) -> int:
+    def _heatmap_work(entry, max_rows, max_cols, max_cells=None, fmt="json") -> int:
         rows, cols = metadata.to_2d_shape(entry.content.stored_shape)
-        return _payloads.work_bytes(entry.content, min(rows, max_rows) * min(cols, max_cols))
+        r, c = _payloads.screen_limits(rows, cols, max_rows, max_cols, max_cells)
+        # The binary form writes no text: its bytes are counted with the arrays.
+        return _payloads.work_bytes(entry.content, 0 if fmt == "binary" else r * c)
 
     def _heatmap_body(
-        self, ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up=None
+        self,
+        ctx,
+        experiment,
+        run,
+        tag,
+        step,
+        stat,
+        max_rows,
+        max_cols,
+        looked_up=None,
+        max_cells=None,
     ) -> dict:
         entry, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
         try:
             where = f"run {run!r} tag {tag!r} step {m.step}"
-            body = _payloads.heatmap(entry.content, m.arrays, n, stat, max_rows, max_cols, where)
+            body = _payloads.heatmap(
+                entry.content, m.arrays, n, stat, max_rows, max_cols, where, max_cells
+            )
         except ValueError as e:
             raise _bad(e) from None
         return {"run": run, "tag": tag, "step": m.step, "wall_time": m.wall_time, **body}
@@ -399,7 +478,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
     def _histogram_route(self, request):
         ctx, experiment = self._ctx(request)
         args = self._histogram_args(request)
-        return self._json(request, self.histogram_impl(ctx, experiment, **args))
+        fmt = _params.choice(request, "format", ARRAY_FORMATS, default="json")
+        return self._body(request, self.histogram_impl(ctx, experiment, **args, fmt=fmt))
 
     def _histogram_args(self, request):
         return {
@@ -411,13 +491,20 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             "scale": _params.choice(request, "scale", reductions.SCALES, default="linear"),
         }
 
-    def histogram_impl(self, ctx, experiment, *, run, tag, step, stat, bins, scale) -> str:
-        """The /histogram body as JSON text."""
-        return encode.to_json(
-            self.histogram_body(
-                ctx, experiment, run=run, tag=tag, step=step, stat=stat, bins=bins, scale=scale
-            )
+    def histogram_impl(
+        self, ctx, experiment, *, run, tag, step, stat, bins, scale, fmt="json"
+    ) -> str | bytes:
+        """The /histogram body: JSON text, or for ``fmt="binary"`` the binary form (bytes).
+
+        Encoded once per body and format (single flight, cached with the body's version).
+        """
+        key, body = self._histogram(
+            ctx, experiment, run=run, tag=tag, step=step, stat=stat, bins=bins, scale=scale
         )
+        encoder = _payloads.to_binary if fmt == "binary" else encode.to_json
+        # A newer version of the same view (a live run) replaces the older one's encoding.
+        group = ("encoded", fmt, *key[:7])
+        return self._cache.get_or_load(("encoded", fmt, key), lambda: encoder(body), group=group)
 
     def histogram_body(
         self, ctx, experiment, *, run, tag, step, stat, bins, scale, every_step=False
@@ -428,6 +515,22 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         bigger series is binned on a sample of its steps) unless ``every_step`` (exports),
         which reads every step the data provider can send in one read.
         """
+        return self._histogram(
+            ctx,
+            experiment,
+            run=run,
+            tag=tag,
+            step=step,
+            stat=stat,
+            bins=bins,
+            scale=scale,
+            every_step=every_step,
+        )[1]
+
+    def _histogram(
+        self, ctx, experiment, *, run, tag, step, stat, bins, scale, every_step=False
+    ) -> tuple[tuple, dict]:
+        """``(cache key, payload)`` of `histogram_body`: computed once per key (single flight)."""
         head = {
             "run": run,
             "tag": tag,
@@ -452,21 +555,30 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                     nonfinite = int(grid.size - np.count_nonzero(np.isfinite(grid)))
                 return m, edges, counts, nonfinite
 
-            m, edges, counts, nonfinite = self._compute(one)
-            return {
-                **head,
-                "edges": edges,
-                "downsampled": False,
-                "stored_steps": int(s.steps.size) if s is not None else None,
-                "series": [
-                    {
-                        "step": m.step,
-                        "wall_time": m.wall_time,
-                        "counts": counts,
-                        "nonfinite": nonfinite,
-                    }
-                ],
-            }
+            def payload():
+                m, edges, counts, nonfinite = self._compute(one)
+                return {
+                    **head,
+                    "edges": edges,
+                    "downsampled": False,
+                    "stored_steps": int(s.steps.size) if s is not None else None,
+                    "series": [
+                        {
+                            "step": m.step,
+                            "wall_time": m.wall_time,
+                            "counts": counts,
+                            "nonfinite": nonfinite,
+                        }
+                    ],
+                }
+
+            resolved = self._resolve_step(entry, s, step)
+            # As /heatmap: "latest" keyed apart, a live run's older latest dropped (group).
+            which = ("latest", entry.max_step) if resolved is None else resolved
+            kind = "histogram-latest" if resolved is None else "histogram-step"
+            key1 = (kind, experiment, run, tag, stat, bins, scale, which)
+            group1 = key1[:-1] if resolved is None else None
+            return key1, self._cache.get_or_load(key1, payload, group=group1)
         max_bytes = None if every_step else _reader.HISTOGRAM_READ_BYTES
         key = (
             "histogram",
@@ -536,7 +648,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             }
 
         group = ("histogram", experiment, run, tag, stat, bins, scale, max_bytes)
-        return self._cache.get_or_load(key, lambda: self._compute(build), group=group)
+        return key, self._cache.get_or_load(key, lambda: self._compute(build), group=group)
 
     # ------------------------------------------------------------------------ /series
 
@@ -703,7 +815,13 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             tag = _params.string(request, "tag", default=metadata.MODEL_TAG) or metadata.MODEL_TAG
             args = {"tag": tag}
         elif what == "heatmap":
-            args = self._heatmap_args(request, max_default=1 << 20, max_limit=1 << 20)
+            args = self._heatmap_args(
+                request,
+                max_default=1 << 20,
+                max_limit=1 << 20,
+                cells_default=None,
+                cells_limit=1 << 40,
+            )
         elif what == "histogram":
             args = self._histogram_args(request)
         else:  # the raw stored moments at one step
@@ -711,9 +829,25 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 "tag": _params.string(request, "tag", required=True),
                 "step": _params.step(request),
             }
-        body, mime, name = self.export_impl(ctx, experiment, what=what, fmt=fmt, run=run, args=args)
+        version = self._export_version(ctx, experiment, what, run, args["tag"])
+        key = ("export", experiment, what, fmt, run, tuple(sorted(args.items())), version)
+        body, mime, name = self._cache.get_or_load(
+            key,
+            lambda: self.export_impl(ctx, experiment, what=what, fmt=fmt, run=run, args=args),
+            group=key[:-1],
+            max_size=self._cache.budget_bytes // EXPORT_CACHE_SHARE,
+        )
         headers = [("Content-Disposition", f'attachment; filename="{name}"')]
         return http_util.Respond(request, body, mime, headers=headers)
+
+    def _export_version(self, ctx, experiment, what, run, tag) -> tuple:
+        """What an export's body depends on in the data: the signatures of its tags."""
+        if what == "series":
+            st = self._reader.run_index(ctx, experiment, run).stats_for(tag)
+            return (st.signature,) if st is not None else ()
+        entry, ri = self._reader.moments_entry(ctx, experiment, run, tag)
+        st = ri.stats_for(tag)
+        return (entry.signature, st.signature if st is not None else None)
 
     def export_impl(self, ctx, experiment, *, what, fmt, run, args: dict):
         """``(body, MIME type, file name)`` of one export; ``args``: the parsed parameters of
@@ -736,7 +870,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         if what == "heatmap":
             a = args
             entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
-            work = self._heatmap_work(entry, a["max_rows"], a["max_cols"])
+            work = self._heatmap_work(entry, a["max_rows"], a["max_cols"], a["max_cells"])
 
             def heatmap():
                 with self._work.reserve(work):
@@ -779,6 +913,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             a["stat"],
             a["max_rows"],
             a["max_cols"],
+            max_cells=a["max_cells"],
         )
         parts = [*base, a["stat"], f"step{body['step']}"]
         if fmt == "json":
