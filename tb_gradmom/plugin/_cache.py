@@ -27,7 +27,7 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
-__all__ = ["ByteLRU", "MemoryGate", "nbytes"]
+__all__ = ["ByteLRU", "MemoryGate", "SingleFlight", "nbytes"]
 
 _ARRAY_HEADER = 112  # bytes of an ndarray object without its data
 # After a reservation at least this big ends, free memory is handed back to the system.
@@ -223,6 +223,45 @@ class ByteLRU:
                 with self._lock:
                     if self._loading.get(key) is flight:
                         del self._loading[key]
+
+
+class SingleFlight:
+    """Calls shared by the callers that overlap: while ``run(key, fn)`` runs ``fn`` for a key,
+    other callers of the same key wait and get its result instead of calling ``fn`` again.
+    Nothing is kept once it returns (no staleness beyond the call's own duration). If ``fn``
+    raises, its caller gets the exception and each waiting caller calls ``fn`` itself.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._flights: dict[Hashable, _Flight] = {}
+        self.calls = 0  # times ``fn`` ran
+
+    def run(self, key: Hashable, fn: Callable[[], object]):
+        while True:
+            with self._lock:
+                flight = self._flights.get(key)
+                leader = flight is None
+                if leader:
+                    flight = self._flights[key] = _Flight()
+            if not leader:
+                ok, value = flight.wait()
+                if ok:
+                    return value
+                continue
+            try:
+                self.calls += 1
+                value = fn()
+            except BaseException:
+                flight.finish(False, None)
+                raise
+            else:
+                flight.finish(True, value)
+                return value
+            finally:
+                with self._lock:
+                    if self._flights.get(key) is flight:
+                        del self._flights[key]
 
 
 class _Flight:

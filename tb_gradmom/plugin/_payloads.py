@@ -23,6 +23,7 @@ __all__ = [
     "stat_grid",
     "screen_limits",
     "heatmap",
+    "grid_csv",
     "to_binary",
     "from_binary",
     "BINARY_MAGIC",
@@ -215,6 +216,25 @@ def series(sums: dict[str, np.ndarray], ema: float | None = None) -> dict[str, n
     for k in ("loss", "learning_rate"):
         out[k] = np.asarray(sums.get(k, np.full_like(out["batch_size"], np.nan)), dtype=np.float64)
     return out
+
+
+def grid_csv(grid: np.ndarray) -> str:
+    """A 2-D grid as the CSV of ``/export?what=heatmap&format=csv``: header ``row,0,1,...``
+    and one line per row, each cell as `encode.csv_table` writes it (`encode.float_token`),
+    the same text, several times faster (rows with no integral or non-finite value are
+    formatted by ``str.format`` in one call)."""
+    from tb_gradmom.analysis import encode
+
+    grid = np.asarray(grid, dtype=np.float64)
+    token = encode.float_token
+    fast = "{:.9g}".format
+    with np.errstate(invalid="ignore"):
+        special = ~np.isfinite(grid) | ((grid == np.round(grid)) & (np.abs(grid) < 1e15))
+    lines = ["row," + ",".join(map(str, range(grid.shape[1])))]
+    for i, (row, slow) in enumerate(zip(grid.tolist(), special.any(axis=1).tolist())):
+        cells = ",".join([token(v) for v in row]) if slow else ",".join(map(fast, row))
+        lines.append(f"{i},{cells}")
+    return "\r\n".join(lines) + "\r\n"
 
 
 def moments_table(arrays: dict[int, np.ndarray]) -> tuple[list[str], np.ndarray]:
