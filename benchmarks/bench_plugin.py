@@ -14,6 +14,12 @@ resident memory of the TensorBoard process (and of RustBoard's data server) befo
 peak and after it, the latency of every request (median, 99th percentile) and the errors.
 ``--plugin-path DIR`` serves another checkout of the plugin (e.g. an older commit).
 
+``--duration S`` (with ``--clients``): in the mixed phase each client asks round after round
+(a new seeded plan each round, with one download: a heatmap's CSV or npy or an all-steps
+histogram's CSV) until S seconds have passed, and the latencies are also reported per route
+(``routes``). Heatmaps and histograms are asked as the tab asks them (``format=binary``); a
+plugin that does not know the parameter answers JSON.
+
 ``--smoke`` (CI) runs every part once on a small logdir (3 runs x 12 steps x 4 variables, in
 ``--cache``-smoke): the timings with each loader (RustBoard if its data server runs here), then
 4 concurrent clients and a burst of 4 against a ``tensorboard`` process with each loader, two

@@ -575,7 +575,7 @@ def test_targeted_read_falls_back_when_the_stats_steps_differ(logdir, monkeypatc
         moment_reads = [r for r in reads if r[0] == "dense/kernel"]
         assert moment_reads[-1][1] == _reader.ALL_STEPS  # the whole series in the end
         if len(moment_reads) == 2:  # a sample was tried, missed, and is not tried again
-            assert any(k[0] == "untargeted" for k in plugin._cache._data)
+            assert any(k[0] == "untargeted" for k in plugin._cache.keys())
 
 
 def test_one_listing_per_heatmap_request(logdir):
@@ -1724,3 +1724,16 @@ def test_grid_csv_is_csv_table():
     want = encode.csv_table(header, ([i, *r] for i, r in enumerate(grid.tolist())))
     assert _payloads.grid_csv(grid) == want
     assert list(csv.reader(io.StringIO(want)))[2][3] == "NaN"
+
+
+def test_byte_lru_parts_evict_only_their_own():
+    c = _cache.ByteLRU(1000, parts={"results": 0.3})
+    assert c.part_budgets == {"results": 300, None: 700}
+    c.put("h", b"", size=250, part="results")
+    for i in range(20):  # many big values of the default part
+        c.put(("step", i), b"", size=200)
+    assert c.get("h") == b"" and c.part_size(None) <= 700 and c.size_bytes <= 1000
+    c.put("h2", b"", size=100, part="results")  # the results' part evicts its own
+    assert c.get("h") is None and c.get("h2") == b"" and c.get(("step", 19)) == b""
+    c.put("too-big", b"", size=301, part="results")
+    assert c.get("too-big") is None and len(c) == 4 and c.size_bytes == 3 * 200 + 100

@@ -47,16 +47,19 @@ _WORK_PER_ORDER_CELL = 4 + 8
 _WORK_PER_OUTPUT_CELL = 110
 
 
-def work_bytes(content: metadata.MomentsContent, output_cells: int = 0) -> int:
+def work_bytes(content: metadata.MomentsContent, output_cells: int = 0, binary=False) -> int:
     """An upper estimate of the memory one step's statistic and its response take.
 
     Args:
       content: the tag's content message (its stored shape and orders).
-      output_cells: the numbers the response writes as text.
+      output_cells: the numbers the response writes.
+      binary: they are written in the binary form (`to_binary`: at most 8 bytes each), not
+        as text.
     """
     cells = math.prod(content.stored_shape)
     per_cell = _WORK_PER_CELL + _WORK_PER_ORDER_CELL * len(content.orders)
-    return cells * per_cell + output_cells * _WORK_PER_OUTPUT_CELL
+    per_output = 8 if binary else _WORK_PER_OUTPUT_CELL
+    return cells * per_cell + output_cells * per_output
 
 
 def stat_grid(

@@ -58,7 +58,12 @@ DEFAULT_MAX_CELLS = 256 * 256
 MAX_BINS = reductions.MAX_BINS
 # `format` of /heatmap and /histogram: JSON text, or the binary form (`_payloads.to_binary`).
 ARRAY_FORMATS = ("json", "binary")
-# An export's body is kept in the cache only up to this share of the cache's budget.
+# The share of --gradmom_cache_mb kept for computed results that are small and cost most to
+# remake (/tags, /series, /summary, histograms, exports); the rest holds decoded moments,
+# stats series and heatmaps.
+RESULTS_SHARE = 0.25
+RESULTS = "results"  # the name of that part of the cache
+# An export's body is kept only up to this share of the results' budget.
 EXPORT_CACHE_SHARE = 8
 EXPORT_WHAT = ("heatmap", "histogram", "series", "moments")
 EXPORT_FORMATS = ("csv", "json", "npy")
@@ -161,7 +166,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         cache_mb = getattr(context.flags, "gradmom_cache_mb", None) if context.flags else None
         # Checked again: flags set without TensorBoard's parser (`configure(**kwargs)`) are not.
         cache_mb = DEFAULT_CACHE_MB if cache_mb is None else loader.cache_mb(cache_mb)
-        self._cache = ByteLRU(int(cache_mb * 1024 * 1024))
+        # Two parts of one budget: the results that cost most to remake stay apart from the
+        # arrays and one-step views, so that scrubbing through many steps cannot evict them.
+        self._cache = ByteLRU(int(cache_mb * 1024 * 1024), parts={RESULTS: RESULTS_SHARE})
         mux = _tb_compat.multiplexer_of(context, self._data_provider)
         self._reader = _SharedListings(self._data_provider, self._cache, multiplexer=mux)
         self._work = MemoryGate(WORK_BUDGET_BYTES)
@@ -220,7 +227,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         TensorBoard would gzip the text again for every request (it decompresses it for a
         client that does not accept gzip)."""
         gz = self._cache.get_or_load(
-            key, lambda: _gzip(encode.to_json(self._compute(build))), group=group
+            key, lambda: _gzip(encode.to_json(self._compute(build))), group=group, part=RESULTS
         )
         return http_util.Respond(request, gz, "application/json", content_encoding="gzip")
 
@@ -467,8 +474,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
     def _heatmap_work(entry, max_rows, max_cols, max_cells=None, fmt="json") -> int:
         rows, cols = metadata.to_2d_shape(entry.content.stored_shape)
         r, c = _payloads.screen_limits(rows, cols, max_rows, max_cols, max_cells)
-        # The binary form writes no text: its bytes are counted with the arrays.
-        return _payloads.work_bytes(entry.content, 0 if fmt == "binary" else r * c)
+        return _payloads.work_bytes(entry.content, r * c, binary=fmt == "binary")
 
     def _heatmap_body(
         self,
@@ -525,7 +531,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         encoder = _payloads.to_binary if fmt == "binary" else encode.to_json
         # A newer version of the same view (a live run) replaces the older one's encoding.
         group = ("encoded", fmt, *key[:7])
-        return self._cache.get_or_load(("encoded", fmt, key), lambda: encoder(body), group=group)
+        return self._cache.get_or_load(
+            ("encoded", fmt, key), lambda: encoder(body), group=group, part=RESULTS
+        )
 
     def histogram_body(
         self, ctx, experiment, *, run, tag, step, stat, bins, scale, every_step=False
@@ -599,7 +607,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             kind = "histogram-latest" if resolved is None else "histogram-step"
             key1 = (kind, experiment, run, tag, stat, bins, scale, which)
             group1 = key1[:-1] if resolved is None else None
-            return key1, self._cache.get_or_load(key1, payload, group=group1)
+            return key1, self._cache.get_or_load(key1, payload, group=group1, part=RESULTS)
         max_bytes = None if every_step else _reader.HISTOGRAM_READ_BYTES
         key = (
             "histogram",
@@ -669,7 +677,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             }
 
         group = ("histogram", experiment, run, tag, stat, bins, scale, max_bytes)
-        return key, self._cache.get_or_load(key, lambda: self._compute(build), group=group)
+        return key, self._cache.get_or_load(
+            key, lambda: self._compute(build), group=group, part=RESULTS
+        )
 
     # ------------------------------------------------------------------------ /series
 
@@ -868,7 +878,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             key,
             lambda: self.export_impl(ctx, experiment, what=what, fmt=fmt, run=run, args=args),
             group=key[:-1],
-            max_size=self._cache.budget_bytes // EXPORT_CACHE_SHARE,
+            max_size=self._cache.part_budgets[RESULTS] // EXPORT_CACHE_SHARE,
+            part=RESULTS,
         )
         headers = [("Content-Disposition", f'attachment; filename="{name}"')]
         return http_util.Respond(request, body, mime, headers=headers)
