@@ -49,6 +49,10 @@ WORK_BUDGET_BYTES = 192 * 1024 * 1024
 # arenas kept its own peak (measured: +300 MB of resident memory beyond what was held, with
 # 200 clients on 2 cores). The few compute threads keep a few arenas.
 COMPUTE_THREADS = 2
+# Threads that read one step's moments through the data provider (for RustBoard a gRPC read
+# that can take seconds): apart from the compute threads, so that a slow read never holds up
+# the computations of other requests; few, for the same reason as those.
+READ_THREADS = 2
 _worker = threading.local()
 ROUTE_PREFIX = "/data/plugin/" + metadata.PLUGIN_NAME + "/"
 MAX_GRID = 4096  # the largest max_rows / max_cols a heatmap may ask for
@@ -106,6 +110,10 @@ def _gzip(text: str | bytes) -> bytes:
 
 def _mark_worker() -> None:
     _worker.active = True
+
+
+def _mark_reader() -> None:
+    _worker.reading = True
 
 
 def _bad(e: ValueError) -> errors.InvalidArgumentError:
@@ -175,6 +183,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         self._pool = concurrent.futures.ThreadPoolExecutor(
             COMPUTE_THREADS, thread_name_prefix="gradmom", initializer=_mark_worker
         )
+        self._read_pool = concurrent.futures.ThreadPoolExecutor(
+            READ_THREADS, thread_name_prefix="gradmom-read", initializer=_mark_reader
+        )
         self._static_root = _static.frontend_dir()
 
     # ------------------------------------------------------------------ TBPlugin API
@@ -207,10 +218,24 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
 
     def _compute(self, fn):
-        """``fn()`` run on the plugin's compute threads (inline if already on one)."""
+        """``fn()`` run on the plugin's compute threads (inline if already on one).
+
+        Locks: the work gate (`self._work`) is reserved by request threads only, which then
+        may wait for the compute and read threads; compute threads may wait for the read
+        threads and the read gate; read threads wait for nothing of the plugin's. So no wait
+        closes a cycle.
+        """
         if getattr(_worker, "active", False):
             return fn()
         return self._pool.submit(fn).result()
+
+    def _read(self, fn):
+        """``fn()`` (a read of moments) run on the plugin's read threads (inline if already on
+        one). Never called by them with a computation inside: reads never wait for the
+        compute threads, so a compute thread may wait for a read."""
+        if getattr(_worker, "reading", False):
+            return fn()
+        return self._read_pool.submit(fn).result()
 
     def _json(self, request, body) -> wrappers.Response:
         text = body if isinstance(body, str) else encode.to_json(body)
@@ -402,13 +427,13 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         entry, st, s = looked_up or self._lookup(ctx, experiment, run, tag)
         resolved = self._resolve_step(entry, s, step)
         try:
-            m = self._reader.moments_at(ctx, experiment, entry, resolved, s, st)
+            m = self._read(lambda: self._reader.moments_at(ctx, experiment, entry, resolved, s, st))
         except _reader.BadRecord as bad:
             if step is not None:
                 raise
             # The latest record is unreadable: show the latest step that is.
             try:
-                m = self._reader.last_readable(ctx, experiment, entry, s)
+                m = self._read(lambda: self._reader.last_readable(ctx, experiment, entry, s))
             except errors.NotFoundError:
                 raise bad from None
         n = None
@@ -451,24 +476,14 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
 
         def build():
             with self._work.reserve(work):
-                return encoder(
-                    self._heatmap_body(
-                        ctx,
-                        experiment,
-                        run,
-                        tag,
-                        step,
-                        stat,
-                        max_rows,
-                        max_cols,
-                        looked_up,
-                        max_cells,
-                    )
+                body = self._heatmap_body(
+                    ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up, max_cells
                 )
+                return self._compute(lambda: encoder(body))
 
         # A live run's older "latest" responses are dropped when a newer one is cached.
         group = key[:4] + key[5:] if resolved is None else None
-        return self._cache.get_or_load(key, lambda: self._compute(build), group=group)
+        return self._cache.get_or_load(key, build, group=group)
 
     @staticmethod
     def _heatmap_work(entry, max_rows, max_cols, max_cells=None, fmt="json") -> int:
@@ -489,11 +504,15 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         looked_up=None,
         max_cells=None,
     ) -> dict:
+        """The /heatmap payload: the step read on the read threads, computed on the compute
+        threads."""
         entry, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
+        where = f"run {run!r} tag {tag!r} step {m.step}"
         try:
-            where = f"run {run!r} tag {tag!r} step {m.step}"
-            body = _payloads.heatmap(
-                entry.content, m.arrays, n, stat, max_rows, max_cols, where, max_cells
+            body = self._compute(
+                lambda: _payloads.heatmap(
+                    entry.content, m.arrays, n, stat, max_rows, max_cols, where, max_cells
+                )
             )
         except ValueError as e:
             raise _bad(e) from None
@@ -572,20 +591,19 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         entry, _, s = looked_up
         if step != "all":
 
-            def one():
-                with self._work.reserve(_payloads.work_bytes(entry.content, bins)):
-                    _, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
-                    try:
-                        where = f"run {run!r} tag {tag!r} step {m.step}"
-                        grid = _payloads.stat_grid(m.arrays, n, stat, where)
-                        edges, counts = reductions.histogram(grid, bins=bins, scale=scale)
-                    except ValueError as e:
-                        raise _bad(e) from None
-                    nonfinite = int(grid.size - np.count_nonzero(np.isfinite(grid)))
-                return m, edges, counts, nonfinite
+            def binned_step(m, n):
+                try:
+                    where = f"run {run!r} tag {tag!r} step {m.step}"
+                    grid = _payloads.stat_grid(m.arrays, n, stat, where)
+                    edges, counts = reductions.histogram(grid, bins=bins, scale=scale)
+                except ValueError as e:
+                    raise _bad(e) from None
+                return edges, counts, int(grid.size - np.count_nonzero(np.isfinite(grid)))
 
             def payload():
-                m, edges, counts, nonfinite = self._compute(one)
+                with self._work.reserve(_payloads.work_bytes(entry.content, bins)):
+                    _, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
+                    edges, counts, nonfinite = self._compute(lambda: binned_step(m, n))
                 return {
                     **head,
                     "edges": edges,
@@ -626,14 +644,17 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         work = _payloads.work_bytes(entry.content, bins) + _payloads._STREAM_KEEP_BYTES
 
         def build():
-            with (
-                self._work.reserve(work),
-                self._reader.open_series(ctx, experiment, entry, num_steps, max_bytes) as (
-                    points,
-                    downsampled,
-                ),
+            with self._reader.open_series(ctx, experiment, entry, num_steps, max_bytes) as (
+                points,
+                downsampled,
             ):
                 return binned(points, downsampled)
+
+        def load():
+            # The work gate is reserved by request threads only, never by a compute or read
+            # thread: a request holding it waits for those threads (no cycle).
+            with self._work.reserve(work):
+                return self._compute(build)
 
         def binned(points, downsampled):
             self._reader.cache_series(experiment, entry, points)
@@ -677,9 +698,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             }
 
         group = ("histogram", experiment, run, tag, stat, bins, scale, max_bytes)
-        return key, self._cache.get_or_load(
-            key, lambda: self._compute(build), group=group, part=RESULTS
-        )
+        return key, self._cache.get_or_load(key, load, group=group, part=RESULTS)
 
     # ------------------------------------------------------------------------ /series
 
@@ -916,11 +935,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
             work = self._heatmap_work(entry, a["max_rows"], a["max_cols"], a["max_cells"])
 
-            def heatmap():
-                with self._work.reserve(work):
-                    return self._export_heatmap(ctx, experiment, a, fmt, base)
-
-            return self._compute(heatmap)
+            with self._work.reserve(work):
+                return self._export_heatmap(ctx, experiment, a, fmt, base)
         if what == "histogram":
             a = args
             body = self.histogram_body(ctx, experiment, **a, every_step=True)
@@ -941,11 +957,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
         cells = math.prod(entry.moments.stored_shape) * len(entry.moments.orders)
 
-        def moments():
-            with self._work.reserve(_payloads.work_bytes(entry.content, cells)):
-                return self._export_moments(ctx, experiment, run, tag, step, fmt, base)
-
-        return self._compute(moments)
+        with self._work.reserve(_payloads.work_bytes(entry.content, cells)):
+            return self._export_moments(ctx, experiment, run, tag, step, fmt, base)
 
     def _export_heatmap(self, ctx, experiment, a, fmt, base):
         body = self._heatmap_body(
@@ -961,7 +974,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         )
         parts = [*base, a["stat"], f"step{body['step']}"]
         if fmt == "json":
-            return encode.to_json(body), "application/json", encode.file_name(parts, "json")
+            text = self._compute(lambda: encode.to_json(body))
+            return text, "application/json", encode.file_name(parts, "json")
         grid = np.asarray(body["values"], dtype=np.float64).reshape(body["rows"], body["cols"])
         if fmt == "npy":
             return (
@@ -969,10 +983,15 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 "application/octet-stream",
                 encode.file_name(parts, "npy"),
             )
-        return _payloads.grid_csv(grid), "text/csv", encode.file_name(parts, "csv")
+        text = self._compute(lambda: _payloads.grid_csv(grid))
+        return text, "text/csv", encode.file_name(parts, "csv")
 
     def _export_moments(self, ctx, experiment, run, tag, step, fmt, base):
         entry, m, n = self._moments(ctx, experiment, run, tag, step)
+        return self._compute(lambda: self._moments_file(entry, m, n, run, tag, fmt, base))
+
+    def _moments_file(self, entry, m, n, run, tag, fmt, base):
+        """``(body, MIME type, file name)`` of the raw moments of one step (`MomentsAt` m)."""
         c = entry.content
         parts = [*base, "moments", f"step{m.step}"]
         if fmt == "npy":
