@@ -152,7 +152,7 @@ class ByteLRU:
         part = self._where.get(key, _MISSING)
         if part is _MISSING:
             return None
-        data = self._parts[part]  # type: ignore[index]
+        data = self._parts[part]
         data.move_to_end(key)
         return data[key]
 
@@ -245,10 +245,11 @@ class ByteLRU:
             if value is not _MISSING:
                 return value
             with self._lock:
-                flight = self._loading.get(key)
-                leader = flight is None
+                found = self._loading.get(key)
+                leader = found is None
+                flight = _Flight() if found is None else found
                 if leader:
-                    flight = self._loading[key] = _Flight()
+                    self._loading[key] = flight
             if not leader:
                 ok, value = flight.wait()
                 if ok:
@@ -292,10 +293,11 @@ class SingleFlight:
     def run(self, key: Hashable, fn: Callable[[], object]):
         while True:
             with self._lock:
-                flight = self._flights.get(key)
-                leader = flight is None
+                found = self._flights.get(key)
+                leader = found is None
+                flight = _Flight() if found is None else found
                 if leader:
-                    flight = self._flights[key] = _Flight()
+                    self._flights[key] = flight
             if not leader:
                 ok, value = flight.wait()
                 if ok:

@@ -116,7 +116,8 @@ def heatmap(
     x ``max_cols`` cells, and at most ``max_cells`` cells (`screen_limits`).
     """
     grid = stat_grid(arrays, n, stat, where)
-    limit_rows, limit_cols = screen_limits(*grid.shape, max_rows, max_cols, max_cells)
+    rows, cols = grid.shape
+    limit_rows, limit_cols = screen_limits(rows, cols, max_rows, max_cols, max_cells)
     pooled, (br, bc) = reductions.pool_2d(grid, limit_rows, limit_cols)
     sbr, sbc = content.block if content.pooled else (1, 1)
     lo, hi = finite_range(pooled)

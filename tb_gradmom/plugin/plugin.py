@@ -957,7 +957,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
         cells = math.prod(entry.moments.stored_shape) * len(entry.moments.orders)
 
-        with self._work.reserve(_payloads.work_bytes(entry.content, cells)):
+        with self._work.reserve(_payloads.work_bytes(entry.moments, cells)):
             return self._export_moments(ctx, experiment, run, tag, step, fmt, base)
 
     def _export_heatmap(self, ctx, experiment, a, fmt, base):
