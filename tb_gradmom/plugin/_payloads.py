@@ -276,14 +276,15 @@ def _wire(a: np.ndarray) -> np.ndarray:
     return a.astype("<f4")
 
 
-def to_binary(payload: dict) -> bytes:
+def to_binary(payload: dict, float64: tuple[str, ...] = ()) -> bytes:
     """A payload as the binary form of docs/http_api.md ("Binary responses").
 
     Every numpy array of one dimension or more in ``payload`` (at any depth of dicts and
     lists) is sent as raw little-endian numbers (`_wire`: float32, float64 or uint32); the rest
     is a JSON header in which each such array is ``{"$array": i}``, ``i`` indexing the
     header's ``"$arrays"`` list of ``{"dtype", "shape", "offset"}`` (``offset`` in bytes from
-    the start of the data, a multiple of 8). Layout: ``GMB1``, the header's length as a
+    the start of the data, a multiple of 8). Arrays under a key named in ``float64`` are
+    sent as float64 whatever their values (a histogram's ``edges``: bin boundaries). Layout: ``GMB1``, the header's length as a
     little-endian uint32, the header (UTF-8 JSON, padded with spaces to a multiple of 8
     bytes), then the data.
     """
@@ -293,16 +294,16 @@ def to_binary(payload: dict) -> bytes:
     specs: list[dict] = []
     offset = 0
 
-    def walk(v):
+    def walk(v, exact=False):
         nonlocal offset
         if isinstance(v, np.ndarray) and v.ndim >= 1:
-            w = _wire(v)
+            w = v.astype("<f8") if exact and v.dtype.kind == "f" else _wire(v)
             specs.append({"dtype": w.dtype.name, "shape": list(w.shape), "offset": offset})
             arrays.append(w)
             offset += -(-w.nbytes // _ALIGN) * _ALIGN
             return {"$array": len(arrays) - 1}
         if isinstance(v, dict):
-            return {k: walk(x) for k, x in v.items()}
+            return {k: walk(x, k in float64) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return [walk(x) for x in v]
         return v

@@ -547,7 +547,10 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         key, body = self._histogram(
             ctx, experiment, run=run, tag=tag, step=step, stat=stat, bins=bins, scale=scale
         )
-        encoder = _payloads.to_binary if fmt == "binary" else encode.to_json
+        if fmt == "binary":
+            encoder = functools.partial(_payloads.to_binary, float64=("edges",))
+        else:
+            encoder = encode.to_json
         # A newer version of the same view (a live run) replaces the older one's encoding.
         group = ("encoded", fmt, *key[:7])
         return self._cache.get_or_load(
