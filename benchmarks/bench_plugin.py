@@ -174,6 +174,15 @@ def bench_python(
         times_ms(lambda: get("heatmap", step=next(cold_steps), **hm), repeat, before=clear),
     )
     out["heatmap_step_warm_ms"] = median_ms(lambda: get("heatmap", step=mid, **hm), repeat)
+    # The same in the binary form the tab asks for (an older plugin answers JSON).
+    hb = {**hm, **TAB_ARRAYS}
+    out["heatmap_latest_cold_binary_ms"] = median_ms(lambda: get("heatmap", **hb), repeat, clear)
+    cold_binary = iter(spread_steps(steps, repeat))
+    record(
+        out,
+        "heatmap_step_cold_binary",
+        times_ms(lambda: get("heatmap", step=next(cold_binary), **hb), repeat, before=clear),
+    )
     # Scrubbing: after one full read, neighbouring steps are cached (moments, not responses).
     near = iter(range(mid + 1, mid + 1 + repeat))
     out["heatmap_next_step_ms"] = median_ms(lambda: get("heatmap", step=next(near), **hm), repeat)
@@ -193,6 +202,7 @@ def bench_python(
     out["series_cold_ms"] = median_ms(lambda: get("series", run=r2), repeat, clear)
     out["summary_cold_ms"] = median_ms(lambda: get("summary", run=r2), repeat, clear)
     out["heatmap_bytes"] = len(get("heatmap", **hm))
+    out["heatmap_binary_bytes"] = len(get("heatmap", **hm, **TAB_ARRAYS))
     out["cache_mb"] = round(plugin._cache.size_bytes / 2**20, 1)
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return out
