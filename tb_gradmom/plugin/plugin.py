@@ -547,10 +547,12 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         key, body = self._histogram(
             ctx, experiment, run=run, tag=tag, step=step, stat=stat, bins=bins, scale=scale
         )
-        if fmt == "binary":
-            encoder = functools.partial(_payloads.to_binary, float64=("edges",))
-        else:
-            encoder = encode.to_json
+
+        def encoder(payload: dict) -> str | bytes:
+            if fmt == "binary":
+                return _payloads.to_binary(payload, float64=("edges",))
+            return encode.to_json(payload)
+
         # A newer version of the same view (a live run) replaces the older one's encoding.
         group = ("encoded", fmt, *key[:7])
         return self._cache.get_or_load(
