@@ -446,9 +446,7 @@ _NUMBER_DTYPES = {
 }
 
 
-def check_tensor_proto(
-    content: MomentsContent | StatsContent, proto: Any, count_values: bool = True
-) -> None:
+def check_tensor_proto(content: MomentsContent | StatsContent, proto: Any) -> None:
     """Checks a `TensorProto` against its tag's content message before it is decoded.
 
     Its shape must be the tag's (`moments_shape`, or ``[stats_length]``), its dtype a float
@@ -456,9 +454,6 @@ def check_tensor_proto(
     ``tensor_content``, one value repeated, or one per element). A proto may declare any
     shape with a single value, which decoding repeats to fill it: checking first bounds what
     `tensor_util.make_ndarray` can allocate by what the content allows.
-
-    ``count_values=False`` checks the shape and dtype only: reading ``tensor_content`` copies
-    it, so a listing of many steps leaves the count to the decoding of the steps it uses.
 
     Raises:
       FormatError: saying what was expected and what came.
@@ -476,8 +471,6 @@ def check_tensor_proto(
     if proto.dtype not in dtypes:
         name = types_pb2.DataType.Name(proto.dtype) if proto.dtype in _DTYPE_NAMES else "?"
         raise FormatError(f"the stored tensor has dtype {name}, but its metadata says {what}")
-    if not count_values:
-        return
     itemsize, field_name = dtypes[proto.dtype]
     count = math.prod(want)
     packed = len(proto.tensor_content)  # a copy of the bytes: read once

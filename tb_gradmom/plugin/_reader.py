@@ -521,11 +521,10 @@ class Reader:
         return array
 
     def _fits(self, entry: TagEntry, raw: _Raw) -> bool:
-        """A cheap check of a fetched step before it is decoded (logged if it fails): shape
-        and dtype; the values' count is checked when the step is decoded (`_array`)."""
+        """A cheap check of a fetched step before it is decoded (logged if it fails)."""
         try:
             if raw.proto is not None:
-                metadata.check_tensor_proto(entry.content, raw.proto, count_values=False)
+                metadata.check_tensor_proto(entry.content, raw.proto)
             else:
                 metadata.check_tensor(entry.content, np.asarray(raw.array))
         except metadata.FormatError as e:
