@@ -14,6 +14,12 @@ resident memory of the TensorBoard process (and of RustBoard's data server) befo
 peak and after it, the latency of every request (median, 99th percentile) and the errors.
 ``--plugin-path DIR`` serves another checkout of the plugin (e.g. an older commit).
 
+``--duration S`` (with ``--clients``): in the mixed phase each client asks round after round
+(a new seeded plan each round, with one download: a heatmap's CSV or npy or an all-steps
+histogram's CSV) until S seconds have passed, and the latencies are also reported per route
+(``routes``). Heatmaps and histograms are asked as the tab asks them (``format=binary``); a
+plugin that does not know the parameter answers JSON.
+
 ``--smoke`` (CI) runs every part once on a small logdir (3 runs x 12 steps x 4 variables, in
 ``--cache``-smoke): the timings with each loader (RustBoard if its data server runs here), then
 4 concurrent clients and a burst of 4 against a ``tensorboard`` process with each loader, two
@@ -43,6 +49,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import resource
 import statistics
@@ -167,6 +174,15 @@ def bench_python(
         times_ms(lambda: get("heatmap", step=next(cold_steps), **hm), repeat, before=clear),
     )
     out["heatmap_step_warm_ms"] = median_ms(lambda: get("heatmap", step=mid, **hm), repeat)
+    # The same in the binary form the tab asks for (an older plugin answers JSON).
+    hb = {**hm, **TAB_ARRAYS}
+    out["heatmap_latest_cold_binary_ms"] = median_ms(lambda: get("heatmap", **hb), repeat, clear)
+    cold_binary = iter(spread_steps(steps, repeat))
+    record(
+        out,
+        "heatmap_step_cold_binary",
+        times_ms(lambda: get("heatmap", step=next(cold_binary), **hb), repeat, before=clear),
+    )
     # Scrubbing: after one full read, neighbouring steps are cached (moments, not responses).
     near = iter(range(mid + 1, mid + 1 + repeat))
     out["heatmap_next_step_ms"] = median_ms(lambda: get("heatmap", step=next(near), **hm), repeat)
@@ -186,6 +202,7 @@ def bench_python(
     out["series_cold_ms"] = median_ms(lambda: get("series", run=r2), repeat, clear)
     out["summary_cold_ms"] = median_ms(lambda: get("summary", run=r2), repeat, clear)
     out["heatmap_bytes"] = len(get("heatmap", **hm))
+    out["heatmap_binary_bytes"] = len(get("heatmap", **hm, **TAB_ARRAYS))
     out["cache_mb"] = round(plugin._cache.size_bytes / 2**20, 1)
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return out
@@ -367,27 +384,71 @@ def _reset_hwm(pid: int) -> None:
         pass
 
 
-def _client_plan(c: int, steps: int, variables: list[str], runs: int = 3) -> list[tuple[str, dict]]:
-    """What client ``c`` asks, in order (seeded): what opening the tab and looking around does."""
+# What the tab asks for its arrays (the binary form, pooled to fit the screen); a plugin that
+# does not know these parameters (an older checkout) ignores them and answers JSON.
+TAB_ARRAYS = {"format": "binary"}
+
+
+def _client_plan(
+    c: int, steps: int, variables: list[str], runs: int = 3, round_: int = 0, export=False
+) -> list[tuple[str, dict]]:
+    """What client ``c`` asks in its round ``round_``, in order (seeded): what opening the tab
+    and looking around does; with ``export``, also one download (`_export_request`)."""
     import random
 
-    rng = random.Random(c)
+    rng = random.Random(c if round_ == 0 else f"{c}/{round_}")
     run = f"run{rng.randrange(runs)}"
     other = rng.choice(variables)
     stat = rng.choice(["variance", "mean", "snr", "std", "biased_variance"])
+    old = rng.randrange(steps - 1)
     plan = [
         ("tags", {}),
-        ("heatmap", {"run": run, "tag": other}),
-        ("heatmap", {"run": run, "tag": BIG, "step": rng.randrange(steps - 1), "stat": stat}),
-        ("histogram", {"run": run, "tag": rng.choice([BIG, other]), "step": "all"}),
+        ("heatmap", {"run": run, "tag": other, **TAB_ARRAYS}),
+        ("heatmap", {"run": run, "tag": BIG, "step": old, "stat": stat, **TAB_ARRAYS}),
+        ("histogram", {"run": run, "tag": rng.choice([BIG, other]), "step": "all", **TAB_ARRAYS}),
         rng.choice([("summary", {"run": run}), ("series", {"run": run, "tag": other})]),
     ]
+    if export:
+        plan.append(_export_request(rng, run, rng.choice([BIG, other]), old))
     rng.shuffle(plan[1:])
     return plan
 
 
-def _phase(server, plans: list[list[tuple[str, dict]]]) -> dict:
-    """All ``plans`` (one per client) at once: RSS before/peak/after, latencies, errors."""
+def _export_request(rng, run: str, tag: str, step: int) -> tuple[str, dict]:
+    """One of the tab's downloads: a heatmap's CSV or npy, or a histogram's CSV over all steps."""
+    what, fmt = rng.choice([("heatmap", "csv"), ("heatmap", "npy"), ("histogram", "csv")])
+    q = {"run": run, "tag": tag, "what": what, "format": fmt}
+    q["step"] = "all" if what == "histogram" else step
+    return "export", q
+
+
+def _route_name(route: str, q: dict) -> str:
+    """The latency table's row of a request: the route, and for heatmaps which step kind."""
+    if route == "heatmap":
+        return "heatmap_old_step" if "step" in q else "heatmap_latest"
+    if route == "export":
+        return f"export_{q['what']}_{q['format']}"
+    return route
+
+
+def _percentiles(times: list[float]) -> dict:
+    lat = sorted(times)
+    return {
+        "n": len(lat),
+        "p50_ms": round(1000 * lat[len(lat) // 2]),
+        "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))]),
+        "max_ms": round(1000 * lat[-1]),
+    }
+
+
+def _phase(server, plans, duration: float = 0.0) -> dict:
+    """All ``plans`` (one per client) at once: RSS before/peak/after, latencies, errors.
+
+    ``plans``: a list of request lists, one per client; or with ``duration`` (seconds), a
+    function ``plan(client, round)`` that each client calls again and again, asking each round's
+    requests in order, until ``duration`` has passed (a request started before the end is
+    waited for and counted). Latencies are also given per route (`_route_name`).
+    """
     import concurrent.futures
     import threading
 
@@ -410,30 +471,46 @@ def _phase(server, plans: list[list[tuple[str, dict]]]) -> dict:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     latencies: list[float] = []
+    per_route: dict[str, list[float]] = {}
     errors: list[str] = []
     lock = threading.Lock()
-    start = threading.Barrier(len(plans))
+    clients = len(plans) if not callable(plans) else plans.clients  # type: ignore[attr-defined]
+    start = threading.Barrier(clients)
+    end = [math.inf]
 
-    def client(plan):
+    def ask(route, q):
+        url = server.url + P + route + ("?" + urllib.parse.urlencode(q) if q else "")
+        req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        t = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=1800) as r:
+                r.read()
+                err = None if r.status == 200 else f"{route} {r.status}"
+        except Exception as e:  # noqa: BLE001 - counted
+            err = f"{route} {type(e).__name__}: {str(e)[:80]}"
+        dt = time.perf_counter() - t
+        with lock:
+            latencies.append(dt)
+            per_route.setdefault(_route_name(route, q), []).append(dt)
+            if err:
+                errors.append(err)
+
+    def client(c):
         start.wait()
-        for route, q in plan:
-            url = server.url + P + route + ("?" + urllib.parse.urlencode(q) if q else "")
-            req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
-            t = time.perf_counter()
-            try:
-                with urllib.request.urlopen(req, timeout=1800) as r:
-                    r.read()
-                    err = None if r.status == 200 else f"{route} {r.status}"
-            except Exception as e:  # noqa: BLE001 - counted
-                err = f"{route} {type(e).__name__}: {str(e)[:80]}"
-            with lock:
-                latencies.append(time.perf_counter() - t)
-                if err:
-                    errors.append(err)
+        if not callable(plans):
+            for route, q in plans[c]:
+                ask(route, q)
+            return
+        for round_ in itertools.count():
+            for route, q in plans(c, round_):
+                if time.perf_counter() >= end[0]:
+                    return
+                ask(route, q)
 
     t = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(len(plans)) as pool:
-        list(pool.map(client, plans))
+    end[0] = t + duration if duration else math.inf
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
     out = {"wall_s": round(time.perf_counter() - t, 1)}
     time.sleep(2)
     stop.set()
@@ -449,6 +526,7 @@ def _phase(server, plans: list[list[tuple[str, dict]]]) -> dict:
         p50_ms=round(1000 * lat[len(lat) // 2]),
         p99_ms=round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))]),
         max_ms=round(1000 * lat[-1]),
+        routes={k: _percentiles(v) for k, v in sorted(per_route.items())},
         tb_rss_before_mb=round(before[tb]),
         tb_rss_peak_mb=round(max(peak[tb], hwm[tb])),
         tb_rss_after_mb=round(after[tb]),
@@ -473,9 +551,12 @@ def bench_clients(
     plugin_path: str | None = None,
     burst: int = 50,
     runs: int = 3,
+    duration: float = 0.0,
 ) -> dict:
     """A burst of ``burst`` requests for distinct old steps of the big kernel at once, then
-    ``clients`` concurrent clients (`_client_plan`), against one `tensorboard` process."""
+    ``clients`` concurrent clients (`_client_plan`), against one `tensorboard` process: each
+    client asks one round of requests, or with ``duration`` (seconds) asks round after round,
+    with a download in each, until that time has passed."""
     import gc
     import pathlib
     import tempfile
@@ -511,7 +592,14 @@ def bench_clients(
                 for i in range(burst)
             ]
             out["burst"] = {"requests_at_once": burst, **_phase(server, plans)}
-        if clients:
+        if clients and duration:
+
+            def plan(c, round_):
+                return _client_plan(c, steps, variables, runs, round_, export=True)
+
+            plan.clients = clients  # type: ignore[attr-defined]
+            out["mixed"] = {"duration_s": duration, **_phase(server, plan, duration)}
+        elif clients:
             plans = [_client_plan(c, steps, variables, runs) for c in range(clients)]
             out["mixed"] = _phase(server, plans)
     finally:
@@ -586,6 +674,13 @@ def main() -> None:
     ap.add_argument("--loaders", default="python,rustboard", help="for --clients")
     ap.add_argument("--plugin-path", default=None, help="serve the plugin from this checkout")
     ap.add_argument(
+        "--duration",
+        type=float,
+        default=0.0,
+        help="with --clients: each client asks round after round (with a download each) for "
+        "this many seconds, instead of one round",
+    )
+    ap.add_argument(
         "--burst",
         type=int,
         default=50,
@@ -610,10 +705,10 @@ def main() -> None:
             if a.full:
                 full = ensure_logdir(os.path.join(a.cache, "full"), "--runs", "1", "--steps", "100")
                 args = (full, loader, a.clients, a.cache_mb, 100, "1x100x20, 1M kernel unpooled")
-                r = bench_clients(*args, a.plugin_path, a.burst, runs=1)
+                r = bench_clients(*args, a.plugin_path, a.burst, runs=1, duration=a.duration)
             else:
                 args = (pooled, loader, a.clients, a.cache_mb, a.steps, label)
-                r = bench_clients(*args, a.plugin_path, a.burst)
+                r = bench_clients(*args, a.plugin_path, a.burst, duration=a.duration)
             print(json.dumps(r), flush=True)
         return
     results = [bench_python(pooled, a.repeat, label, a.steps)]

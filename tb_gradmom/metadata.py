@@ -583,11 +583,11 @@ def check_tensor_proto(content: MomentsContent | StatsContent, proto: Any) -> No
         raise FormatError(f"the stored tensor has dtype {name}, but its metadata says {what}")
     itemsize, field_name = dtypes[proto.dtype]
     count = math.prod(want)
-    if proto.tensor_content:
-        if len(proto.tensor_content) != count * itemsize:
+    packed = len(proto.tensor_content)  # a copy of the bytes: read once
+    if packed:
+        if packed != count * itemsize:
             raise FormatError(
-                f"the stored tensor holds {len(proto.tensor_content)} bytes for {count} values "
-                f"of {itemsize} bytes"
+                f"the stored tensor holds {packed} bytes for {count} values of {itemsize} bytes"
             )
     elif len(getattr(proto, field_name)) not in (1, count):
         raise FormatError(

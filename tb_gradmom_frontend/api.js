@@ -36,7 +36,95 @@ async function getJSON(route, params, signal) {
   }
 }
 
-const numbers = (a) => decodeArray(a ?? []);
+/**
+ * The most cells the tab asks a heatmap for (the server pools bigger variables to block means
+ * of at most this many cells; docs/http_api.md, /heatmap `max_cells`): 512 x 512, about twice
+ * the width of a heatmap card on a 2560 px screen, so a zoom of 2 still shows served cells.
+ */
+export const HEATMAP_MAX_CELLS = 512 * 512;
+
+const BINARY_MAGIC = "GMB1";
+const BINARY_TYPES = { float32: Float32Array, float64: Float64Array, uint32: Uint32Array };
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+function binaryArray(buffer, view, start, spec) {
+  const Type = BINARY_TYPES[spec.dtype];
+  if (!Type) throw new Error(`binary payload: unknown dtype ${JSON.stringify(spec.dtype)}`);
+  const count = (spec.shape ?? []).reduce((a, b) => a * b, 1);
+  const offset = start + spec.offset;
+  const size = Type.BYTES_PER_ELEMENT;
+  if (!(offset >= start && offset + count * size <= buffer.byteLength))
+    throw new Error(`binary payload: array at offset ${spec.offset} runs past the end`);
+  if (LITTLE_ENDIAN && offset % size === 0) return new Type(buffer, offset, count);
+  const out = new Type(count);
+  const get = { float32: "getFloat32", float64: "getFloat64", uint32: "getUint32" }[spec.dtype];
+  for (let i = 0; i < count; i++) out[i] = view[get](offset + i * size, true);
+  return out;
+}
+
+/**
+ * Decodes a binary response of /heatmap or /histogram (docs/http_api.md, "Binary responses"):
+ * "GMB1", the JSON header's byte length (uint32, little-endian), the header, then the arrays.
+ * Returns the header's payload with every {"$array": i} replaced by a typed array
+ * (Float32Array, Float64Array or Uint32Array, as sent; NaN and ±Infinity as they are).
+ * Throws an Error when the bytes are not such a payload.
+ */
+export function decodeBinary(buffer) {
+  if (!(buffer instanceof ArrayBuffer)) throw new Error("binary payload: expected an ArrayBuffer");
+  if (buffer.byteLength < 8) throw new Error("binary payload: shorter than its 8-byte prefix");
+  const magic = String.fromCharCode(...new Uint8Array(buffer, 0, 4));
+  if (magic !== BINARY_MAGIC)
+    throw new Error(`binary payload: starts with ${JSON.stringify(magic)}, not "GMB1"`);
+  const view = new DataView(buffer);
+  const n = view.getUint32(4, true);
+  if (8 + n > buffer.byteLength) throw new Error("binary payload: header runs past the end");
+  const head = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 8, n)));
+  const arrays = (head.$arrays ?? []).map((spec) => binaryArray(buffer, view, 8 + n, spec));
+  delete head.$arrays;
+  const walk = (v) => {
+    if (Array.isArray(v)) return v.map(walk);
+    if (v !== null && typeof v === "object") {
+      const keys = Object.keys(v);
+      if (keys.length === 1 && keys[0] === "$array") {
+        const a = arrays[v.$array];
+        if (!a) throw new Error(`binary payload: no array ${v.$array}`);
+        return a;
+      }
+      return Object.fromEntries(keys.map((k) => [k, walk(v[k])]));
+    }
+    return v;
+  };
+  return walk(head);
+}
+
+/** GET a route's binary form (format=binary); a JSON answer (an older server) is parsed. */
+async function getArrays(route, params, signal) {
+  const response = await fetch(routeURL(route, { ...params, format: "binary" }), {
+    signal,
+    cache: "no-store",
+  });
+  if (!response.ok) {
+    const text = await response.text();
+    throw new ApiError(route, response.status, text.trim() || response.statusText);
+  }
+  const type = response.headers.get("Content-Type") ?? "";
+  if (type.includes("json")) {
+    const text = await response.text();
+    try {
+      return JSON.parse(text);
+    } catch (e) {
+      throw new ApiError(route, response.status, `response is not JSON (${e.message})`);
+    }
+  }
+  try {
+    return decodeBinary(await response.arrayBuffer());
+  } catch (e) {
+    throw new ApiError(route, response.status, e.message);
+  }
+}
+
+// JSON numbers (with "NaN"/"Infinity" tokens) or a typed array of the binary form, as Float64Array.
+const numbers = (a) => (ArrayBuffer.isView(a) ? Float64Array.from(a) : decodeArray(a ?? []));
 
 /**
  * GET meta: the labels, statistic orders, palettes and defaults the tab shows
@@ -59,25 +147,31 @@ export async function fetchTags(signal) {
   return { runs: d.runs ?? {}, model: d.model ?? {}, groups: d.groups ?? {} };
 }
 
-/** GET heatmap: the statistic of one variable at one step, values decoded to a Float64Array. */
+/**
+ * GET heatmap (binary form): the statistic of one variable at one step, pooled by the server to
+ * at most maxRows x maxCols and maxCells cells, values decoded to a Float64Array.
+ */
 export async function fetchHeatmap(
-  { run, tag, step, stat, maxRows = 1024, maxCols = 1024 },
+  { run, tag, step, stat, maxRows = 1024, maxCols = 1024, maxCells = HEATMAP_MAX_CELLS },
   signal,
 ) {
-  const d = await getJSON(
+  const d = await getArrays(
     "heatmap",
-    { run, tag, step, stat, max_rows: maxRows, max_cols: maxCols },
+    { run, tag, step, stat, max_rows: maxRows, max_cols: maxCols, max_cells: maxCells },
     signal,
   );
   return { ...d, values: numbers(d.values), min: decodeNumber(d.min), max: decodeNumber(d.max) };
 }
 
-/** GET histogram: {edges, scale, stat, downsampled, stored_steps, series: [{step, counts}]} with numeric edges. */
+/**
+ * GET histogram (binary form): {edges, scale, stat, downsampled, stored_steps, series: [{step,
+ * counts}]} with edges and counts as arrays of numbers.
+ */
 export async function fetchHistogram(
   { run, tag, stat, step, bins = 30, scale = "linear" },
   signal,
 ) {
-  const d = await getJSON("histogram", { run, tag, stat, step, bins, scale }, signal);
+  const d = await getArrays("histogram", { run, tag, stat, step, bins, scale }, signal);
   return {
     ...d,
     edges: Array.from(numbers(d.edges)),

@@ -428,13 +428,41 @@ def download(page, button):
     return d.suggested_filename, Path(d.path()).read_bytes()
 
 
+def get_binary(base: str, route: str, **params):
+    """A payload as the tab gets it (``format=binary``, docs/http_api.md "Binary responses"),
+    its arrays as lists of floats."""
+    url = f"{base}/data/plugin/gradmom/{route}?{urllib.parse.urlencode(params)}&format=binary"
+    with urllib.request.urlopen(url, timeout=60) as r:
+        body = r.read()
+    n = int.from_bytes(body[4:8], "little")
+    head = json.loads(body[8 : 8 + n])
+    arrays = []
+    for spec in head.pop("$arrays"):
+        dtype = {"float32": "<f4", "float64": "<f8", "uint32": "<u4"}[spec["dtype"]]
+        a = np.frombuffer(body, dtype, int(np.prod(spec["shape"])), 8 + n + spec["offset"])
+        arrays.append([float(v) for v in a.ravel()])
+
+    def put(v):
+        if isinstance(v, dict):
+            return (
+                arrays[v["$array"]] if set(v) == {"$array"} else {k: put(x) for k, x in v.items()}
+            )
+        return [put(x) for x in v] if isinstance(v, list) else v
+
+    return put(head)
+
+
 def heatmap_json(p: Page, run: str, tag: str, stat: str, step=None):
+    """The heatmap as the tab gets it: the JSON payload with the values of the binary form
+    the tab asks for (float32 on the wire, docs/http_api.md "Binary responses")."""
     if step is None:
         tags = get_json(p.base, "tags")
         step = max(tags["runs"][run][tag]["steps"])
-    return get_json(
-        p.base, "heatmap", run=run, tag=tag, step=step, stat=stat, max_rows=1024, max_cols=1024
-    )
+    q = {"run": run, "tag": tag, "step": step, "stat": stat, "max_rows": 1024, "max_cols": 1024}
+    d = get_json(p.base, "heatmap", **q)
+    d["values"] = get_binary(p.base, "heatmap", **q)["values"]
+    assert len(d["values"]) == d["rows"] * d["cols"]
+    return d
 
 
 def conv_index(row: int, col: int, shape) -> list[int]:
@@ -672,7 +700,7 @@ def test_histograms_render_and_export(page):
     # (the Rice rule, 2 * 90^(1/3) -> 9 bins for the 90 elements).
     assert pg.locator("input.hist-log").is_checked()
     bins = max(4, min(30, math.ceil(2 * 90 ** (1 / 3))))
-    ref = get_json(
+    ref = get_binary(
         page.base,
         "histogram",
         run="beta",

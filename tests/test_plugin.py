@@ -575,7 +575,7 @@ def test_targeted_read_falls_back_when_the_stats_steps_differ(logdir, monkeypatc
         moment_reads = [r for r in reads if r[0] == "dense/kernel"]
         assert moment_reads[-1][1] == _reader.ALL_STEPS  # the whole series in the end
         if len(moment_reads) == 2:  # a sample was tried, missed, and is not tried again
-            assert any(k[0] == "untargeted" for k in plugin._cache._data)
+            assert any(k[0] == "untargeted" for k in plugin._cache.keys())
 
 
 def test_one_listing_per_heatmap_request(logdir):
@@ -1467,3 +1467,274 @@ def test_groups_are_listed_and_served_apart(gan_env):
     # An unknown group names the run's groups.
     r = get(client, "summary", status=404, run="named", group="nope")
     assert "'discriminator', 'generator'" in r.get_data(as_text=True)
+
+
+# ------------------------------------------- binary form, screen pooling, single flight
+
+_WIRE = {"float32": "<f4", "float64": "<f8", "uint32": "<u4"}
+
+
+def decode_gmb1(body: bytes):
+    """The binary form read as docs/http_api.md lays it out (independently of `_payloads`):
+    ``(header without "$arrays", arrays, payload with the arrays in place)``."""
+    assert body[:4] == b"GMB1"
+    n = int.from_bytes(body[4:8], "little")
+    assert (8 + n) % 8 == 0
+    head = json.loads(body[8 : 8 + n].decode("utf-8"), parse_constant=_no_bare_constants)
+    arrays = []
+    for spec in head.pop("$arrays"):
+        assert spec["offset"] % 8 == 0
+        count = math.prod(spec["shape"])
+        a = np.frombuffer(body, _WIRE[spec["dtype"]], count, 8 + n + spec["offset"])
+        arrays.append(a.reshape(spec["shape"]))
+
+    def put(v):
+        if isinstance(v, dict):
+            return (
+                arrays[v["$array"]] if set(v) == {"$array"} else {k: put(x) for k, x in v.items()}
+            )
+        return [put(x) for x in v] if isinstance(v, list) else v
+
+    return head, arrays, put(head)
+
+
+def get_binary(client, route, **params):
+    r = get(client, route, format="binary", **params)
+    assert r.headers["Content-Type"] == "application/octet-stream"
+    return r.get_data()
+
+
+@pytest.mark.parametrize("case", HEATMAP_CASES, ids=[c[0] for c in HEATMAP_CASES])
+def test_heatmap_binary_form_decodes_to_the_reference(env, logdir, case):
+    """/heatmap?format=binary on a real log through TensorBoard's app: float32 values equal to
+    numpy's statistic of the per-example gradients, the header equal to the JSON form's."""
+    _, run, tag, step, stat, max_rows, max_cols = case
+    if run == fx.XSS_RUN and not logdir[1]["xss_run"]:
+        pytest.skip("the file system refused the run name")
+    client, _ = env
+    params = {"run": run, "tag": tag, "stat": stat, "max_rows": max_rows, "max_cols": max_cols}
+    if step is not None:
+        params["step"] = step
+    body = get_binary(client, "heatmap", **params)
+    head, arrays, d = decode_gmb1(body)
+    as_json = get_json(client, "heatmap", **params)
+    assert {k: v for k, v in head.items() if k != "values"} == {
+        k: v for k, v in as_json.items() if k != "values"
+    }
+    assert len(arrays) == 1 and arrays[0].dtype == np.dtype("<f4")
+    var = VARS.get(tag, fx.TRAIN_VARS[0])
+    n = 1 if run == "n1" else fx.BATCH
+    g = fx.samples(run, tag, fx.TRAIN_STEPS[-1] if step is None else step, var.shape, n)
+    expected, _ = ref_pool(ref_2d(ref_stat(g, stat)), max_rows, max_cols)
+    assert d["values"].shape == expected.shape == (d["rows"], d["cols"])
+    np.testing.assert_allclose(d["values"], expected, rtol=RTOL.get(stat, 2e-6), atol=1e-12)
+    np.testing.assert_allclose(
+        d["values"].ravel(), nums(as_json["values"]), rtol=1.2e-7, atol=0, equal_nan=True
+    )
+    got = _payloads.from_binary(body)
+    np.testing.assert_array_equal(got["values"], d["values"])
+
+
+def test_binary_form_keeps_nan_and_infinities(env):
+    client, _ = env
+    q = {"run": "train", "tag": "nonfinite/kernel", "step": 10}
+    _, _, d = decode_gmb1(get_binary(client, "heatmap", **q))
+    want = nums(get_json(client, "heatmap", **q)["values"])
+    assert np.isnan(want).any() and np.isinf(want).any()
+    got = d["values"].ravel().astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+
+
+def test_binary_form_sends_float64_where_float32_would_change_a_value():
+    for values, dtype in [
+        (np.array([1.0, np.nan, np.inf, 0.0]), "float32"),
+        (np.array([1.0, 1e39]), "float64"),  # beyond float32's range
+        (np.array([1.0, 1e-40]), "float64"),  # below float32's normal range
+        (np.array([0, 3, 2**32 - 1], dtype=np.int64), "uint32"),
+        (np.array([0, 2**32], dtype=np.int64), "float64"),
+    ]:
+        _, arrays, d = decode_gmb1(_payloads.to_binary({"a": values, "b": [values], "c": 1.5}))
+        assert arrays[0].dtype.name == dtype, values
+        np.testing.assert_array_equal(d["a"].astype(np.float64), values.astype(np.float64))
+        assert d["c"] == 1.5 and len(d["b"]) == 1
+    with pytest.raises(ValueError, match="not a Grad Moments binary payload"):
+        _payloads.from_binary(b"{}")
+
+
+@pytest.mark.parametrize("step", [None, 20, "all"])
+def test_histogram_binary_form_equals_the_json_form(env, step):
+    client, _ = env
+    q = {"run": "train", "tag": "big/kernel", "stat": "variance", "bins": 7, "scale": "log"}
+    if step is not None:
+        q["step"] = step
+    head, arrays, d = decode_gmb1(get_binary(client, "histogram", **q))
+    as_json = get_json(client, "histogram", **q)
+    assert {k: v for k, v in head.items() if k not in ("edges", "series")} == {
+        k: v for k, v in as_json.items() if k not in ("edges", "series")
+    }
+    assert d["edges"].dtype == np.dtype("<f8")  # the bins' boundaries as computed
+    np.testing.assert_allclose(d["edges"], nums(as_json["edges"]), rtol=5e-9)
+    assert len(d["series"]) == len(as_json["series"]) >= 1
+    for got, want in zip(d["series"], as_json["series"]):
+        assert got["counts"].dtype == np.dtype("<u4")
+        assert got["counts"].tolist() == want["counts"]
+        assert {k: got[k] for k in ("step", "wall_time", "nonfinite")} == {
+            k: want[k] for k in ("step", "wall_time", "nonfinite")
+        }
+
+
+def ref_block_means(grid: np.ndarray, br: int, bc: int) -> np.ndarray:
+    """NaN-ignoring means of ``br x bc`` blocks (ragged at the bottom and right edges)."""
+    rows, cols = -(-grid.shape[0] // br), -(-grid.shape[1] // bc)
+    out = np.empty((rows, cols))
+    for i in range(rows):
+        for j in range(cols):
+            block = grid[i * br : (i + 1) * br, j * bc : (j + 1) * bc]
+            ok = block[~np.isnan(block)]
+            out[i, j] = ok.mean() if ok.size else np.nan
+    return out
+
+
+@pytest.mark.parametrize(
+    "tag, max_cells", [("conv/kernel", 20), ("conv/kernel", 7), ("dense/bias", 2), ("scale", 1)]
+)
+def test_heatmap_max_cells_serves_numpy_block_means(env, tag, max_cells):
+    """``max_cells`` pools to at most that many cells; each served cell is the mean of the
+    statistic over the block it covers."""
+    client, _ = env
+    var = VARS[tag]
+    _, _, d = decode_gmb1(
+        get_binary(client, "heatmap", run="train", tag=tag, step=30, max_cells=max_cells)
+    )
+    assert d["rows"] * d["cols"] <= max_cells
+    grid = ref_2d(ref_stat(fx.samples("train", tag, 30, var.shape), "variance"))
+    br, bc = d["block"]
+    assert (d["rows"], d["cols"]) == (-(-grid.shape[0] // br), -(-grid.shape[1] // bc))
+    assert d["pooled"] is (br * bc > 1)
+    np.testing.assert_allclose(d["values"], ref_block_means(grid, br, bc), rtol=2e-6)
+
+
+def test_screen_limits_keep_the_aspect_and_the_cap():
+    for rows, cols, cells in [(1000, 1000, 65536), (18, 4, 20), (1, 5000, 100), (5000, 3, 64)]:
+        r, c = _payloads.screen_limits(rows, cols, 4096, 4096, cells)
+        br, bc = -(-rows // r), -(-cols // c)
+        served = -(-rows // br) * -(-cols // bc)
+        assert served <= cells
+        # no smaller uniform block fits: the grid is not pooled more than the cap needs
+        assert served * 4 > cells or (br == 1 and bc == 1)
+    assert _payloads.screen_limits(1000, 1000, 256, 4096, None) == (256, 1000)
+
+
+def _counting(monkeypatch, module, name, delay=0.3):
+    """Counts the calls of ``module.name`` (each made slow, so concurrent requests overlap)."""
+    calls = []
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        threading.Event().wait(delay)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def _concurrently(client, requests):
+    start = threading.Barrier(len(requests))
+    out = [None] * len(requests)
+
+    def ask(i, route, params):
+        start.wait()
+        r = client.get(P + route, query_string=params)
+        out[i] = (r.status_code, r.get_data())
+
+    threads = [threading.Thread(target=ask, args=(i, *rq)) for i, rq in enumerate(requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["binary", "json"])
+def test_concurrent_requests_for_one_heatmap_compute_it_once(logdir, monkeypatch, fmt):
+    client, plugin, _ = make_app(logdir[0])
+    calls = _counting(monkeypatch, _payloads, "heatmap")
+    q = {"run": "train", "tag": "conv/kernel", "step": 20, "stat": "snr", "format": fmt}
+    out = _concurrently(client, [("heatmap", q)] * 12)
+    assert len(calls) == 1
+    assert {status for status, _ in out} == {200} and len({body for _, body in out}) == 1
+    _concurrently(client, [("heatmap", q)] * 4)  # then from the cache
+    assert len(calls) == 1
+    other = {**q, "stat": "mean"}
+    _concurrently(client, [("heatmap", q), ("heatmap", other)] * 3)
+    assert len(calls) == 2  # one more view, computed once
+
+
+def test_concurrent_histograms_and_exports_compute_once(logdir, monkeypatch):
+    client, plugin, _ = make_app(logdir[0])
+    binned = _counting(monkeypatch, _payloads, "histograms_streaming")
+    one = _counting(monkeypatch, reductions, "histogram", delay=0.0)
+    q = {"run": "train", "tag": "big/kernel", "step": "all", "bins": 9, "format": "binary"}
+    out = _concurrently(client, [("histogram", q)] * 8)
+    assert len(binned) == 1 and len({body for _, body in out}) == 1
+    calls = len(one)
+    q1 = {"run": "train", "tag": "dense/kernel", "step": 10, "bins": 9}
+    out = _concurrently(client, [("histogram", {**q1, "format": "binary"})] * 8)
+    assert len(one) == calls + 1 and {s for s, _ in out} == {200}
+    tables = _counting(monkeypatch, _payloads, "moments_table")
+    x = {"run": "train", "tag": "conv/kernel", "step": 30, "what": "moments", "format": "csv"}
+    out = _concurrently(client, [("export", x)] * 8)
+    assert len(tables) == 1 and len({body for _, body in out}) == 1
+    assert out[0][1].decode().startswith("index,m1,m2")
+
+
+def test_single_flight_shares_a_result_that_is_not_kept():
+    c = _cache.ByteLRU(1 << 20)
+    calls = []
+    start = threading.Barrier(8)
+
+    def load():
+        calls.append(1)
+        threading.Event().wait(0.2)
+        return b"x" * 1000
+
+    results = []
+
+    def worker():
+        start.wait()
+        results.append(c.get_or_load("k", load, max_size=10))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and results == [b"x" * 1000] * 8 and c.get("k") is None
+    assert c.loads == 1
+
+
+def test_grid_csv_is_csv_table():
+    """The heatmap export's fast CSV writes what `encode.csv_table` writes, cell for cell."""
+    rng = np.random.default_rng(3)
+    grid = rng.normal(size=(7, 5)) * 10.0 ** rng.integers(-40, 40, size=(7, 5))
+    grid[1, 2], grid[2, 0], grid[3, 3], grid[4, 1] = np.nan, np.inf, -np.inf, 3.0
+    grid[5] = [0.0, -2.0, 1e15, 1e16, 0.5]
+    header = ["row", *[str(j) for j in range(grid.shape[1])]]
+    want = encode.csv_table(header, ([i, *r] for i, r in enumerate(grid.tolist())))
+    assert _payloads.grid_csv(grid) == want
+    assert list(csv.reader(io.StringIO(want)))[2][3] == "NaN"
+
+
+def test_byte_lru_parts_evict_only_their_own():
+    c = _cache.ByteLRU(1000, parts={"results": 0.3})
+    assert c.part_budgets == {"results": 300, None: 700}
+    c.put("h", b"", size=250, part="results")
+    for i in range(20):  # many big values of the default part
+        c.put(("step", i), b"", size=200)
+    assert c.get("h") == b"" and c.part_size(None) <= 700 and c.size_bytes <= 1000
+    c.put("h2", b"", size=100, part="results")  # the results' part evicts its own
+    assert c.get("h") is None and c.get("h2") == b"" and c.get(("step", 19)) == b""
+    c.put("too-big", b"", size=301, part="results")
+    assert c.get("too-big") is None and len(c) == 4 and c.size_bytes == 3 * 200 + 100

@@ -87,7 +87,7 @@ def test_cache_counts_what_it_holds_and_keeps_its_budget(tmp_path):
             == 200
         )
         assert client.get(P + "tags").status_code == 200
-    items = list(cache._data.values())  # noqa: SLF001
+    items = [(value, size) for _, value, size in cache.items()]
     assert items and cache.size_bytes == sum(size for _, size in items) <= cache.budget_bytes
     for value, size in items:
         assert size >= _cache.nbytes(value), type(value)

@@ -5,7 +5,8 @@ computed responses are cached in one `ByteLRU` whose size is what its values rea
 (`nbytes` counts every array, each buffer once), so the budget (``--gradmom_cache_mb``) holds.
 A series that gets new data (a live run) is cached under a new *version*; putting it evicts
 the versions before it (``group``), so a growing run does not pile up copies. Concurrent
-requests for the same missing key wait for one load instead of each decoding the same tensors.
+requests for the same missing key wait for one load and share its result (single flight)
+instead of each decoding the same tensors or computing the same response.
 
 What is not cached but alive while a request runs (tensors being read, arrays being computed,
 a response being encoded) goes through a `MemoryGate`: each request reserves its estimated
@@ -26,7 +27,7 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
-__all__ = ["ByteLRU", "MemoryGate", "nbytes"]
+__all__ = ["ByteLRU", "MemoryGate", "SingleFlight", "nbytes"]
 
 _ARRAY_HEADER = 112  # bytes of an ndarray object without its data
 # After a reservation at least this big ends, free memory is handed back to the system.
@@ -98,36 +99,69 @@ class ByteLRU:
 
     A value bigger than the whole budget is returned to its caller but not kept. A value put
     with a ``group`` replaces the group's previous key (an older version of the same data).
+
+    ``parts``: named parts of the budget, ``{name: share}`` (a share of ``budget_bytes`` each),
+    each an LRU of its own; the rest of the budget is the default part (``part=None``). A value
+    put in a part evicts only values of that part, so many big, cheap values (heatmaps of one
+    step each) cannot evict a few small, costly ones (histograms over every step).
     """
 
-    def __init__(self, budget_bytes: int):
+    def __init__(self, budget_bytes: int, parts: dict[str, float] | None = None):
         self.budget_bytes = int(budget_bytes)
-        self._data: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
+        budgets: dict[str | None, int] = {
+            name: int(self.budget_bytes * share) for name, share in (parts or {}).items()
+        }
+        budgets[None] = self.budget_bytes - sum(budgets.values())
+        if budgets[None] < 0:
+            raise ValueError(f"ByteLRU parts {parts} take more than the whole budget")
+        self.part_budgets = budgets
+        self._parts: dict[str | None, OrderedDict[Hashable, tuple[object, int]]] = {
+            name: OrderedDict() for name in budgets
+        }
+        self._part_size: dict[str | None, int] = dict.fromkeys(budgets, 0)
+        self._where: dict[Hashable, str | None] = {}
         self._groups: dict[Hashable, Hashable] = {}
         self._size = 0
         self._lock = threading.Lock()
-        self._loading: dict[Hashable, threading.Lock] = {}
+        self._loading: dict[Hashable, _Flight] = {}
         self.hits = 0
         self.misses = 0
+        self.loads = 0  # values loaded by `get_or_load` (one per key however many waited)
 
     @property
     def size_bytes(self) -> int:
         return self._size
 
+    def part_size(self, part: str | None = None) -> int:
+        """The bytes held by one part."""
+        return self._part_size[part]
+
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._where)
 
     def keys(self) -> list:
         with self._lock:
-            return list(self._data)
+            return list(self._where)
+
+    def items(self) -> list[tuple[Hashable, object, int]]:
+        """``(key, value, size)`` of every cached value, of every part."""
+        with self._lock:
+            return [(k, v, n) for data in self._parts.values() for k, (v, n) in data.items()]
+
+    def _item(self, key):
+        part = self._where.get(key, _MISSING)
+        if part is _MISSING:
+            return None
+        data = self._parts[part]
+        data.move_to_end(key)
+        return data[key]
 
     def get(self, key: Hashable, default=None):
         with self._lock:
-            item = self._data.get(key)
+            item = self._item(key)
             if item is None:
                 self.misses += 1
                 return default
-            self._data.move_to_end(key)
             self.hits += 1
             return item[0]
 
@@ -135,24 +169,37 @@ class ByteLRU:
         """Drops every cached value (the benchmark's cold requests; a loading key still
         finishes its load and caches the result)."""
         with self._lock:
-            self._data.clear()
+            for data in self._parts.values():
+                data.clear()
+            self._part_size = dict.fromkeys(self._parts, 0)
+            self._where.clear()
             self._groups.clear()
             self._size = 0
 
     def _pop(self, key) -> None:
-        old = self._data.pop(key, None)
-        if old is not None:
-            self._size -= old[1]
+        part = self._where.pop(key, _MISSING)
+        if part is _MISSING:
+            return
+        _, size = self._parts[part].pop(key)  # type: ignore[index]
+        self._size -= size
+        self._part_size[part] -= size  # type: ignore[index]
 
     def put(
-        self, key: Hashable, value, size: int | None = None, group: Hashable | None = None
+        self,
+        key: Hashable,
+        value,
+        size: int | None = None,
+        group: Hashable | None = None,
+        part: str | None = None,
     ) -> None:
-        """Caches ``value`` (``size`` bytes, default `nbytes`), evicting the least recent.
+        """Caches ``value`` (``size`` bytes, default `nbytes`) in ``part``, evicting the least
+        recent values of that part.
 
         ``group``: the value is the current version of this group; the key cached for the
         group before (an older version) is dropped.
         """
         size = nbytes(value) if size is None else int(size)
+        budget = self.part_budgets[part]
         with self._lock:
             self._pop(key)
             if group is not None:
@@ -160,15 +207,20 @@ class ByteLRU:
                 if previous is not None and previous != key:
                     self._pop(previous)
                 self._groups[group] = key
-            if size > self.budget_bytes:
+            if size > budget:
                 return
-            self._data[key] = (value, size)
+            data = self._parts[part]
+            data[key] = (value, size)
+            self._where[key] = part
             self._size += size
-            while self._size > self.budget_bytes and self._data:
-                _, (_, s) = self._data.popitem(last=False)
+            self._part_size[part] += size
+            while self._part_size[part] > budget and data:
+                old, (_, s) = data.popitem(last=False)
+                del self._where[old]
                 self._size -= s
-            if len(self._groups) > 4 * len(self._data) + 64:  # forget groups long evicted
-                self._groups = {g: k for g, k in self._groups.items() if k in self._data}
+                self._part_size[part] -= s
+            if len(self._groups) > 4 * len(self._where) + 64:  # forget groups long evicted
+                self._groups = {g: k for g, k in self._groups.items() if k in self._where}
 
     def get_or_load(
         self,
@@ -176,30 +228,111 @@ class ByteLRU:
         load: Callable[[], object],
         size: Callable[[object], int] | None = None,
         group: Hashable | None = None,
+        max_size: int | None = None,
+        part: str | None = None,
     ):
         """The cached value, or ``load()`` run once even if many threads ask at the same time.
 
-        ``size(value)`` gives the bytes to count (default `nbytes`); ``group`` as in `put`.
-        Exceptions from ``load`` propagate to every waiting caller that retries it; nothing is
-        cached for them.
+        Single flight: while one caller loads a key, the others asking for it wait and get
+        its result (also when the value is not kept: bigger than ``max_size`` or the whole
+        budget). ``size(value)`` gives the bytes to count (default `nbytes`); ``group`` as in
+        `put`; ``part`` the part of the budget it is kept in. An exception from ``load``
+        propagates to its caller; nothing is cached and each waiting caller then tries the load
+        itself, one at a time.
         """
-        value = self.get(key, _MISSING)
-        if value is not _MISSING:
-            return value
-        with self._lock:
-            gate = self._loading.setdefault(key, threading.Lock())
-        with gate:
+        while True:
             value = self.get(key, _MISSING)
             if value is not _MISSING:
                 return value
+            with self._lock:
+                found = self._loading.get(key)
+                leader = found is None
+                flight = _Flight() if found is None else found
+                if leader:
+                    self._loading[key] = flight
+            if not leader:
+                ok, value = flight.wait()
+                if ok:
+                    return value
+                continue  # the load failed: try it ourselves
             try:
-                value = load()
-                self.put(key, value, None if size is None else size(value), group)
+                with self._lock:  # a load that finished between our miss and our flight
+                    item = self._item(key)
+                if item is not None:
+                    flight.finish(True, item[0])
+                    return item[0]
+                try:
+                    value = load()
+                except BaseException:
+                    flight.finish(False, None)
+                    raise
+                n = nbytes(value) if size is None else int(size(value))
+                if max_size is None or n <= max_size:
+                    self.put(key, value, n, group, part)
+                flight.finish(True, value)
+                self.loads += 1
+                return value
             finally:
                 with self._lock:
-                    if self._loading.get(key) is gate:
+                    if self._loading.get(key) is flight:
                         del self._loading[key]
-        return value
+
+
+class SingleFlight:
+    """Calls shared by the callers that overlap: while ``run(key, fn)`` runs ``fn`` for a key,
+    other callers of the same key wait and get its result instead of calling ``fn`` again.
+    Nothing is kept once it returns (no staleness beyond the call's own duration). If ``fn``
+    raises, its caller gets the exception and each waiting caller calls ``fn`` itself.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._flights: dict[Hashable, _Flight] = {}
+        self.calls = 0  # times ``fn`` ran
+
+    def run(self, key: Hashable, fn: Callable[[], object]):
+        while True:
+            with self._lock:
+                found = self._flights.get(key)
+                leader = found is None
+                flight = _Flight() if found is None else found
+                if leader:
+                    self._flights[key] = flight
+            if not leader:
+                ok, value = flight.wait()
+                if ok:
+                    return value
+                continue
+            try:
+                self.calls += 1
+                value = fn()
+            except BaseException:
+                flight.finish(False, None)
+                raise
+            else:
+                flight.finish(True, value)
+                return value
+            finally:
+                with self._lock:
+                    if self._flights.get(key) is flight:
+                        del self._flights[key]
+
+
+class _Flight:
+    """One load in progress: the callers waiting for it get its result."""
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._ok = False
+        self._value: object = None
+
+    def finish(self, ok: bool, value) -> None:
+        self._ok, self._value = ok, value
+        self._done.set()
+
+    def wait(self) -> tuple[bool, object]:
+        self._done.wait()
+        return self._ok, self._value
 
 
 _MISSING = object()

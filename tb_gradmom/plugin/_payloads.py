@@ -8,7 +8,9 @@ plugin turns those into HTTP 400.
 
 from __future__ import annotations
 
+import json
 import math
+import struct
 from collections.abc import Callable
 
 import numpy as np
@@ -19,7 +21,13 @@ from tb_gradmom.analysis import reductions, stats, views
 __all__ = [
     "work_bytes",
     "stat_grid",
+    "screen_limits",
     "heatmap",
+    "grid_csv",
+    "to_binary",
+    "from_binary",
+    "BINARY_MAGIC",
+    "BINARY_MIME",
     "histograms_streaming",
     "series",
     "SERIES_KEYS",
@@ -39,16 +47,19 @@ _WORK_PER_ORDER_CELL = 4 + 8
 _WORK_PER_OUTPUT_CELL = 110
 
 
-def work_bytes(content: metadata.MomentsContent, output_cells: int = 0) -> int:
+def work_bytes(content: metadata.MomentsContent, output_cells: int = 0, binary=False) -> int:
     """An upper estimate of the memory one step's statistic and its response take.
 
     Args:
       content: the tag's content message (its stored shape and orders).
-      output_cells: the numbers the response writes as text.
+      output_cells: the numbers the response writes.
+      binary: they are written in the binary form (`to_binary`: at most 8 bytes each), not
+        as text.
     """
     cells = math.prod(content.stored_shape)
     per_cell = _WORK_PER_CELL + _WORK_PER_ORDER_CELL * len(content.orders)
-    return cells * per_cell + output_cells * _WORK_PER_OUTPUT_CELL
+    per_output = 8 if binary else _WORK_PER_OUTPUT_CELL
+    return cells * per_cell + output_cells * per_output
 
 
 def stat_grid(
@@ -69,6 +80,26 @@ def finite_range(values: np.ndarray) -> tuple[float | None, float | None]:
     return float(v.min()), float(v.max())
 
 
+def screen_limits(
+    rows: int, cols: int, max_rows: int, max_cols: int, max_cells: int | None
+) -> tuple[int, int]:
+    """The most rows and columns a ``rows x cols`` grid is pooled to (`reductions.pool_2d`)
+    so that it has at most ``max_rows`` rows, ``max_cols`` columns and ``max_cells`` cells
+    (None: no cap on cells), keeping its aspect ratio where the caps allow.
+
+    With ``max_cells`` the served grid is at most ``r x c`` with ``r * c <= max_cells``: ``r``
+    near ``sqrt(max_cells * rows / cols)`` (so the blocks are about square), and a side that
+    needs fewer cells than its share gives the rest to the other.
+    """
+    r, c = min(rows, max_rows), min(cols, max_cols)
+    if max_cells is None or r * c <= max_cells:
+        return max(1, r), max(1, c)
+    r = max(1, min(r, math.isqrt(max_cells * rows // max(1, cols))))
+    c = max(1, min(c, max_cells // r))
+    r = max(1, min(rows, max_rows, max_cells // c))  # a narrow grid gives its rows the rest
+    return r, c
+
+
 def heatmap(
     content: metadata.MomentsContent,
     arrays: dict[int, np.ndarray],
@@ -77,10 +108,17 @@ def heatmap(
     max_rows: int,
     max_cols: int,
     where: str = "this step",
+    max_cells: int | None = None,
 ) -> dict:
-    """The body of /heatmap without run, tag and step (see docs/http_api.md)."""
+    """The body of /heatmap without run, tag and step (see docs/http_api.md).
+
+    The statistic's 2-D grid is block-averaged (`reductions.pool_2d`) to at most ``max_rows``
+    x ``max_cols`` cells, and at most ``max_cells`` cells (`screen_limits`).
+    """
     grid = stat_grid(arrays, n, stat, where)
-    pooled, (br, bc) = reductions.pool_2d(grid, max_rows, max_cols)
+    rows, cols = grid.shape
+    limit_rows, limit_cols = screen_limits(rows, cols, max_rows, max_cols, max_cells)
+    pooled, (br, bc) = reductions.pool_2d(grid, limit_rows, limit_cols)
     sbr, sbc = content.block if content.pooled else (1, 1)
     lo, hi = finite_range(pooled)
     return {
@@ -184,6 +222,25 @@ def series(sums: dict[str, np.ndarray], ema: float | None = None) -> dict[str, n
     return out
 
 
+def grid_csv(grid: np.ndarray) -> str:
+    """A 2-D grid as the CSV of ``/export?what=heatmap&format=csv``: header ``row,0,1,...``
+    and one line per row, each cell as `encode.csv_table` writes it (`encode.float_token`),
+    the same text, several times faster (rows with no integral or non-finite value are
+    formatted by ``str.format`` in one call)."""
+    from tb_gradmom.analysis import encode
+
+    grid = np.asarray(grid, dtype=np.float64)
+    token = encode.float_token
+    fast = "{:.9g}".format
+    with np.errstate(invalid="ignore"):
+        special = ~np.isfinite(grid) | ((grid == np.round(grid)) & (np.abs(grid) < 1e15))
+    lines = ["row," + ",".join(map(str, range(grid.shape[1])))]
+    for i, (row, slow) in enumerate(zip(grid.tolist(), special.any(axis=1).tolist())):
+        cells = ",".join([token(v) for v in row]) if slow else ",".join(map(fast, row))
+        lines.append(f"{i},{cells}")
+    return "\r\n".join(lines) + "\r\n"
+
+
 def moments_table(arrays: dict[int, np.ndarray]) -> tuple[list[str], np.ndarray]:
     """Header and rows ``[index, m1, m2, ...]`` of raw moments, one row per stored element."""
     orders = sorted(arrays)
@@ -191,3 +248,112 @@ def moments_table(arrays: dict[int, np.ndarray]) -> tuple[list[str], np.ndarray]
     size = cols[0].size if cols else 0
     table = np.column_stack([np.arange(size, dtype=np.float64), *cols])
     return ["index", *[f"m{p}" for p in orders]], table
+
+
+# ------------------------------------------------------------------ the binary form
+
+BINARY_MAGIC = b"GMB1"
+BINARY_MIME = "application/octet-stream"
+_ALIGN = 8
+_F32_MAX = float(np.finfo(np.float32).max)
+_F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
+_DTYPES = {"float32": "<f4", "float64": "<f8", "uint32": "<u4"}
+
+
+def _wire(a: np.ndarray) -> np.ndarray:
+    """The array as sent: float32 when that keeps every value (finite values stay finite and
+    nonzero ones stay normal, so precision is float32's everywhere), else float64; integers as
+    uint32 when they fit, else float64. Little-endian."""
+    if a.dtype.kind in "iub":
+        if a.size == 0 or (int(a.min()) >= 0 and int(a.max()) < 2**32):
+            return a.astype("<u4")
+        return a.astype("<f8")
+    a = np.asarray(a, dtype=np.float64)
+    finite = np.abs(a[np.isfinite(a)])
+    nonzero = finite[finite > 0]
+    if nonzero.size and (nonzero.max() > _F32_MAX or nonzero.min() < _F32_TINY):
+        return a.astype("<f8")
+    return a.astype("<f4")
+
+
+def to_binary(payload: dict, float64: tuple[str, ...] = ()) -> bytes:
+    """A payload as the binary form of docs/http_api.md ("Binary responses").
+
+    Every numpy array of one dimension or more in ``payload`` (at any depth of dicts and
+    lists) is sent as raw little-endian numbers (`_wire`: float32, float64 or uint32); the rest
+    is a JSON header in which each such array is ``{"$array": i}``, ``i`` indexing the
+    header's ``"$arrays"`` list of ``{"dtype", "shape", "offset"}`` (``offset`` in bytes from
+    the start of the data, a multiple of 8). Arrays under a key named in ``float64`` are
+    sent as float64 whatever their values (a histogram's ``edges``: bin boundaries). Layout: ``GMB1``, the header's length as a
+    little-endian uint32, the header (UTF-8 JSON, padded with spaces to a multiple of 8
+    bytes), then the data.
+    """
+    from tb_gradmom.analysis import encode
+
+    arrays: list[np.ndarray] = []
+    specs: list[dict] = []
+    offset = 0
+
+    def walk(v, exact=False):
+        nonlocal offset
+        if isinstance(v, np.ndarray) and v.ndim >= 1:
+            w = v.astype("<f8") if exact and v.dtype.kind == "f" else _wire(v)
+            specs.append({"dtype": w.dtype.name, "shape": list(w.shape), "offset": offset})
+            arrays.append(w)
+            offset += -(-w.nbytes // _ALIGN) * _ALIGN
+            return {"$array": len(arrays) - 1}
+        if isinstance(v, dict):
+            return {k: walk(x, k in float64) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [walk(x) for x in v]
+        return v
+
+    head = walk(payload)
+    head["$arrays"] = specs
+    text = encode.to_json(head).encode("utf-8")
+    text += b" " * (-(len(text) + 8) % _ALIGN)
+    out = bytearray(BINARY_MAGIC + struct.pack("<I", len(text)) + text)
+    for w in arrays:
+        out += w.tobytes()
+        out += bytes(-len(out) % _ALIGN)
+    return bytes(out)
+
+
+def from_binary(body: bytes) -> dict:
+    """The payload of a `to_binary` body: its header with every ``{"$array": i}`` replaced by
+    the array (float32, float64 or uint32 as sent; ``"$arrays"`` removed).
+
+    Raises:
+      ValueError: if ``body`` is not in the binary form (magic, lengths, dtypes, offsets).
+    """
+    if len(body) < 8 or body[:4] != BINARY_MAGIC:
+        raise ValueError(f"not a Grad Moments binary payload (starts {body[:4]!r}, not GMB1)")
+    (n,) = struct.unpack_from("<I", body, 4)
+    if 8 + n > len(body):
+        raise ValueError(f"binary payload header of {n} bytes is longer than the body")
+    head = json.loads(body[8 : 8 + n].decode("utf-8"))
+    start = 8 + n
+    arrays = []
+    for spec in head.pop("$arrays"):
+        if spec["dtype"] not in _DTYPES:
+            raise ValueError(
+                f"binary payload array dtype {spec['dtype']!r} is not one of {list(_DTYPES)}"
+            )
+        dtype = np.dtype(_DTYPES[spec["dtype"]])
+        count = math.prod(spec["shape"])
+        begin = start + int(spec["offset"])
+        if begin + count * dtype.itemsize > len(body):
+            raise ValueError(f"binary payload array {spec} runs past the body's end")
+        a = np.frombuffer(body, dtype=dtype, count=count, offset=begin)
+        arrays.append(a.reshape(spec["shape"]))
+
+    def walk(v):
+        if isinstance(v, dict):
+            if set(v) == {"$array"}:
+                return arrays[v["$array"]]
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+
+    return walk(head)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import gzip
 import logging
 import math
 import threading
@@ -29,7 +30,7 @@ from werkzeug import wrappers
 from tb_gradmom import metadata
 from tb_gradmom.analysis import encode, reductions, stats, views
 from tb_gradmom.plugin import _params, _payloads, _reader, _static, _tb_compat, loader
-from tb_gradmom.plugin._cache import ByteLRU, MemoryGate
+from tb_gradmom.plugin._cache import ByteLRU, MemoryGate, SingleFlight
 from tb_gradmom.plugin._reader import Reader
 
 logger = logging.getLogger(__name__)
@@ -48,10 +49,26 @@ WORK_BUDGET_BYTES = 192 * 1024 * 1024
 # arenas kept its own peak (measured: +300 MB of resident memory beyond what was held, with
 # 200 clients on 2 cores). The few compute threads keep a few arenas.
 COMPUTE_THREADS = 2
+# Threads that read one step's moments through the data provider (for RustBoard a gRPC read
+# that can take seconds): apart from the compute threads, so that a slow read never holds up
+# the computations of other requests; few, for the same reason as those.
+READ_THREADS = 2
 _worker = threading.local()
 ROUTE_PREFIX = "/data/plugin/" + metadata.PLUGIN_NAME + "/"
 MAX_GRID = 4096  # the largest max_rows / max_cols a heatmap may ask for
+# The most cells a /heatmap answers unless `max_cells` says otherwise: 256 x 256, about what a
+# heatmap card shows at once (the tab asks for `api.js` HEATMAP_MAX_CELLS, see docs/http_api.md).
+DEFAULT_MAX_CELLS = 256 * 256
 MAX_BINS = reductions.MAX_BINS
+# `format` of /heatmap and /histogram: JSON text, or the binary form (`_payloads.to_binary`).
+ARRAY_FORMATS = ("json", "binary")
+# The share of --gradmom_cache_mb kept for computed results that are small and cost most to
+# remake (/tags, /series, /summary, histograms, exports); the rest holds decoded moments,
+# stats series and heatmaps.
+RESULTS_SHARE = 0.25
+RESULTS = "results"  # the name of that part of the cache
+# An export's body is kept only up to this share of the results' budget.
+EXPORT_CACHE_SHARE = 8
 EXPORT_WHAT = ("heatmap", "histogram", "series", "moments")
 EXPORT_FORMATS = ("csv", "json", "npy")
 
@@ -85,8 +102,18 @@ def _meta_json() -> str:
     return encode.to_json(views.meta())
 
 
+def _gzip(text: str | bytes) -> bytes:
+    """A response body compressed once, as TensorBoard's `http_util.Respond` would per request."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return gzip.compress(data, compresslevel=3, mtime=0)
+
+
 def _mark_worker() -> None:
     _worker.active = True
+
+
+def _mark_reader() -> None:
+    _worker.reading = True
 
 
 def _bad(e: ValueError) -> errors.InvalidArgumentError:
@@ -116,6 +143,27 @@ def _group_of(tag: str, names) -> str:
     return best
 
 
+class _SharedListings(Reader):
+    """The plugin's `Reader`, whose tag listings are shared by the requests that overlap.
+
+    Every route lists its tags through the data provider first (`Reader.index`): with the
+    Python loader a listing of every run scans the multiplexer (30 ms for 3 runs x 40 tags x
+    500 steps, measured), over RustBoard it is a gRPC call. Concurrent requests for the same
+    listing (experiment, run, tags) wait for one and share it (`SingleFlight`); nothing is kept
+    after it returns, so a listing is never older than the requests that use it.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.listings = SingleFlight()
+
+    def index(self, ctx, experiment_id: str, run: str | None = None, tags=None):
+        key = (experiment_id, run, None if tags is None else tuple(tags))
+        return self.listings.run(
+            key, lambda: super(_SharedListings, self).index(ctx, experiment_id, run, tags)
+        )
+
+
 class GradMomentsPlugin(base_plugin.TBPlugin):
     """Serves the Grad Moments tab: its frontend files and its data routes."""
 
@@ -126,12 +174,17 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         cache_mb = getattr(context.flags, "gradmom_cache_mb", None) if context.flags else None
         # Checked again: flags set without TensorBoard's parser (`configure(**kwargs)`) are not.
         cache_mb = DEFAULT_CACHE_MB if cache_mb is None else loader.cache_mb(cache_mb)
-        self._cache = ByteLRU(int(cache_mb * 1024 * 1024))
+        # Two parts of one budget: the results that cost most to remake stay apart from the
+        # arrays and one-step views, so that scrubbing through many steps cannot evict them.
+        self._cache = ByteLRU(int(cache_mb * 1024 * 1024), parts={RESULTS: RESULTS_SHARE})
         mux = _tb_compat.multiplexer_of(context, self._data_provider)
-        self._reader = Reader(self._data_provider, self._cache, multiplexer=mux)
+        self._reader = _SharedListings(self._data_provider, self._cache, multiplexer=mux)
         self._work = MemoryGate(WORK_BUDGET_BYTES)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             COMPUTE_THREADS, thread_name_prefix="gradmom", initializer=_mark_worker
+        )
+        self._read_pool = concurrent.futures.ThreadPoolExecutor(
+            READ_THREADS, thread_name_prefix="gradmom-read", initializer=_mark_reader
         )
         self._static_root = _static.frontend_dir()
 
@@ -165,17 +218,43 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
 
     def _compute(self, fn):
-        """``fn()`` run on the plugin's compute threads (inline if already on one)."""
+        """``fn()`` run on the plugin's compute threads (inline if already on one).
+
+        Locks: the work gate (`self._work`) is reserved by request threads only, which then
+        may wait for the compute and read threads; compute threads may wait for the read
+        threads and the read gate; read threads wait for nothing of the plugin's. So no wait
+        closes a cycle.
+        """
         if getattr(_worker, "active", False):
             return fn()
         return self._pool.submit(fn).result()
+
+    def _read(self, fn):
+        """``fn()`` (a read of moments) run on the plugin's read threads (inline if already on
+        one). Never called by them with a computation inside: reads never wait for the
+        compute threads, so a compute thread may wait for a read."""
+        if getattr(_worker, "reading", False):
+            return fn()
+        return self._read_pool.submit(fn).result()
 
     def _json(self, request, body) -> wrappers.Response:
         text = body if isinstance(body, str) else encode.to_json(body)
         return http_util.Respond(request, text, "application/json")
 
-    def _cached_json(self, request, key, build) -> wrappers.Response:
-        return self._json(request, self._cache.get_or_load(key, lambda: encode.to_json(build())))
+    def _body(self, request, body: str | bytes) -> wrappers.Response:
+        """A /heatmap or /histogram body: JSON text, or the binary form (bytes)."""
+        if isinstance(body, bytes):
+            return http_util.Respond(request, body, _payloads.BINARY_MIME)
+        return self._json(request, body)
+
+    def _cached_json(self, request, key, build, group=None) -> wrappers.Response:
+        """A JSON response computed once per ``key`` (single flight) and cached compressed:
+        TensorBoard would gzip the text again for every request (it decompresses it for a
+        client that does not accept gzip)."""
+        gz = self._cache.get_or_load(
+            key, lambda: _gzip(encode.to_json(self._compute(build))), group=group, part=RESULTS
+        )
+        return http_util.Respond(request, gz, "application/json", content_encoding="gzip")
 
     # -------------------------------------------------------------------------- /tags
 
@@ -190,12 +269,12 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             for tag, e in sorted({**ri.moments, **ri.stats}.items())
         ) + tuple((run, tuple(sorted(ri.skipped.items()))) for run, ri in sorted(index.items()))
         key = ("tags", experiment, version)
-        text = self._cache.get_or_load(
+        return self._cached_json(
+            request,
             key,
-            lambda: encode.to_json(self.tags_impl(ctx, experiment, index)),
+            lambda: self.tags_impl(ctx, experiment, index),
             group=("tags", experiment),
         )
-        return self._json(request, text)
 
     def tags_impl(self, ctx, experiment: str, index=None) -> dict:
         """``{"runs": {run: {tag: info}}, "model": {run: {"steps": [...]}}, "groups": ...,
@@ -277,9 +356,17 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
     def _heatmap_route(self, request):
         ctx, experiment = self._ctx(request)
         args = self._heatmap_args(request)
-        return self._json(request, self.heatmap_impl(ctx, experiment, **args))
+        fmt = _params.choice(request, "format", ARRAY_FORMATS, default="json")
+        return self._body(request, self.heatmap_impl(ctx, experiment, **args, fmt=fmt))
 
-    def _heatmap_args(self, request, max_default: int = 256, max_limit: int = MAX_GRID):
+    def _heatmap_args(
+        self,
+        request,
+        max_default: int = 256,
+        max_limit: int = MAX_GRID,
+        cells_default: int | None = DEFAULT_MAX_CELLS,
+        cells_limit: int = MAX_GRID * MAX_GRID,
+    ):
         return {
             "run": _params.string(request, "run", required=True),
             "tag": _params.string(request, "tag", required=True),
@@ -290,6 +377,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             ),
             "max_cols": _params.integer(
                 request, "max_cols", default=max_default, lo=1, hi=max_limit
+            ),
+            "max_cells": _params.integer(
+                request, "max_cells", default=cells_default, lo=1, hi=cells_limit
             ),
         }
 
@@ -337,13 +427,13 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         entry, st, s = looked_up or self._lookup(ctx, experiment, run, tag)
         resolved = self._resolve_step(entry, s, step)
         try:
-            m = self._reader.moments_at(ctx, experiment, entry, resolved, s, st)
+            m = self._read(lambda: self._reader.moments_at(ctx, experiment, entry, resolved, s, st))
         except _reader.BadRecord as bad:
             if step is not None:
                 raise
             # The latest record is unreadable: show the latest step that is.
             try:
-                m = self._reader.last_readable(ctx, experiment, entry, s)
+                m = self._read(lambda: self._reader.last_readable(ctx, experiment, entry, s))
             except errors.NotFoundError:
                 raise bad from None
         n = None
@@ -353,42 +443,77 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 n = float(s.sums["batch_size"][i])
         return entry, m, n
 
-    def heatmap_impl(self, ctx, experiment, *, run, tag, step, stat, max_rows, max_cols) -> str:
-        """The /heatmap body as JSON text (cached per run, tag, step and parameters)."""
+    def heatmap_impl(
+        self,
+        ctx,
+        experiment,
+        *,
+        run,
+        tag,
+        step,
+        stat,
+        max_rows,
+        max_cols,
+        max_cells=DEFAULT_MAX_CELLS,
+        fmt="json",
+    ) -> str | bytes:
+        """The /heatmap body: JSON text, or for ``fmt="binary"`` the binary form (bytes).
+
+        Computed once however many requests ask for it at the same time (single flight) and
+        cached per run, tag, step, parameters and format.
+        """
         looked_up = self._lookup(ctx, experiment, run, tag)
         entry, _, s = looked_up
         resolved = self._resolve_step(entry, s, step)
         # "latest" is keyed apart: when its record is unreadable it shows an earlier step.
         which = ("latest", entry.max_step) if resolved is None else resolved
-        key = ("heatmap", experiment, run, tag, which, stat, max_rows, max_cols)
+        key = ("heatmap", experiment, run, tag, which, stat, max_rows, max_cols, max_cells, fmt)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        encoder = _payloads.to_binary if fmt == "binary" else encode.to_json
+        work = self._heatmap_work(entry, max_rows, max_cols, max_cells, fmt)
 
         def build():
-            with self._work.reserve(self._heatmap_work(entry, max_rows, max_cols)):
-                return encode.to_json(
-                    self._heatmap_body(
-                        ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up
-                    )
+            with self._work.reserve(work):
+                body = self._heatmap_body(
+                    ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up, max_cells
                 )
+                return self._compute(lambda: encoder(body))
 
         # A live run's older "latest" responses are dropped when a newer one is cached.
         group = key[:4] + key[5:] if resolved is None else None
-        return self._cache.get_or_load(key, lambda: self._compute(build), group=group)
+        return self._cache.get_or_load(key, build, group=group)
 
     @staticmethod
-    def _heatmap_work(entry, max_rows, max_cols) -> int:
+    def _heatmap_work(entry, max_rows, max_cols, max_cells=None, fmt="json") -> int:
         rows, cols = metadata.to_2d_shape(entry.content.stored_shape)
-        return _payloads.work_bytes(entry.content, min(rows, max_rows) * min(cols, max_cols))
+        r, c = _payloads.screen_limits(rows, cols, max_rows, max_cols, max_cells)
+        return _payloads.work_bytes(entry.content, r * c, binary=fmt == "binary")
 
     def _heatmap_body(
-        self, ctx, experiment, run, tag, step, stat, max_rows, max_cols, looked_up=None
+        self,
+        ctx,
+        experiment,
+        run,
+        tag,
+        step,
+        stat,
+        max_rows,
+        max_cols,
+        looked_up=None,
+        max_cells=None,
     ) -> dict:
+        """The /heatmap payload: the step read on the read threads, computed on the compute
+        threads."""
         entry, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
+        where = f"run {run!r} tag {tag!r} step {m.step}"
         try:
-            where = f"run {run!r} tag {tag!r} step {m.step}"
-            body = _payloads.heatmap(entry.content, m.arrays, n, stat, max_rows, max_cols, where)
+            body = self._compute(
+                lambda: _payloads.heatmap(
+                    entry.content, m.arrays, n, stat, max_rows, max_cols, where, max_cells
+                )
+            )
         except ValueError as e:
             raise _bad(e) from None
         return {"run": run, "tag": tag, "step": m.step, "wall_time": m.wall_time, **body}
@@ -399,7 +524,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
     def _histogram_route(self, request):
         ctx, experiment = self._ctx(request)
         args = self._histogram_args(request)
-        return self._json(request, self.histogram_impl(ctx, experiment, **args))
+        fmt = _params.choice(request, "format", ARRAY_FORMATS, default="json")
+        return self._body(request, self.histogram_impl(ctx, experiment, **args, fmt=fmt))
 
     def _histogram_args(self, request):
         return {
@@ -411,12 +537,26 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             "scale": _params.choice(request, "scale", reductions.SCALES, default="linear"),
         }
 
-    def histogram_impl(self, ctx, experiment, *, run, tag, step, stat, bins, scale) -> str:
-        """The /histogram body as JSON text."""
-        return encode.to_json(
-            self.histogram_body(
-                ctx, experiment, run=run, tag=tag, step=step, stat=stat, bins=bins, scale=scale
-            )
+    def histogram_impl(
+        self, ctx, experiment, *, run, tag, step, stat, bins, scale, fmt="json"
+    ) -> str | bytes:
+        """The /histogram body: JSON text, or for ``fmt="binary"`` the binary form (bytes).
+
+        Encoded once per body and format (single flight, cached with the body's version).
+        """
+        key, body = self._histogram(
+            ctx, experiment, run=run, tag=tag, step=step, stat=stat, bins=bins, scale=scale
+        )
+
+        def encoder(payload: dict) -> str | bytes:
+            if fmt == "binary":
+                return _payloads.to_binary(payload, float64=("edges",))
+            return encode.to_json(payload)
+
+        # A newer version of the same view (a live run) replaces the older one's encoding.
+        group = ("encoded", fmt, *key[:7])
+        return self._cache.get_or_load(
+            ("encoded", fmt, key), lambda: encoder(body), group=group, part=RESULTS
         )
 
     def histogram_body(
@@ -428,6 +568,22 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         bigger series is binned on a sample of its steps) unless ``every_step`` (exports),
         which reads every step the data provider can send in one read.
         """
+        return self._histogram(
+            ctx,
+            experiment,
+            run=run,
+            tag=tag,
+            step=step,
+            stat=stat,
+            bins=bins,
+            scale=scale,
+            every_step=every_step,
+        )[1]
+
+    def _histogram(
+        self, ctx, experiment, *, run, tag, step, stat, bins, scale, every_step=False
+    ) -> tuple[tuple, dict]:
+        """``(cache key, payload)`` of `histogram_body`: computed once per key (single flight)."""
         head = {
             "run": run,
             "tag": tag,
@@ -440,33 +596,41 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         entry, _, s = looked_up
         if step != "all":
 
-            def one():
+            def binned_step(m, n):
+                try:
+                    where = f"run {run!r} tag {tag!r} step {m.step}"
+                    grid = _payloads.stat_grid(m.arrays, n, stat, where)
+                    edges, counts = reductions.histogram(grid, bins=bins, scale=scale)
+                except ValueError as e:
+                    raise _bad(e) from None
+                return edges, counts, int(grid.size - np.count_nonzero(np.isfinite(grid)))
+
+            def payload():
                 with self._work.reserve(_payloads.work_bytes(entry.content, bins)):
                     _, m, n = self._moments(ctx, experiment, run, tag, step, looked_up)
-                    try:
-                        where = f"run {run!r} tag {tag!r} step {m.step}"
-                        grid = _payloads.stat_grid(m.arrays, n, stat, where)
-                        edges, counts = reductions.histogram(grid, bins=bins, scale=scale)
-                    except ValueError as e:
-                        raise _bad(e) from None
-                    nonfinite = int(grid.size - np.count_nonzero(np.isfinite(grid)))
-                return m, edges, counts, nonfinite
+                    edges, counts, nonfinite = self._compute(lambda: binned_step(m, n))
+                return {
+                    **head,
+                    "edges": edges,
+                    "downsampled": False,
+                    "stored_steps": int(s.steps.size) if s is not None else None,
+                    "series": [
+                        {
+                            "step": m.step,
+                            "wall_time": m.wall_time,
+                            "counts": counts,
+                            "nonfinite": nonfinite,
+                        }
+                    ],
+                }
 
-            m, edges, counts, nonfinite = self._compute(one)
-            return {
-                **head,
-                "edges": edges,
-                "downsampled": False,
-                "stored_steps": int(s.steps.size) if s is not None else None,
-                "series": [
-                    {
-                        "step": m.step,
-                        "wall_time": m.wall_time,
-                        "counts": counts,
-                        "nonfinite": nonfinite,
-                    }
-                ],
-            }
+            resolved = self._resolve_step(entry, s, step)
+            # As /heatmap: "latest" keyed apart, a live run's older latest dropped (group).
+            which = ("latest", entry.max_step) if resolved is None else resolved
+            kind = "histogram-latest" if resolved is None else "histogram-step"
+            key1 = (kind, experiment, run, tag, stat, bins, scale, which)
+            group1 = key1[:-1] if resolved is None else None
+            return key1, self._cache.get_or_load(key1, payload, group=group1, part=RESULTS)
         max_bytes = None if every_step else _reader.HISTOGRAM_READ_BYTES
         key = (
             "histogram",
@@ -485,14 +649,17 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         work = _payloads.work_bytes(entry.content, bins) + _payloads._STREAM_KEEP_BYTES
 
         def build():
-            with (
-                self._work.reserve(work),
-                self._reader.open_series(ctx, experiment, entry, num_steps, max_bytes) as (
-                    points,
-                    downsampled,
-                ),
+            with self._reader.open_series(ctx, experiment, entry, num_steps, max_bytes) as (
+                points,
+                downsampled,
             ):
                 return binned(points, downsampled)
+
+        def load():
+            # The work gate is reserved by request threads only, never by a compute or read
+            # thread: a request holding it waits for those threads (no cycle).
+            with self._work.reserve(work):
+                return self._compute(build)
 
         def binned(points, downsampled):
             self._reader.cache_series(experiment, entry, points)
@@ -536,7 +703,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             }
 
         group = ("histogram", experiment, run, tag, stat, bins, scale, max_bytes)
-        return self._cache.get_or_load(key, lambda: self._compute(build), group=group)
+        return key, self._cache.get_or_load(key, load, group=group, part=RESULTS)
 
     # ------------------------------------------------------------------------ /series
 
@@ -547,9 +714,16 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         tag = _params.string(request, "tag", default=metadata.MODEL_TAG) or metadata.MODEL_TAG
         ema = _params.number(request, "ema", default=None, lo=0.0, hi=1.0, hi_open=True)
         smoothing = _params.number(request, "smoothing", default=None, lo=0.0, hi=1.0, hi_open=True)
-        return self._json(
+        st = self._reader.run_index(ctx, experiment, run).stats_for(tag)
+        # The same stats series (at the same version) gives the same payload.
+        key = ("series", experiment, run, tag, ema, smoothing, st and st.signature)
+        return self._cached_json(
             request,
-            self.series_impl(ctx, experiment, run=run, tag=tag, ema=ema, smoothing=smoothing),
+            key,
+            lambda: self.series_impl(
+                ctx, experiment, run=run, tag=tag, ema=ema, smoothing=smoothing
+            ),
+            group=key[:-1],
         )
 
     def series_impl(self, ctx, experiment, *, run, tag, ema=None, smoothing=None) -> dict:
@@ -600,11 +774,16 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         step = _params.step(request)
         group = _params.string(request, "group", default=None)
         smoothing = _params.number(request, "smoothing", default=None, lo=0.0, hi=1.0, hi_open=True)
-        return self._json(
+        ri = self._reader.run_index(ctx, experiment, run)
+        version = tuple((tag, e.signature) for tag, e in sorted({**ri.moments, **ri.stats}.items()))
+        key = ("summary", experiment, run, step, group, smoothing, version)
+        return self._cached_json(
             request,
-            self.summary_impl(
+            key,
+            lambda: self.summary_impl(
                 ctx, experiment, run=run, step=step, group=group, smoothing=smoothing
             ),
+            group=key[:-1],
         )
 
     def summary_impl(self, ctx, experiment, *, run, step, group=None, smoothing=None) -> dict:
@@ -703,7 +882,13 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             tag = _params.string(request, "tag", default=metadata.MODEL_TAG) or metadata.MODEL_TAG
             args = {"tag": tag}
         elif what == "heatmap":
-            args = self._heatmap_args(request, max_default=1 << 20, max_limit=1 << 20)
+            args = self._heatmap_args(
+                request,
+                max_default=1 << 20,
+                max_limit=1 << 20,
+                cells_default=None,
+                cells_limit=1 << 40,
+            )
         elif what == "histogram":
             args = self._histogram_args(request)
         else:  # the raw stored moments at one step
@@ -711,9 +896,26 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 "tag": _params.string(request, "tag", required=True),
                 "step": _params.step(request),
             }
-        body, mime, name = self.export_impl(ctx, experiment, what=what, fmt=fmt, run=run, args=args)
+        version = self._export_version(ctx, experiment, what, run, args["tag"])
+        key = ("export", experiment, what, fmt, run, tuple(sorted(args.items())), version)
+        body, mime, name = self._cache.get_or_load(
+            key,
+            lambda: self.export_impl(ctx, experiment, what=what, fmt=fmt, run=run, args=args),
+            group=key[:-1],
+            max_size=self._cache.part_budgets[RESULTS] // EXPORT_CACHE_SHARE,
+            part=RESULTS,
+        )
         headers = [("Content-Disposition", f'attachment; filename="{name}"')]
         return http_util.Respond(request, body, mime, headers=headers)
+
+    def _export_version(self, ctx, experiment, what, run, tag) -> tuple:
+        """What an export's body depends on in the data: the signatures of its tags."""
+        if what == "series":
+            st = self._reader.run_index(ctx, experiment, run).stats_for(tag)
+            return (st.signature,) if st is not None else ()
+        entry, ri = self._reader.moments_entry(ctx, experiment, run, tag)
+        st = ri.stats_for(tag)
+        return (entry.signature, st.signature if st is not None else None)
 
     def export_impl(self, ctx, experiment, *, what, fmt, run, args: dict):
         """``(body, MIME type, file name)`` of one export; ``args``: the parsed parameters of
@@ -736,13 +938,10 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         if what == "heatmap":
             a = args
             entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
-            work = self._heatmap_work(entry, a["max_rows"], a["max_cols"])
+            work = self._heatmap_work(entry, a["max_rows"], a["max_cols"], a["max_cells"])
 
-            def heatmap():
-                with self._work.reserve(work):
-                    return self._export_heatmap(ctx, experiment, a, fmt, base)
-
-            return self._compute(heatmap)
+            with self._work.reserve(work):
+                return self._export_heatmap(ctx, experiment, a, fmt, base)
         if what == "histogram":
             a = args
             body = self.histogram_body(ctx, experiment, **a, every_step=True)
@@ -763,11 +962,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         entry, _ = self._reader.moments_entry(ctx, experiment, run, tag)
         cells = math.prod(entry.moments.stored_shape) * len(entry.moments.orders)
 
-        def moments():
-            with self._work.reserve(_payloads.work_bytes(entry.content, cells)):
-                return self._export_moments(ctx, experiment, run, tag, step, fmt, base)
-
-        return self._compute(moments)
+        with self._work.reserve(_payloads.work_bytes(entry.moments, cells)):
+            return self._export_moments(ctx, experiment, run, tag, step, fmt, base)
 
     def _export_heatmap(self, ctx, experiment, a, fmt, base):
         body = self._heatmap_body(
@@ -779,10 +975,12 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             a["stat"],
             a["max_rows"],
             a["max_cols"],
+            max_cells=a["max_cells"],
         )
         parts = [*base, a["stat"], f"step{body['step']}"]
         if fmt == "json":
-            return encode.to_json(body), "application/json", encode.file_name(parts, "json")
+            text = self._compute(lambda: encode.to_json(body))
+            return text, "application/json", encode.file_name(parts, "json")
         grid = np.asarray(body["values"], dtype=np.float64).reshape(body["rows"], body["cols"])
         if fmt == "npy":
             return (
@@ -790,12 +988,15 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 "application/octet-stream",
                 encode.file_name(parts, "npy"),
             )
-        header = ["row", *[str(j) for j in range(grid.shape[1])]]
-        rows = ([i, *row] for i, row in enumerate(grid.tolist()))
-        return encode.csv_table(header, rows), "text/csv", encode.file_name(parts, "csv")
+        text = self._compute(lambda: _payloads.grid_csv(grid))
+        return text, "text/csv", encode.file_name(parts, "csv")
 
     def _export_moments(self, ctx, experiment, run, tag, step, fmt, base):
         entry, m, n = self._moments(ctx, experiment, run, tag, step)
+        return self._compute(lambda: self._moments_file(entry, m, n, run, tag, fmt, base))
+
+    def _moments_file(self, entry, m, n, run, tag, fmt, base):
+        """``(body, MIME type, file name)`` of the raw moments of one step (`MomentsAt` m)."""
         c = entry.content
         parts = [*base, "moments", f"step{m.step}"]
         if fmt == "npy":
