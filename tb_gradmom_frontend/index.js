@@ -85,7 +85,7 @@ export async function start(root, loadMeta = api.fetchMeta) {
     return null;
   }
   const app = new App(root, meta);
-  window.gradmom = app; // for debugging and the browser tests
+  /** @type {any} */ (window).gradmom = app; // for debugging and the browser tests
   await app.start();
   return app;
 }

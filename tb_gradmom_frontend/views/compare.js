@@ -63,9 +63,11 @@ export function sharedDomain(arrays, scale, signed) {
     all.set(v, o);
     o += v.length;
   }
-  return scale === "linear" && signed
-    ? (symmetricDomain(all) ?? finiteExtent(all, scale))
-    : finiteExtent(all, scale);
+  const domain =
+    scale === "linear" && signed
+      ? (symmetricDomain(all) ?? finiteExtent(all, scale))
+      : finiteExtent(all, scale);
+  return domain ? [domain[0], domain[1]] : null;
 }
 
 export class CompareHeatmapView extends View {

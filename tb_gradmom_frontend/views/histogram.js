@@ -1,3 +1,4 @@
+// @ts-check
 // Histograms of a statistic over a variable's elements: one step as bars, or all steps as an
 // offset ("ridge") view in the manner of TensorBoard's histogram dashboard; linear or log x.
 
