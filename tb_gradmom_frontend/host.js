@@ -7,14 +7,16 @@
 // "experimental.DataReloaded" after each reload (its reload button and its auto-reload).
 // Written here (about 60 lines) rather than loaded from a CDN: the tab has no dependency.
 
-import { hostHash } from "./state.js";
+import { fromHostHash, hostHash } from "./state.js";
 
 const VERSION = "experimental";
 
 /**
  * @typedef {object} Host
- * @property {() => Promise<Record<string, string> | null>} getURLPluginData the plugin's
- *   parameters in TensorBoard's URL (null when TensorBoard does not answer in time)
+ * @property {() => Promise<Record<string, string>>} getURLPluginData the plugin's
+ *   parameters in TensorBoard's URL: TensorBoard's answer, or, when it answers with none or
+ *   not in time, the `p.<plugin>.` pairs of its URL hash read directly (TensorBoard 2.21's
+ *   answer comes from a legacy hash store that no longer holds the page's hash)
  * @property {(callback: () => void) => void} onReload runs `callback` after each of
  *   TensorBoard's reloads
  * @property {(params: Record<string, string>) => void} setURLPluginData writes the plugin's
@@ -59,16 +61,17 @@ export function connectHost(plugin, { timeoutMs = 2000 } = {}) {
   window.parent.postMessage(`${VERSION}.bootstrap`, "*", [channel.port2]);
 
   return {
-    getURLPluginData() {
-      const ask = id++;
-      post({
-        type: `${VERSION}.GetURLPluginData`,
-        id: ask,
-        payload: null,
-        error: null,
-        isReply: false,
-      });
-      return new Promise((resolve) => {
+    async getURLPluginData() {
+      /** @type {Record<string, string> | null} */
+      const answer = await new Promise((resolve) => {
+        const ask = id++;
+        post({
+          type: `${VERSION}.GetURLPluginData`,
+          id: ask,
+          payload: null,
+          error: null,
+          isReply: false,
+        });
         const timer = setTimeout(() => {
           waiting.delete(ask);
           resolve(null);
@@ -78,6 +81,12 @@ export function connectHost(plugin, { timeoutMs = 2000 } = {}) {
           resolve(payload && typeof payload === "object" ? payload : null);
         });
       });
+      if (answer && Object.keys(answer).length) return answer;
+      try {
+        return fromHostHash(window.parent.location.hash, plugin);
+      } catch {
+        return {}; // TensorBoard on another origin
+      }
     },
     onReload(callback) {
       listeners.set(`${VERSION}.DataReloaded`, callback);

@@ -153,8 +153,7 @@ class App {
     // The selection a reload or a shared link asks for: the frame's own hash (the tab opened on
     // its own page), else TensorBoard's URL (p.gradmom.* pairs, through the plugin library).
     let params = fromHash(window.location.hash);
-    if (!Object.keys(params).length && this.host)
-      params = (await this.host.getURLPluginData()) ?? {};
+    if (!Object.keys(params).length && this.host) params = await this.host.getURLPluginData();
     this.state = initialState(this.meta, detectTheme(), fromURLParams(params));
     this.buildSkeleton();
     this.watchTheme();

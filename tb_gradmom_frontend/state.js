@@ -570,6 +570,30 @@ export function fromHash(hash) {
 }
 
 /**
+ * The plugin's parameters in TensorBoard's URL hash (the `p.<plugin>.` pairs hostHash writes),
+ * read as TensorBoard reads its hash: split on "&", then on "=", each part URI-decoded.
+ * @param {string} hash
+ * @param {string} plugin
+ * @returns {Record<string, string>}
+ */
+export function fromHostHash(hash, plugin) {
+  const prefix = `p.${plugin}.`;
+  /** @type {Record<string, string>} */
+  const out = {};
+  for (const part of hash.replace(/^#/, "").split("&")) {
+    const kv = part.split("=");
+    if (kv.length !== 2) continue;
+    try {
+      const [k, v] = kv.map(decodeURIComponent);
+      if (k.startsWith(prefix)) out[k.slice(prefix.length)] = v;
+    } catch {
+      // A malformed escape: not ours.
+    }
+  }
+  return out;
+}
+
+/**
  * TensorBoard's URL hash with the plugin's parameters set: TensorBoard keeps a plugin's data
  * in its hash as `p.<plugin>.<key>=<value>` pairs joined by "&" (the first part, without
  * "=", names the active dashboard) and hands them to the plugin frame (plugin_lib's
