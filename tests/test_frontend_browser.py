@@ -1136,7 +1136,8 @@ def test_layout_nothing_wraps_mid_word_and_titles_stay_below_the_toolbar(page, w
 @pytest.mark.parametrize("width", [1024, 1440])
 def test_screenshots_light_and_dark(browser, tensorboard, width, theme):
     """Screenshots of the tab as a reader sees it (artifacts/screenshots/tab_<width>_<theme>.png):
-    the demo's CNN when there, else alpha; the last variable's 1-D bias in bars below."""
+    the demo's CNN when there, else alpha; the last variable's 1-D bias in bars below; and a
+    comparison of alpha and beta (compare_<width>_<theme>.png)."""
     p = Page(browser, tensorboard, color_scheme=theme)
     try:
         p.page.set_viewport_size({"width": width, "height": 900})
@@ -1148,6 +1149,17 @@ def test_screenshots_light_and_dark(browser, tensorboard, width, theme):
         pg.wait_for_selector("table.summary tbody tr")
         assert pg.evaluate(WORDS_BROKEN) == []
         shot(pg, f"tab_{width}_{theme}.png")
+        choose(pg, "select.run-select", "alpha", p)
+        pg.click('.tag-list button[data-tag="big/kernel"]')
+        p.settle()
+        choose(pg, "select.compare-select", "runs", p)
+        pg.wait_for_selector('.compare-panel[data-run="beta"]')
+        p.settle()
+        assert pg.evaluate(WORDS_BROKEN) == []
+        assert _svg_labels_outside(pg, "#heatmap-card, #histogram-card") == []
+        pg.locator("#heatmap-card").scroll_into_view_if_needed()
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(SHOTS / f"compare_{width}_{theme}.png"), full_page=False)
         assert not p.errors, p.errors
     finally:
         p.close()
