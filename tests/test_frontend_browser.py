@@ -1442,6 +1442,17 @@ def test_comparison_of_two_runs_has_one_colour_scale(page, logdir):
         image = pg.locator(f'.compare-panel[data-run="{run}"] image.panel-image')
         checked = check_cell_colours(image.screenshot(), data, colormap, scale, domain=want)
         assert checked == data["rows"] * data["cols"]
+    # The tooltip over a cell of one panel: that element's value in both runs.
+    box = pg.locator('.compare-panel[data-run="beta"] image.panel-image').bounding_box()
+    pg.mouse.move(box["x"] + 1.5 * box["width"] / 4, box["y"] + 2.5 * box["height"] / 6)
+    tip = pg.locator(".compare-figure .tooltip")
+    tip.wait_for(state="visible")
+    assert (tip.get_attribute("data-row"), tip.get_attribute("data-col")) == ("2", "1")
+    texts = tip.locator(".tip-value").all_text_contents()
+    assert texts[0] == "[2, 1]", texts
+    for run, text in zip(("alpha", "beta"), texts[1:], strict=True):
+        ref = variance_from_log(logdir / run, "dense/kernel", 40)[2, 1]
+        assert math.isclose(float(text), ref, rel_tol=1e-5), (run, text, ref)
     # Histograms: both runs overlaid, in the runs' colours, with a legend.
     overlays = pg.locator("#histogram-card path.overlay")
     assert overlays.evaluate_all("ps => ps.map(p => p.dataset.run)") == ["alpha", "beta"]

@@ -12,6 +12,7 @@ import {
   colormapLUT,
   describeCell,
   finiteExtent,
+  formatValue,
   lutIndex,
   niceTicks,
   normalizer,
@@ -135,6 +136,11 @@ export class CompareHeatmapView extends View {
     );
     const svg = this.figure(m.theme);
     const L = this.layout();
+    const tip = h("div", { class: "tooltip", role: "tooltip", hidden: true });
+    svg.addEventListener("pointermove", (e) => this.hover(e, svg, tip));
+    svg.addEventListener("pointerleave", () => {
+      tip.hidden = true;
+    });
     this.node = h("div", { class: "compare" }, [
       h("div", { class: "card-tools" }, [
         h("span", {
@@ -148,7 +154,7 @@ export class CompareHeatmapView extends View {
           name: () => this.fileParts(),
         }),
       ]),
-      h("div", { class: "figure compare-figure", style: `width:${L.width}px` }, [svg]),
+      h("div", { class: "figure compare-figure", style: `width:${L.width}px` }, [svg, tip]),
     ]);
     this.container.replaceChildren(this.node);
   }
@@ -171,7 +177,7 @@ export class CompareHeatmapView extends View {
   figure(theme) {
     const m = /** @type {CompareModel} */ (this.model);
     const L = this.layout();
-    const svg = newFigure(L.width, L.height, theme);
+    const svg = newFigure(L.width, L.height, theme).attr("class", "compare-svg");
     const domain = this.domain;
     const log = m.scale === "log";
     const first = m.panels[0]?.data;
@@ -190,9 +196,7 @@ export class CompareHeatmapView extends View {
     const lut = colormapLUT(m.colormap);
     m.panels.forEach((p, i) => {
       const col = i % L.perRow;
-      const row = Math.floor(i / L.perRow);
-      const x0 = MARGIN.left + col * (L.pw + GAP);
-      const y0 = MARGIN.top + row * L.rowH;
+      const [x0, y0] = panelOrigin(L, i);
       const g = svg
         .append("g")
         .attr("class", "compare-panel")
@@ -396,6 +400,57 @@ export class CompareHeatmapView extends View {
       .text(`${m.stat}${log ? " (log scale)" : ""}, all panels`);
   }
 
+  /**
+   * The tooltip over a panel's cell: its element index and its value in every panel (the
+   * comparison read off, run by run or step by step).
+   * @param {PointerEvent} event @param {SVGSVGElement} svg @param {HTMLElement} tip
+   */
+  hover(event, svg, tip) {
+    const m = this.model;
+    if (!m) return;
+    const L = this.layout();
+    const box = svg.getBoundingClientRect();
+    const px = event.clientX - box.left;
+    const py = event.clientY - box.top;
+    const at = m.panels.findIndex((_, i) => {
+      const [x0, y0] = panelOrigin(L, i);
+      return px >= x0 && px < x0 + L.pw && py >= y0 + PANEL_TITLE && py < y0 + PANEL_TITLE + L.ph;
+    });
+    if (at < 0) {
+      tip.hidden = true;
+      return;
+    }
+    const [x0, y0] = panelOrigin(L, at);
+    const d = m.panels[at].data;
+    const col = Math.min(d.cols - 1, Math.floor(((px - x0) / L.pw) * d.cols));
+    const row = L.bars
+      ? 0
+      : Math.min(d.rows - 1, Math.floor(((py - y0 - PANEL_TITLE) / L.ph) * d.rows));
+    const k = row * d.cols + col;
+    /** @param {string} a @param {string} b @param {string} cls */
+    const line = (a, b, cls) =>
+      h("div", { class: cls }, [
+        h("span", { class: "tip-key", text: a }),
+        h("span", { class: "tip-value", text: b }),
+      ]);
+    tip.replaceChildren(
+      line("index", describeCell(cellElements(row, col, d.shape, d.block ?? [1, 1])), "tip-row"),
+      ...m.panels.map((p, i) =>
+        line(
+          m.mode === "runs" ? `${p.label} · step ${p.data.step}` : p.label,
+          p.data.rows === d.rows && p.data.cols === d.cols ? formatValue(p.data.values[k], 6) : "–",
+          i === at ? "tip-row tip-main" : "tip-row",
+        ),
+      ),
+    );
+    tip.dataset.row = String(row);
+    tip.dataset.col = String(col);
+    tip.hidden = false;
+    const flip = px + 14 + 240 > L.width;
+    tip.style.left = `${flip ? px - 14 - tip.offsetWidth : px + 14}px`;
+    tip.style.top = `${py + 12}px`;
+  }
+
   /** One line per panel and cell: the run, step, cell, element index and value. */
   csv() {
     const m = /** @type {CompareModel} */ (this.model);
@@ -430,4 +485,16 @@ export class CompareHeatmapView extends View {
       panels: m.panels.map((p) => ({ run: p.run, step: p.data.step, ...p.data })),
     });
   }
+}
+
+/**
+ * The top left corner of panel `i` (its name above its plot) in the figure.
+ * @param {{perRow: number, pw: number, rowH: number}} L
+ * @param {number} i
+ * @returns {[number, number]}
+ */
+function panelOrigin(L, i) {
+  const col = i % L.perRow;
+  const row = Math.floor(i / L.perRow);
+  return [MARGIN.left + col * (L.pw + GAP), MARGIN.top + row * L.rowH];
 }
