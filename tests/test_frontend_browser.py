@@ -1484,6 +1484,8 @@ def test_comparison_of_two_runs_has_one_colour_scale(page, logdir):
     assert [g.get("data-run") for g in groups] == ["alpha", "beta"]
     _, png = download(pg, card.get_by_role("button", name="PNG"))
     assert decode_png(png).shape[0] > 100
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    (SHOTS / "compare_export.png").write_bytes(png)
     _, hist_csv = download(pg, pg.locator("#histogram-card").get_by_role("button", name="CSV"))
     assert {r["run"] for r in csv.DictReader(io.StringIO(hist_csv.decode()))} == {"alpha", "beta"}
     shot(pg, "compare_runs.png")
@@ -1509,6 +1511,9 @@ def test_comparison_of_two_steps(page, logdir):
         "ps => ps.map(p => +p.dataset.step)"
     )
     assert steps == [10, 50]
+    sub = pg.locator("#histogram-card text.subtitle").text_content()
+    assert sub.startswith("step 10 · step 50 · share of elements per decade"), sub
+    shot(pg, "compare_steps.png")
 
 
 def wait_view(pg):

@@ -224,8 +224,12 @@ export class HistogramView extends View {
     drawTitle(
       svg,
       `Histograms of the ${this.model.label ?? stat} over the elements of ${tag}, compared`,
-      `${overlays.map((o) => `${o.label}: step ${o.data.series[0]?.step ?? "–"}`).join(" · ")}` +
-        ` · share of elements per ${log ? "decade (log x)" : "unit of x"}`,
+      `${overlays
+        .map((o) => {
+          const step = `step ${o.data.series[0]?.step ?? "–"}`;
+          return o.label === step ? step : `${o.label}: ${step}`;
+        })
+        .join(" · ")}` + ` · share of elements per ${log ? "decade (log x)" : "unit of x"}`,
       theme,
       Math.min(legendW, width / 3),
     );
