@@ -95,7 +95,7 @@ export function connectHost(plugin, { timeoutMs = 2000 } = {}) {
       try {
         const top = window.parent;
         const hash = hostHash(top.location.hash, plugin, params);
-        if (hash !== top.location.hash) {
+        if (hash !== null && hash !== top.location.hash) {
           const url = new URL(top.location.href);
           url.hash = hash;
           top.history.replaceState(top.history.state, "", url.href);

@@ -597,13 +597,18 @@ export function fromHostHash(hash, plugin) {
  * TensorBoard's URL hash with the plugin's parameters set: TensorBoard keeps a plugin's data
  * in its hash as `p.<plugin>.<key>=<value>` pairs joined by "&" (the first part, without
  * "=", names the active dashboard) and hands them to the plugin frame (plugin_lib's
- * `getURLPluginData`). Other pairs are kept; the plugin's old ones are replaced.
+ * `getURLPluginData`). Other pairs are kept; the plugin's old ones are replaced. Null when the
+ * hash names another dashboard (TensorBoard keeps a plugin's frame while another tab shows):
+ * that URL is not the plugin's to write.
  * @param {string} hash TensorBoard's current hash ("#gradmom&..." or "")
  * @param {string} plugin
  * @param {Record<string, string>} params
+ * @returns {string | null}
  */
 export function hostHash(hash, plugin, params) {
   const prefix = `p.${plugin}.`;
+  const tab = hash.replace(/^#/, "").split("&")[0];
+  if (tab && !tab.includes("=") && tab !== plugin) return null;
   const parts = hash
     .replace(/^#/, "")
     .split("&")

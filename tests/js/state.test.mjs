@@ -266,6 +266,8 @@ test("TensorBoard's hash: the plugin's p.<name>. pairs replaced, the others kept
   assert.equal(dict["p.gradmom.tag"], "dense/kernel");
   assert.equal(dict.regexInput, "x");
   assert.equal(hostHash("", "gradmom", {}), "");
+  // Another dashboard shows: its URL is left alone.
+  assert.equal(hostHash("#scalars&regexInput=x", "gradmom", params), null);
   // Read back by the tab: only its own pairs, decoded.
   assert.deepEqual(fromHostHash(hash, "gradmom"), params);
   assert.deepEqual(fromHostHash("#scalars&p.other.run=x&p.gradmom.bad=%E0%A4%A", "gradmom"), {});
