@@ -1489,6 +1489,22 @@ def test_comparison_of_two_runs_has_one_colour_scale(page, logdir):
     _, hist_csv = download(pg, pg.locator("#histogram-card").get_by_role("button", name="CSV"))
     assert {r["run"] for r in csv.DictReader(io.StringIO(hist_csv.decode()))} == {"alpha", "beta"}
     shot(pg, "compare_runs.png")
+    # A 1-D variable: bars, each as tall as its value on the one (log) scale of both runs.
+    pg.click('.tag-list button[data-tag="dense/bias"]')
+    pg.wait_for_selector('.compare-panel[data-run="beta"] rect.bar')
+    page.settle()
+    values = {r: variance_from_log(logdir / r, "dense/bias", 40) for r in ("alpha", "beta")}
+    lo = min(v.min() for v in values.values())
+    hi = max(v.max() for v in values.values())
+    for run, v in values.items():
+        bars = pg.locator(f'.compare-panel[data-run="{run}"] rect.bar').evaluate_all(
+            "rs => rs.map(r => [+r.getAttribute('y'), +r.getAttribute('height')])"
+        )
+        assert len(bars) == 4
+        for (y, height), value in zip(bars, v, strict=True):
+            t = (math.log10(value) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+            assert math.isclose(height / 160, 0.04 + 0.96 * t, abs_tol=1e-6), (run, value)
+            assert math.isclose(y + height, 160, abs_tol=1e-6)
 
 
 def test_comparison_of_two_steps(page, logdir):
