@@ -404,7 +404,10 @@ class App {
     if (!s.runList.some((r) => Object.keys(s.runs[r] ?? {}).length)) {
       this.setStatus(
         "No Grad Moments data in this log directory yet. Log moments with tb_gradmom (see the README), " +
-          "or write a demo with `tb-gradmom demo --logdir <dir>`; this page reloads every 30 s.",
+          "or write a demo with `tb-gradmom demo --logdir <dir>`; " +
+          (this.host
+            ? "the tab reloads with TensorBoard (its reload button, or auto-reload)."
+            : "this page reloads every 30 s."),
         "info",
       );
       return;
