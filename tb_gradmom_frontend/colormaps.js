@@ -1,3 +1,4 @@
+// @ts-check
 // Colour maps as 256-entry lookup tables: 256 RGB triples as 1536 hex digits per map.
 // viridis, magma, inferno, plasma (Smith & van der Walt) and cividis (Nunez, Anderton &
 // Renslow 2018) are matplotlib's listed colour maps (CC0), each channel round(255 * x);

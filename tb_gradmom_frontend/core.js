@@ -1,3 +1,4 @@
+// @ts-check
 // Pure functions of the Grad Moments tab: no DOM, no fetch. Tested with `node --test`.
 //
 // Colour maps and scales, tick choice, pooling, histogram binning, index arithmetic for the
@@ -758,7 +759,7 @@ export function sortRows(rows, key, descending = false) {
   return [...rows].sort((a, b) => {
     const x = a[key];
     const y = b[key];
-    if (missing(x) || missing(y)) return missing(x) - missing(y);
+    if (missing(x) || missing(y)) return Number(missing(x)) - Number(missing(y));
     const c =
       typeof x === "string" || typeof y === "string" ? String(x).localeCompare(String(y)) : x - y;
     return descending ? -c : c;

@@ -1,7 +1,10 @@
+// @ts-check
 // The Grad Moments tab. TensorBoard loads this module in the plugin frame
 // (/data/plugin_entry.html?name=gradmom, base href /data/plugin/gradmom/) and calls render().
 //
-// State lives in App; api.js fetches, core.js transforms, views/ draw. Every label, statistic
+// state.js holds the state (one update path: App.dispatch; one render pass: App.renderAll,
+// which redraws what changed and keeps the selection in the URL); api.js fetches, core.js
+// transforms, views/ draw; host.js talks to TensorBoard (reloads, its URL). Every label, statistic
 // order, sign, run colour and default comes from the backend's /meta (tb_gradmom.analysis.views.meta),
 // fetched once before anything is drawn; without it the tab says why instead of starting.
 
@@ -13,10 +16,8 @@ import {
   availableStats,
   axisLabel,
   curveGroups,
-  defaultView,
   filterTags,
   groupLabel,
-  groupsOf,
   histogramPlan,
   isPositiveOnly,
   isSigned,
@@ -29,12 +30,36 @@ import {
   summaryNumericKeys,
   tableRow,
 } from "./core.js";
+import { connectHost } from "./host.js";
+import {
+  activeRuns,
+  comparedRuns,
+  comparedSteps,
+  currentStep,
+  fromHash,
+  fromURLParams,
+  groupList,
+  grouped,
+  initialState,
+  steps,
+  tagInfo,
+  tagsOf,
+  toHash,
+  toURLParams,
+  update,
+  viewKeys,
+} from "./state.js";
 import { checkbox, h, select } from "./views/common.js";
+import { CompareHeatmapView } from "./views/compare.js";
 import { CurvesView } from "./views/curves.js";
 import { HeatmapView } from "./views/heatmap.js";
 import { HistogramView } from "./views/histogram.js";
 import { TableView } from "./views/table.js";
 
+/** @typedef {import("./state.js").State} State */
+/** @typedef {import("./state.js").Action} Action */
+
+const PLUGIN = "gradmom"; // the plugin's name (tb_gradmom.metadata.PLUGIN_NAME)
 const RELOAD_MS = 30000; // TensorBoard's default reload period
 // Element-wise statistics the heatmap's tooltip and CSV show beside the selected one (those
 // the variable's orders allow).
@@ -60,7 +85,7 @@ export async function start(root, loadMeta = api.fetchMeta) {
     return null;
   }
   const app = new App(root, meta);
-  window.gradmom = app; // for debugging and the browser tests
+  /** @type {any} */ (window).gradmom = app; // for debugging and the browser tests
   await app.start();
   return app;
 }
@@ -102,50 +127,108 @@ function detectTheme() {
 }
 
 class App {
-  /** `meta`: the backend's /meta payload (core.checkMeta), for every label and default. */
+  /**
+   * `meta`: the backend's /meta payload (core.checkMeta), for every label and default.
+   * @param {HTMLElement} root
+   * @param {any} meta
+   */
   constructor(root, meta) {
     this.root = root;
     this.meta = meta;
-    const landing = meta.landing;
-    this.state = {
-      runs: {},
-      model: {},
-      groups: {},
-      group: "",
-      runList: [],
-      checked: new Set(),
-      known: new Set(),
-      run: null,
-      tag: null,
-      filter: "",
-      stat: landing.stat,
-      ...defaultView(landing.stat, meta),
-      step: null,
-      follow: true,
-      histMode: "step",
-      metric: landing.curve,
-      logy: false,
-      smoothing: meta.default_smoothing,
-      landed: false,
-      theme: detectTheme(),
-    };
+    this.host = connectHost(PLUGIN);
+    /** @type {State} */
+    this.state = initialState(meta, detectTheme());
+    /** @type {Record<string, string>} */
+    this.keys = {};
+    /** @type {Map<string, Promise<any>>} */
     this.cache = new Map();
     this.generation = { heatmap: 0, histogram: 0, curves: 0, table: 0 };
+    /** @type {Promise<any> | undefined} the views' loads of the last render pass */
+    this.pending = undefined;
+    /** @type {Map<string, string>} */
+    this.colors = new Map();
   }
 
   async start() {
+    // The selection a reload or a shared link asks for: the frame's own hash (the tab opened on
+    // its own page), else TensorBoard's URL (p.gradmom.* pairs, through the plugin library).
+    let params = fromHash(window.location.hash);
+    if (!Object.keys(params).length && this.host) params = await this.host.getURLPluginData();
+    this.state = initialState(this.meta, detectTheme(), fromURLParams(params));
     this.buildSkeleton();
     this.watchTheme();
     await this.reload();
-    this.timer = setInterval(() => {
-      if (this.state.follow && !document.hidden) this.reload({ keepZoom: true });
-    }, RELOAD_MS);
+    if (this.host) {
+      // Inside TensorBoard: its reload button and auto-reload (every 30 s by default) say when.
+      this.host.onReload(() => {
+        if (!document.hidden) this.reload({ auto: true });
+      });
+    } else {
+      this.timer = setInterval(() => {
+        if (this.state.follow && !document.hidden) this.reload({ auto: true });
+      }, RELOAD_MS);
+    }
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // The one update path and the one render pass.
+
+  /**
+   * Applies `action` (state.update) and redraws what changed. Returns the views' loads.
+   * @param {Action} action
+   */
+  dispatch(action) {
+    const next = update(this.state, action, this.meta);
+    if (next === this.state) return this.pending ?? Promise.resolve();
+    this.state = next;
+    return this.renderAll();
+  }
+
+  /** Redraws each part of the page whose key (state.viewKeys) changed, and writes the URL. */
+  renderAll() {
+    const s = this.state;
+    const keys = viewKeys(s);
+    const prev = this.keys;
+    this.keys = keys;
+    /** @param {keyof typeof keys} k */
+    const changed = (k) => keys[k] !== prev[k];
+    if (s.notice) this.setStatus(s.notice, "info");
+    if (changed("runs")) {
+      this.applyTheme();
+      this.renderRuns();
+    }
+    if (changed("tags")) this.renderTags();
+    if (changed("toolbar")) this.renderToolbar();
+    if (changed("info")) this.renderInfo();
+    this.writeURL();
+    if (!tagInfo(s)) return this.pending ?? Promise.resolve();
+    const jobs = [];
+    if (changed("heatmap")) jobs.push(this.loadHeatmap());
+    if (changed("histogram")) jobs.push(this.loadHistogram());
+    if (changed("curves")) jobs.push(this.loadCurves());
+    if (changed("table")) jobs.push(this.loadTable());
+    if (jobs.length) this.pending = Promise.all(jobs);
+    return this.pending;
+  }
+
+  /** The selection into the URL: the frame's hash, and TensorBoard's (p.gradmom.*). */
+  writeURL() {
+    if (!this.state.run) return;
+    const params = toURLParams(this.state);
+    const hash = toHash(params);
+    if (hash !== window.location.hash) {
+      const url = new URL(window.location.href);
+      url.hash = hash;
+      window.history.replaceState(window.history.state, "", url.href);
+    }
+    this.host?.setURLPluginData(params);
   }
 
   // -------------------------------------------------------------------------------------------
   // Layout.
 
   buildSkeleton() {
+    /** @param {string} id @param {string} title @param {HTMLElement} [controls] */
     const card = (id, title, controls) => {
       const body = h("div", { class: "card-body" });
       const node = h("section", { class: "card", id }, [
@@ -154,64 +237,67 @@ class App {
       ]);
       return { node, body };
     };
-    this.el = {};
-    this.el.runs = h("div", { class: "run-list" });
-    this.el.filter = h("input", {
-      type: "search",
-      class: "tag-filter",
-      placeholder: "Filter variables (regular expressions supported)",
-      "aria-label": "Filter variables by regular expression",
-      value: this.state.filter,
-    });
-    this.el.filter.addEventListener("input", () => {
-      this.state.filter = this.el.filter.value;
-      this.renderTags();
-      if (this.tagInfo()) this.loadTable();
-    });
-    this.el.filterError = h("div", { class: "filter-error", hidden: true });
-    this.el.tags = h("ul", { class: "tag-list" });
+    const el = {
+      runs: h("div", { class: "run-list" }),
+      filter: /** @type {HTMLInputElement} */ (
+        h("input", {
+          type: "search",
+          class: "tag-filter",
+          placeholder: "Filter variables (regular expressions supported)",
+          "aria-label": "Filter variables by regular expression",
+          value: this.state.filter,
+        })
+      ),
+      filterError: h("div", { class: "filter-error", hidden: true }),
+      tags: h("ul", { class: "tag-list" }),
+      toolbar: h("div", { class: "toolbar" }),
+      status: h("div", { class: "status", role: "status" }),
+      heatmapControls: h("span", { class: "card-controls" }),
+      histControls: h("span", { class: "card-controls" }),
+      curveControls: h("span", { class: "card-controls" }),
+      curvesLayer: h("div", { class: "curves-layer" }),
+      curvesModel: h("div", { class: "curves-model" }),
+      curvesLoss: h("div", { class: "curves-loss" }),
+      info: h("div", { class: "stat-info", hidden: true, role: "note" }),
+      heatmapCard: h("span"),
+    };
+    this.el = el;
+    el.filter.addEventListener("input", () =>
+      this.dispatch({ type: "setFilter", filter: el.filter.value }),
+    );
     const sidebar = h("aside", { class: "sidebar" }, [
-      h("section", {}, [h("h3", { text: "Runs" }), this.el.runs]),
+      h("section", {}, [h("h3", { text: "Runs" }), el.runs]),
       h("section", { class: "grow" }, [
         h("h3", { text: "Variables" }),
-        this.el.filter,
-        this.el.filterError,
-        this.el.tags,
+        el.filter,
+        el.filterError,
+        el.tags,
       ]),
     ]);
-
-    this.el.toolbar = h("div", { class: "toolbar" });
-    this.el.status = h("div", { class: "status", role: "status" });
-
-    this.el.histControls = h("span", { class: "card-controls" });
-    this.el.curveControls = h("span", { class: "card-controls" });
     const summary = card("summary-card", "Model summary");
-    const heatmap = card("heatmap-card", "Heatmap");
-    const hist = card("histogram-card", "Histograms", this.el.histControls);
-    const curves = card("curves-card", "Noise over training", this.el.curveControls);
-    this.el.curvesLayer = h("div", { class: "curves-layer" });
-    this.el.curvesModel = h("div", { class: "curves-model" });
-    this.el.curvesLoss = h("div", { class: "curves-loss" });
-    this.el.info = h("div", { class: "stat-info", hidden: true, role: "note" });
-    curves.body.append(this.el.info, this.el.curvesModel, this.el.curvesLoss, this.el.curvesLayer);
+    const heatmap = card("heatmap-card", "Heatmap", el.heatmapControls);
+    const hist = card("histogram-card", "Histograms", el.histControls);
+    const curves = card("curves-card", "Noise over training", el.curveControls);
+    curves.body.append(el.info, el.curvesModel, el.curvesLoss, el.curvesLayer);
+    el.heatmapCard = heatmap.node;
 
     this.views = {
       table: new TableView(
         summary.body,
-        (tag) => this.selectTag(tag, true),
+        (/** @type {string} */ tag) => this.selectTag(tag, true),
         this.meta.landing.sort,
       ),
       heatmap: new HeatmapView(heatmap.body),
+      compare: new CompareHeatmapView(heatmap.body),
       histogram: new HistogramView(hist.body),
-      layerCurves: new CurvesView(this.el.curvesLayer),
-      modelCurves: new CurvesView(this.el.curvesModel),
-      lossCurves: new CurvesView(this.el.curvesLoss),
+      layerCurves: new CurvesView(el.curvesLayer),
+      modelCurves: new CurvesView(el.curvesModel),
+      lossCurves: new CurvesView(el.curvesLoss),
     };
-    this.el.heatmapCard = heatmap.node;
     // The whole model first (noise and loss over training, the table), then one variable.
     const main = h("main", { class: "main" }, [
-      this.el.toolbar,
-      this.el.status,
+      el.toolbar,
+      el.status,
       curves.node,
       summary.node,
       heatmap.node,
@@ -222,17 +308,18 @@ class App {
     this.watchResize(main);
     // The sticky toolbar's height, for the cards' scroll margin (style.css --toolbar-h).
     new ResizeObserver(() => {
-      document.documentElement.style.setProperty(
-        "--toolbar-h",
-        `${this.el.toolbar.offsetHeight}px`,
-      );
-    }).observe(this.el.toolbar);
+      document.documentElement.style.setProperty("--toolbar-h", `${el.toolbar.offsetHeight}px`);
+    }).observe(el.toolbar);
   }
 
-  /** Every plot re-lays out to its card's new width (debounced). */
+  /**
+   * Every plot re-lays out to its card's new width (debounced).
+   * @param {HTMLElement} node
+   */
   watchResize(node) {
     let width = node.clientWidth;
-    let timer = null;
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    let timer;
     new ResizeObserver(() => {
       if (node.clientWidth === width) return;
       width = node.clientWidth;
@@ -244,24 +331,18 @@ class App {
   relayout() {
     const v = this.views;
     if (v.heatmap.model) v.heatmap.render();
+    if (v.compare.model) v.compare.render();
     for (const c of [v.histogram, v.layerCurves, v.modelCurves, v.lossCurves])
       if (c.model) c.update(c.model);
     this.resized = (this.resized ?? 0) + 1;
   }
 
   watchTheme() {
-    const update = () => {
-      const theme = detectTheme();
-      if (theme !== this.state.theme) {
-        this.state.theme = theme;
-        this.applyTheme();
-        this.renderRuns();
-        this.loadViews();
-      }
-    };
+    const check = () => this.dispatch({ type: "setTheme", theme: detectTheme() });
     try {
       if (window.parent !== window) {
-        new window.parent.MutationObserver(update).observe(window.parent.document.body, {
+        const parent = /** @type {Window & typeof globalThis} */ (window.parent);
+        new parent.MutationObserver(check).observe(parent.document.body, {
           attributes: true,
           attributeFilter: ["class"],
         });
@@ -269,7 +350,7 @@ class App {
     } catch {
       // Not reachable: only the media query below.
     }
-    window.matchMedia?.("(prefers-color-scheme: dark)").addEventListener?.("change", update);
+    window.matchMedia?.("(prefers-color-scheme: dark)").addEventListener?.("change", check);
   }
 
   applyTheme() {
@@ -278,177 +359,97 @@ class App {
   }
 
   get theme() {
-    return THEMES[this.state.theme];
+    return THEMES[/** @type {"light" | "dark"} */ (this.state.theme)];
   }
 
   // -------------------------------------------------------------------------------------------
   // Data.
 
-  /** Memoised fetch until the next reload. */
+  /**
+   * Memoised fetch until the next reload.
+   * @template T
+   * @param {string} key
+   * @param {() => Promise<T>} fetcher
+   * @returns {Promise<T>}
+   */
   cached(key, fetcher) {
     if (!this.cache.has(key)) {
       const p = fetcher();
       p.catch(() => this.cache.delete(key));
       this.cache.set(key, p);
     }
-    return this.cache.get(key);
+    return /** @type {Promise<T>} */ (this.cache.get(key));
   }
 
-  /** Fetches the tag list again (new runs, new steps) and redraws everything. */
-  async reload({ keepZoom = false } = {}) {
+  /**
+   * Fetches the tag list again (new runs, new steps) and redraws everything.
+   * @param {{auto?: boolean}} [options] `auto`: a periodic reload (TensorBoard's or ours)
+   */
+  async reload({ auto = false } = {}) {
     let data;
     try {
       data = await api.fetchTags();
     } catch (e) {
-      this.setStatus(`Could not load the list of runs: ${e.message}`, "error");
+      this.setStatus(`Could not load the list of runs: ${errorText(e)}`, "error");
       return;
+    }
+    if (auto && !this.state.follow) {
+      // Not following: a periodic reload adds new runs and steps but keeps what is drawn.
+      const known = JSON.stringify([this.state.runs, this.state.groups]);
+      if (known === JSON.stringify([data.runs, data.groups])) return;
     }
     this.cache.clear();
+    this.dispatch({ type: "tags", data });
     const s = this.state;
-    s.runs = data.runs;
-    s.model = data.model;
-    s.groups = data.groups;
-    s.runList = [...new Set([...Object.keys(data.runs), ...Object.keys(data.model)])].sort();
-    for (const r of s.runList) {
-      if (!s.known.has(r)) {
-        s.known.add(r);
-        s.checked.add(r);
-      }
-    }
-    this.applyTheme();
-    const withTags = s.runList.filter((r) => Object.keys(s.runs[r] ?? {}).length);
-    if (!withTags.length) {
+    if (!s.runList.some((r) => Object.keys(s.runs[r] ?? {}).length)) {
       this.setStatus(
         "No Grad Moments data in this log directory yet. Log moments with tb_gradmom (see the README), " +
-          "or write a demo with `tb-gradmom demo --logdir <dir>`; this page reloads every 30 s.",
+          "or write a demo with `tb-gradmom demo --logdir <dir>`; " +
+          (this.host
+            ? "the tab reloads with TensorBoard (its reload button, or auto-reload)."
+            : "this page reloads every 30 s."),
         "info",
       );
-      this.renderRuns();
-      this.renderTags();
-      this.renderToolbar();
       return;
     }
-    this.setStatus("");
-    if (!this.activeRuns().length) s.checked.add(withTags[0]);
-    if (!this.activeRuns().includes(s.run)) {
-      s.run = this.activeRuns()[0];
-      s.landed = false;
-    }
-    this.ensureGroup();
-    this.ensureTag();
-    if (s.follow) s.step = null;
-    this.renderRuns();
-    this.renderTags();
-    this.renderToolbar();
-    this.loadViews({ keepZoom });
+    if (!s.notice) this.setStatus("");
+    await this.pending;
   }
 
+  /**
+   * @param {string} text
+   * @param {string} [kind]
+   */
   setStatus(text, kind = "info") {
     this.el.status.textContent = text;
     this.el.status.className = `status ${kind}`;
     this.el.status.hidden = !text;
   }
 
-  /** The groups (one per summary.moments call) with a whole-model tag in the shown runs. */
-  groupList() {
-    const s = this.state;
-    return groupsOf(
-      s.groups,
-      s.runList.filter((r) => s.checked.has(r) || r === s.run),
-    );
-  }
-
-  /** Whether the tab shows one group at a time (more than one whole-model tag is shown). */
-  grouped() {
-    return this.groupList().length > 1;
-  }
-
-  /**
-   * Keeps the chosen group one the active run has (else its first, "" when it exists), or,
-   * for a run without whole-model tags, one of the shown runs' groups.
-   */
-  ensureGroup() {
-    const s = this.state;
-    const own = groupsOf(s.groups, [s.run]);
-    const groups = own.length ? own : this.groupList();
-    if (groups.length && !groups.includes(s.group)) s.group = groups[0];
-  }
-
-  /** The variables of a run, only the chosen group's when the tab shows groups. */
-  tagsOf(run) {
-    const info = this.state.runs[run] ?? {};
-    const grouped = this.grouped();
-    return Object.keys(info)
-      .filter((t) => !grouped || (info[t].group ?? "") === this.state.group)
-      .sort();
-  }
-
-  tagInfo() {
-    return this.state.runs[this.state.run]?.[this.state.tag] ?? null;
-  }
-
-  /** Keeps the selected tag valid for the active run and the filter. */
-  ensureTag() {
-    const s = this.state;
-    const tags = this.tagsOf(s.run);
-    if (!tags.includes(s.tag)) {
-      const { tags: shown } = filterTags(tags, s.filter);
-      s.tag = shown[0] ?? tags[0] ?? null;
-    }
-    const info = this.tagInfo();
-    if (info) {
-      const stats = availableStats(info.orders ?? [1, 2], this.meta);
-      if (!stats.includes(s.stat)) {
-        // The landing statistic if this variable has it, else its first; in its default view.
-        s.stat = stats.includes(this.meta.landing.stat) ? this.meta.landing.stat : stats[0];
-        Object.assign(s, defaultView(s.stat, this.meta));
-      }
-    }
-  }
-
-  /** The steps of the selected variable in the active run. */
-  steps() {
-    return [...(this.tagInfo()?.steps ?? [])].sort((a, b) => a - b);
-  }
-
-  currentStep() {
-    const steps = this.steps();
-    return nearestStep(steps, this.state.follow ? null : this.state.step);
-  }
-
   // -------------------------------------------------------------------------------------------
   // Controls.
 
   /**
-   * The runs, one selection for every view: a checked run is shown (its curves overlaid); the
-   * active one (bold, also the toolbar's Run) is always checked, and the table, heatmap and
-   * histograms show it. A click on a run's name makes it active; unchecking the active run
-   * makes the next checked run active; the last checked run stays checked.
+   * The runs, one selection for every view: a checked run is shown (its curves overlaid, its
+   * panel in a run comparison); the active one (bold, also the toolbar's Run) is always
+   * checked, and the table, heatmap and histograms show it. A click on a run's name makes it
+   * active; unchecking the active run makes the next checked run active; the last checked run
+   * stays checked.
    */
   renderRuns() {
     const s = this.state;
     this.el.runs.replaceChildren(
       ...s.runList.map((run) => {
-        const box = h("input", {
-          type: "checkbox",
-          checked: s.checked.has(run),
-          "aria-label": `show run ${run}`,
-        });
+        const box = /** @type {HTMLInputElement} */ (
+          h("input", {
+            type: "checkbox",
+            checked: s.checked.includes(run),
+            "aria-label": `show run ${run}`,
+          })
+        );
         box.addEventListener("change", () => {
-          if (box.checked) {
-            s.checked.add(run);
-            this.afterRunsChanged();
-            return;
-          }
-          const others = this.activeRuns().filter((r) => r !== run);
-          if (run === s.run && !others.length) {
-            box.checked = true;
-            this.setStatus("At least one run stays shown: check another run first.", "info");
-            return;
-          }
-          s.checked.delete(run);
-          if (run === s.run) this.setRun(others[0]);
-          else this.afterRunsChanged();
+          this.dispatch({ type: "toggleRun", run, checked: box.checked });
+          box.checked = this.state.checked.includes(run);
         });
         const name = h("span", {
           class: "run-name",
@@ -457,7 +458,7 @@ class App {
         });
         name.addEventListener("click", (e) => {
           e.preventDefault(); // not a click on the checkbox
-          if (Object.keys(s.runs[run] ?? {}).length) this.setRun(run);
+          this.dispatch({ type: "setRun", run });
         });
         return h(
           "label",
@@ -472,47 +473,15 @@ class App {
     );
   }
 
-  /** The checked runs that have variables: those the toolbar's Run offers. */
-  activeRuns() {
-    const s = this.state;
-    return s.runList.filter((r) => s.checked.has(r) && Object.keys(s.runs[r] ?? {}).length);
-  }
-
-  /** Shows `run` in every view (checked, active) and lands on its noisiest variable. */
-  setRun(run) {
-    const s = this.state;
-    s.run = run;
-    s.checked.add(run);
-    s.landed = false; // the noisiest variable of this run, once its table is in
-    this.ensureGroup();
-    this.ensureTag();
-    this.renderRuns();
-    this.renderTags();
-    this.renderToolbar();
-    this.loadViews();
-  }
-
-  /** After a run other than the active one was checked or unchecked: the overlays. */
-  afterRunsChanged() {
-    const s = this.state;
-    this.setStatus("");
-    const group = s.group;
-    const wasGrouped = this.grouped();
-    this.ensureGroup();
-    this.renderRuns();
-    this.renderToolbar();
-    if (group !== s.group || wasGrouped !== this.grouped()) this.selectGroup(s.group);
-    else this.loadCurves();
-  }
-
   renderTags() {
     const s = this.state;
-    const all = this.tagsOf(s.run);
+    const all = tagsOf(s, s.run);
     const { tags, error } = filterTags(all, s.filter);
     this.el.filterError.hidden = !error;
     this.el.filterError.textContent = error ? `Invalid regular expression: ${error}` : "";
     this.el.filter.classList.toggle("invalid", !!error);
-    const info = s.runs[s.run] ?? {};
+    if (this.el.filter.value !== s.filter) this.el.filter.value = s.filter;
+    const info = (s.run && s.runs[s.run]) || {};
     this.el.tags.replaceChildren(
       ...tags.map((tag) => {
         const t = info[tag];
@@ -540,40 +509,47 @@ class App {
 
   renderToolbar() {
     const s = this.state;
-    const info = this.tagInfo();
-    const steps = this.steps();
-    const step = this.currentStep();
-    const withTags = this.activeRuns();
+    const info = tagInfo(s);
+    const all = steps(s);
+    const step = currentStep(s);
+    /** @param {string} label @param {HTMLElement} control */
     const field = (label, control) =>
       h("label", { class: "field" }, [h("span", { text: label }), control]);
     const stats = availableStats(info?.orders ?? [1, 2], this.meta).map((v) => ({
       value: v,
       label: statLabel(v, this.meta),
     }));
+    /** @param {import("./state.js").OptionKey} key @param {any} value */
+    const set = (key, value) => this.dispatch({ type: "set", key, value });
 
-    const slider = h("input", {
-      type: "range",
-      class: "step-slider",
-      min: 0,
-      max: Math.max(0, steps.length - 1),
-      value: Math.max(0, steps.indexOf(step)),
-      "aria-label": "step",
-      disabled: steps.length < 2,
-    });
+    const slider = /** @type {HTMLInputElement} */ (
+      h("input", {
+        type: "range",
+        class: "step-slider",
+        min: 0,
+        max: Math.max(0, all.length - 1),
+        value: Math.max(0, step === null ? 0 : all.indexOf(step)),
+        "aria-label": "step",
+        disabled: all.length < 2,
+      })
+    );
     const stepLabel = h("output", { class: "step-value", text: step ?? "–" });
     slider.addEventListener("input", () => {
-      stepLabel.textContent = String(steps[+slider.value]);
+      stepLabel.textContent = String(all[+slider.value]);
     });
-    slider.addEventListener("change", () => {
-      s.step = steps[+slider.value];
-      s.follow = +slider.value === steps.length - 1 && s.follow;
-      follow.checked = s.follow;
-      this.loadViews({ keepZoom: true });
-    });
-    const follow = h("input", { type: "checkbox", checked: s.follow, class: "follow" });
+    slider.addEventListener("change", () =>
+      this.dispatch({
+        type: "setStep",
+        step: all[+slider.value],
+        last: +slider.value === all.length - 1,
+      }),
+    );
+    const follow = /** @type {HTMLInputElement} */ (
+      h("input", { type: "checkbox", checked: s.follow, class: "follow" })
+    );
     follow.addEventListener("change", () => {
-      s.follow = follow.checked;
-      if (s.follow) this.reload();
+      this.dispatch({ type: "setFollow", follow: follow.checked });
+      if (follow.checked) this.reload();
     });
     const reload = h("button", {
       type: "button",
@@ -586,19 +562,19 @@ class App {
     this.el.toolbar.replaceChildren(
       field(
         "Run",
-        select(withTags, s.run, (v) => this.setRun(v), {
+        select(activeRuns(s), s.run, (v) => this.dispatch({ type: "setRun", run: v }), {
           class: "run-select",
           title: "The run the table, heatmap and histograms show (the sidebar's checked runs)",
         }),
       ),
-      ...(this.grouped()
+      ...(grouped(s)
         ? [
             field(
               "Model",
               select(
-                this.groupList().map((g) => ({ value: g, label: groupLabel(g) })),
+                groupList(s).map((g) => ({ value: g, label: groupLabel(g) })),
                 s.group,
-                (v) => this.selectGroup(v),
+                (v) => this.dispatch({ type: "selectGroup", group: v }),
                 {
                   class: "group-select",
                   title:
@@ -610,47 +586,24 @@ class App {
         : []),
       field(
         "Statistic",
-        select(
-          stats,
-          s.stat,
-          (v) => {
-            s.stat = v;
-            Object.assign(s, defaultView(v, this.meta));
-            this.renderToolbar();
-            this.loadViews({ only: ["heatmap", "histogram"] });
-          },
-          { class: "stat-select" },
-        ),
+        select(stats, s.stat, (v) => this.dispatch({ type: "setStat", stat: v }), {
+          class: "stat-select",
+        }),
       ),
       field(
         "Colour map",
-        select(
-          COLORMAPS,
-          s.colormap,
-          (v) => {
-            s.colormap = v;
-            this.loadViews({ only: ["heatmap"], keepZoom: true });
-          },
-          { class: "colormap-select" },
-        ),
+        select(COLORMAPS, s.colormap, (v) => set("colormap", v), { class: "colormap-select" }),
       ),
       field(
         "Scale",
-        select(
-          ["linear", "log"],
-          s.scale,
-          (v) => {
-            s.scale = v;
-            this.loadViews({ only: ["heatmap"], keepZoom: true });
-          },
-          { class: "scale-select" },
-        ),
+        select(["linear", "log"], s.scale, (v) => set("scale", v), { class: "scale-select" }),
       ),
       h("div", { class: "field step-field" }, [h("span", { text: "Step" }), slider, stepLabel]),
       h("label", { class: "field check" }, [follow, h("span", { text: "Follow latest" })]),
       reload,
     );
 
+    this.el.heatmapControls.replaceChildren(...this.compareControls());
     this.el.histControls.replaceChildren(
       select(
         [
@@ -658,53 +611,41 @@ class App {
           { value: "steps", label: "over steps (offset)" },
         ],
         s.histMode,
-        (v) => {
-          s.histMode = v;
-          this.loadHistogram();
+        (v) => set("histMode", v),
+        {
+          class: "hist-mode",
+          "aria-label": "histogram mode",
+          disabled: s.compare !== "off",
+          title: s.compare !== "off" ? "A comparison overlays one step per histogram" : null,
         },
-        { class: "hist-mode", "aria-label": "histogram mode" },
       ),
-      checkbox(
-        "log x",
-        s.histLog,
-        (checked) => {
-          s.histLog = checked;
-          this.loadHistogram();
-        },
-        { class: "hist-log" },
-      ),
+      checkbox("log x", s.histLog, (checked) => set("histLog", checked), { class: "hist-log" }),
     );
-    const smoothing = h("input", {
-      type: "range",
-      class: "smoothing",
-      min: 0,
-      max: 0.99,
-      step: 0.01,
-      value: s.smoothing,
-      "aria-label": "smoothing",
-      title: "EMA decay: numerator and denominator are smoothed separately, then divided",
-    });
+    const smoothing = /** @type {HTMLInputElement} */ (
+      h("input", {
+        type: "range",
+        class: "smoothing",
+        min: 0,
+        max: 0.99,
+        step: 0.01,
+        value: s.smoothing,
+        "aria-label": "smoothing",
+        title: "EMA decay: numerator and denominator are smoothed separately, then divided",
+      })
+    );
     const smoothingValue = h("output", { class: "smoothing-value", text: s.smoothing.toFixed(2) });
     smoothing.addEventListener("input", () => {
       smoothingValue.textContent = (+smoothing.value).toFixed(2);
     });
-    smoothing.addEventListener("change", () => {
-      s.smoothing = +smoothing.value;
-      smoothingValue.textContent = s.smoothing.toFixed(2);
-      this.loadViews({ only: ["curves", "table"] });
-    });
+    smoothing.addEventListener("change", () => set("smoothing", +smoothing.value));
     const infoButton = h("button", {
       type: "button",
       class: "info-button",
       text: "What is this?",
       "aria-label": "what this statistic is",
-      "aria-expanded": String(!this.el.info.hidden),
+      "aria-expanded": String(s.info),
     });
-    infoButton.addEventListener("click", () => {
-      this.el.info.hidden = !this.el.info.hidden;
-      infoButton.setAttribute("aria-expanded", String(!this.el.info.hidden));
-      this.renderInfo();
-    });
+    infoButton.addEventListener("click", () => set("info", !this.state.info));
     this.el.curveControls.replaceChildren(
       select(
         curveGroups(this.meta).map((g) => ({
@@ -717,11 +658,7 @@ class App {
           })),
         })),
         s.metric,
-        (v) => {
-          s.metric = v;
-          this.renderInfo();
-          this.loadCurves();
-        },
+        (v) => set("metric", v),
         { class: "metric-select", "aria-label": "quantity" },
       ),
       infoButton,
@@ -730,16 +667,42 @@ class App {
         smoothing,
         smoothingValue,
       ]),
-      checkbox(
-        "log y",
-        s.logy,
-        (checked) => {
-          s.logy = checked;
-          this.loadCurves();
-        },
-        { class: "curves-log" },
-      ),
+      checkbox("log y", s.logy, (checked) => set("logy", checked), { class: "curves-log" }),
     );
+  }
+
+  /**
+   * The comparison's controls, in the heatmap card's header: off, the shown runs side by side
+   * (the sidebar's checked runs that have the variable), or two steps of the run (the toolbar's
+   * step and the one chosen here).
+   */
+  compareControls() {
+    const s = this.state;
+    const mode = select(
+      [
+        { value: "off", label: "no comparison" },
+        { value: "runs", label: "compare the shown runs" },
+        { value: "steps", label: "compare two steps" },
+      ],
+      s.compare,
+      (v) => this.dispatch({ type: "setCompare", compare: /** @type {any} */ (v) }),
+      {
+        class: "compare-select",
+        "aria-label": "comparison",
+        title:
+          "Side by side with one colour scale (heatmaps), overlaid (histograms): the runs checked in the sidebar, or two steps",
+      },
+    );
+    if (s.compare !== "steps") return [mode];
+    const pair = comparedSteps(s);
+    const other = pair ? (pair[0] === currentStep(s) ? pair[1] : pair[0]) : null;
+    const vs = select(
+      steps(s).map((st) => String(st)),
+      String(other ?? ""),
+      (v) => this.dispatch({ type: "setCompareStep", step: Number(v) }),
+      { class: "compare-step", "aria-label": "the other step" },
+    );
+    return [mode, h("label", { class: "check" }, [h("span", { text: "vs step" }), vs])];
   }
 
   /**
@@ -747,8 +710,11 @@ class App {
    * (those it has: the logged quantities have a name, meaning and unit only).
    */
   renderInfo() {
-    const st = seriesInfo(this.state.metric, this.meta);
-    const kind = curveGroups(this.meta).find((g) => g.keys.includes(this.state.metric));
+    const s = this.state;
+    this.el.info.hidden = !s.info;
+    const st = seriesInfo(s.metric, this.meta);
+    const kind = curveGroups(this.meta).find((g) => g.keys.includes(s.metric));
+    /** @param {string} k @param {string | undefined} v */
     const row = (k, v) =>
       v &&
       h("div", { class: `info-row info-${k}` }, [
@@ -757,7 +723,7 @@ class App {
       ]);
     this.el.info.replaceChildren(
       ...[
-        h("h3", { text: seriesTitle(this.state.metric, this.meta) }),
+        h("h3", { text: seriesTitle(s.metric, this.meta) }),
         st.meaning && h("p", { class: "info-meaning", text: `${st.meaning}.` }),
         kind && row("kind", `${kind.name}${kind.description ? `: ${kind.description}` : ""}`),
         row("formula", st.formula),
@@ -765,56 +731,29 @@ class App {
         row("reading", st.reading),
         row("smoothing", st.smoothing),
         row("reference", st.reference),
-      ].filter(Boolean),
+      ].filter((x) => !!x),
     );
   }
 
-  /** Shows another group: its model curves and table, landing on its noisiest variable. */
-  selectGroup(group) {
-    const s = this.state;
-    s.group = group;
-    if (!s.groups[s.run]?.[group]) {
-      // Another run has this group: show that run's variables and table.
-      const other = s.runList.find(
-        (r) => s.groups[r]?.[group] && Object.keys(s.runs[r] ?? {}).length,
-      );
-      if (other) s.run = other;
-    }
-    s.landed = false;
-    this.ensureTag();
-    this.renderRuns();
-    this.renderTags();
-    this.renderToolbar();
-    this.loadViews();
-  }
-
+  /**
+   * Selects a variable; `scroll` brings its heatmap into view (a click in the table).
+   * @param {string} tag
+   * @param {boolean} scroll
+   */
   selectTag(tag, scroll) {
-    this.state.tag = tag;
-    this.ensureTag();
-    this.renderTags();
-    this.renderToolbar();
-    this.loadViews({ only: ["heatmap", "histogram", "curves", "table"] });
+    const done = this.dispatch({ type: "selectTag", tag });
     if (scroll) this.el.heatmapCard.scrollIntoView({ behavior: "smooth", block: "start" });
+    return done;
   }
 
   // -------------------------------------------------------------------------------------------
   // Views.
 
-  loadViews({ only = ["heatmap", "histogram", "curves", "table"], keepZoom = false } = {}) {
-    if (!this.tagInfo()) return;
-    const jobs = [];
-    if (only.includes("heatmap")) jobs.push(this.loadHeatmap(keepZoom));
-    if (only.includes("histogram")) jobs.push(this.loadHistogram());
-    if (only.includes("curves")) jobs.push(this.loadCurves());
-    if (only.includes("table")) jobs.push(this.loadTable());
-    this.pending = Promise.all(jobs);
-    return this.pending;
-  }
-
   /**
    * Starts a load of one kind of view ("heatmap", "histogram", "curves", "table"); returns a
    * function that tells whether it is still the newest load of that kind, so that a slow answer
    * never replaces what a later load drew.
+   * @param {"heatmap" | "histogram" | "curves" | "table"} kind
    */
   startLoad(kind) {
     const gen = ++this.generation[kind];
@@ -822,40 +761,56 @@ class App {
   }
 
   /**
-   * Loads the view `kind` ("heatmap", "histogram", "table"): `fetch()` gets the data and
-   * `show(data)` draws it, unless a newer load of that view started meanwhile. If either
-   * fails, the view says "Could not load `what`: <reason>" (again only for the newest load).
+   * Loads the view `kind`: `fetch()` gets the data and `show(data)` draws it, unless a newer
+   * load of that view started meanwhile. If either fails, `view` says "Could not load `what`:
+   * <reason>" (again only for the newest load).
+   * @template T
+   * @param {"heatmap" | "histogram" | "table"} kind
+   * @param {{showMessage: (text: string, kind?: string) => void}} view
+   * @param {string} what
+   * @param {() => Promise<T>} fetch
+   * @param {(data: T) => void} show
    */
-  async load(kind, what, fetch, show) {
+  async load(kind, view, what, fetch, show) {
     const current = this.startLoad(kind);
     try {
       const data = await fetch();
       if (current()) show(data);
     } catch (e) {
-      if (current()) this.views[kind].showMessage(`Could not load ${what}: ${e.message}`, "error");
+      if (current()) view.showMessage(`Could not load ${what}: ${errorText(e)}`, "error");
     }
   }
 
-  /** The heatmap of the shown statistic, with the tooltip's other statistics at the same step. */
-  async loadHeatmap(keepZoom = false) {
+  /**
+   * One heatmap payload (memoised).
+   * @param {string} run @param {string} tag @param {number | null} step @param {string} stat
+   */
+  heatmapData(run, tag, step, stat) {
+    return this.cached(`heatmap|${run}|${tag}|${step}|${stat}`, () =>
+      api.fetchHeatmap({ run, tag, step, stat }),
+    );
+  }
+
+  /** The heatmap of the shown statistic, or the comparison's panels. */
+  async loadHeatmap() {
     const s = this.state;
+    if (s.compare !== "off") return this.loadComparison();
+    this.views.compare.clear();
     const { run, tag, stat } = s;
-    const step = this.currentStep();
-    const info = this.tagInfo();
-    const get = (st) =>
-      this.cached(`heatmap|${run}|${tag}|${step}|${st}`, () =>
-        api.fetchHeatmap({ run, tag, step, stat: st }),
-      );
+    if (!run || !tag) return;
+    const step = currentStep(s);
+    const info = tagInfo(s);
     return this.load(
       "heatmap",
+      this.views.heatmap,
       `the heatmap of ${tag}`,
       async () => {
         const extraStats = TOOLTIP_STATS.filter(
-          (x) => x !== stat && availableStats(info.orders ?? [1, 2], this.meta).includes(x),
+          (x) => x !== stat && availableStats(info?.orders ?? [1, 2], this.meta).includes(x),
         );
         const [data, ...extras] = await Promise.all([
-          get(stat),
-          ...extraStats.map((x) => get(x).catch(() => null)),
+          this.heatmapData(run, tag, step, stat),
+          ...extraStats.map((x) => this.heatmapData(run, tag, step, x).catch(() => null)),
         ]);
         return { data, extras: Object.fromEntries(extraStats.map((x, k) => [x, extras[k]])) };
       },
@@ -874,8 +829,53 @@ class App {
             theme: this.theme,
             exportTheme: THEMES.light,
           },
-          { keepZoom },
+          { keepZoom: true },
         ),
+    );
+  }
+
+  /**
+   * The comparison's panels: the variable in each compared run at the current step, or in the
+   * active run at two steps, side by side on one colour scale.
+   */
+  async loadComparison() {
+    const s = this.state;
+    const { tag, stat } = s;
+    if (!s.run || !tag) return;
+    const step = currentStep(s);
+    const pair = comparedSteps(s);
+    /** @type {{run: string, step: number | null, label: string}[]} */
+    const panels =
+      s.compare === "runs"
+        ? comparedRuns(s).map((run) => ({
+            run,
+            step: nearestStep(stepsOf(s, run, tag), step),
+            label: run,
+          }))
+        : (pair ?? []).map((st) => ({
+            run: /** @type {string} */ (s.run),
+            step: st,
+            label: `step ${st}`,
+          }));
+    this.views.heatmap.clear();
+    return this.load(
+      "heatmap",
+      this.views.compare,
+      `the comparison of ${tag}`,
+      () => Promise.all(panels.map((p) => this.heatmapData(p.run, tag, p.step, stat))),
+      (datas) =>
+        this.views.compare.update({
+          panels: panels.map((p, k) => ({ ...p, data: datas[k], color: this.colors.get(p.run) })),
+          mode: s.compare,
+          stat,
+          label: statLabel(stat, this.meta),
+          signed: isSigned(stat, this.meta),
+          tag,
+          colormap: s.colormap,
+          scale: s.scale,
+          theme: this.theme,
+          exportTheme: THEMES.light,
+        }),
     );
   }
 
@@ -883,21 +883,49 @@ class App {
   async loadHistogram() {
     const s = this.state;
     const { run, tag, stat, histMode } = s;
-    const step = histMode === "steps" ? "all" : this.currentStep();
+    if (!run || !tag) return;
     const scale = s.histLog ? "log" : "linear";
-    const size = (this.tagInfo()?.shape ?? []).reduce((a, b) => a * b, 1);
+    const size = (tagInfo(s)?.shape ?? []).reduce((a, b) => a * b, 1);
     const plan = histogramPlan(size);
+    /** @param {string} r @param {number | "all" | null} st */
+    const get = (r, st) =>
+      this.cached(`histogram|${r}|${tag}|${stat}|${st}|${scale}|${plan.bins}`, () =>
+        api.fetchHistogram({ run: r, tag, stat, step: st, bins: plan.bins, scale }),
+      );
+    const step = currentStep(s);
+    /** @type {{run: string, step: number | "all" | null, label: string}[]} */
+    let overlays = [];
+    if (s.compare === "runs")
+      overlays = comparedRuns(s).map((r) => ({
+        run: r,
+        step: nearestStep(stepsOf(s, r, tag), step),
+        label: r,
+      }));
+    else if (s.compare === "steps")
+      overlays = (comparedSteps(s) ?? []).map((st) => ({ run, step: st, label: `step ${st}` }));
+    const mode = s.compare !== "off" ? "step" : histMode;
     return this.load(
       "histogram",
+      this.views.histogram,
       `the histogram of ${tag}`,
       () =>
-        this.cached(`histogram|${run}|${tag}|${stat}|${step}|${scale}|${plan.bins}`, () =>
-          api.fetchHistogram({ run, tag, stat, step, bins: plan.bins, scale }),
-        ),
-      (data) =>
+        overlays.length
+          ? Promise.all(overlays.map((o) => get(o.run, o.step)))
+          : get(run, histMode === "steps" ? "all" : step).then((d) => [d]),
+      (datas) =>
         this.views.histogram.update({
-          data,
-          mode: histMode,
+          data: datas[0],
+          overlays: overlays.length
+            ? overlays.map((o, k) => ({
+                ...o,
+                data: datas[k],
+                color:
+                  s.compare === "runs"
+                    ? this.colors.get(o.run)
+                    : this.meta.run_palette[s.theme === "dark" ? "dark" : "light"][k],
+              }))
+            : null,
+          mode,
           maxRidges: plan.ridges,
           label: statLabel(stat, this.meta),
           run,
@@ -917,8 +945,10 @@ class App {
   async loadCurves() {
     const current = this.startLoad("curves");
     const s = this.state;
-    const runs = s.runList.filter((r) => s.checked.has(r));
+    const runs = s.runList.filter((r) => s.checked.includes(r));
+    /** @param {string} tag @param {(run: string) => boolean} hasTag */
     const fetchAll = async (tag, hasTag) => {
+      /** @type {any[]} */
       const out = [];
       for (const run of runs) {
         if (!hasTag(run)) continue;
@@ -927,6 +957,7 @@ class App {
           const d = await this.cached(`series|${run}|${tag}|${smoothing}`, () =>
             api.fetchSeries({ run, tag, smoothing: smoothing > 0 ? smoothing : undefined }),
           );
+          /** @param {string} m */
           const pick = (m) => ({
             run,
             color: this.colors.get(run),
@@ -938,12 +969,18 @@ class App {
           });
           out.push({ ...pick(s.metric), loss: pick("loss") });
         } catch (e) {
-          out.push({ run, color: this.colors.get(run), steps: [], values: [], error: e.message });
+          out.push({
+            run,
+            color: this.colors.get(run),
+            steps: [],
+            values: [],
+            error: errorText(e),
+          });
         }
       }
       return out;
     };
-    const tag = s.tag;
+    const tag = /** @type {string} */ (s.tag);
     const [layer, model] = await Promise.all([
       fetchAll(tag, (r) => !!s.runs[r]?.[tag]),
       fetchAll(modelTag(s.group), (r) => !!s.groups[r]?.[s.group]),
@@ -968,7 +1005,7 @@ class App {
     });
     if (model.some((x) => !x.error)) {
       const ok = model.filter((x) => !x.error);
-      const label = this.grouped() ? `whole model ${groupLabel(s.group)}` : "whole model";
+      const label = grouped(s) ? `whole model ${groupLabel(s.group)}` : "whole model";
       this.views.modelCurves.update({ ...common, label, tag: modelTag(s.group), series: ok });
       const loss = ok.map((x) => x.loss).filter((x) => x.values.some(Number.isFinite));
       if (loss.length) {
@@ -980,7 +1017,7 @@ class App {
           title: seriesTitle("loss", this.meta),
           axisLabel: axisLabel("loss", this.meta),
           positiveOnly: isPositiveOnly("loss", this.meta),
-          label: this.grouped() ? `${groupLabel(s.group)}, as logged` : "as logged",
+          label: grouped(s) ? `${groupLabel(s.group)}, as logged` : "as logged",
           tag: modelTag(s.group),
           series: loss,
         });
@@ -1002,17 +1039,18 @@ class App {
   /** The summary table of the run (of the shown group) at the model step nearest the current. */
   async loadTable() {
     const s = this.state;
-    const run = s.run;
+    const run = /** @type {string} */ (s.run);
     const groupInfo = s.groups[run]?.[s.group];
     const group = groupInfo ? s.group : undefined;
-    const modelSteps = groupInfo?.steps ?? this.steps();
+    const modelSteps = groupInfo?.steps ?? steps(s);
     const step = nearestStep(
       [...modelSteps].sort((a, b) => a - b),
-      this.currentStep(),
+      currentStep(s),
     );
     const smoothing = s.smoothing;
     return this.load(
       "table",
+      this.views.table,
       `the summary of run ${run}`,
       () =>
         this.cached(`summary|${run}|${step}|${group}|${smoothing}`, () =>
@@ -1026,39 +1064,33 @@ class App {
             })
             .then((d) => ({
               ...d,
-              rows: d.rows.map((r) => tableRow(r, this.meta)),
+              rows: d.rows.map((/** @type {any} */ r) => tableRow(r, this.meta)),
               model: d.model && tableRow(d.model, this.meta),
             })),
         ),
       (d) => {
         const { tags } = filterTags(
-          d.rows.map((r) => r.tag),
+          d.rows.map((/** @type {any} */ r) => r.tag),
           s.filter,
         );
         const keep = new Set(tags);
+        const rows = d.rows.filter((/** @type {any} */ r) => keep.has(r.tag));
         if (!s.landed) {
           // Land on the noisiest variable (largest total variance: /meta's landing.sort), once
-          // per page load.
-          s.landed = true;
-          const best = argmaxRow(
-            d.rows.filter((r) => keep.has(r.tag)),
-            this.meta.landing.sort,
-          );
-          const rows = d.rows.filter((r) => keep.has(r.tag));
-          if (best >= 0 && rows[best].tag !== s.tag) {
-            this.selectTag(rows[best].tag, false);
-            return;
-          }
+          // per run switch; the table is drawn by the render pass that follows.
+          const best = argmaxRow(rows, this.meta.landing.sort);
+          this.dispatch({ type: "land", tag: best >= 0 ? rows[best].tag : null });
+          return;
         }
         this.views.table.update({
-          rows: d.rows.filter((r) => keep.has(r.tag)),
+          rows,
           model: d.model,
           run,
           step,
           selected: s.tag,
           theme: this.theme,
           exportTheme: THEMES.light,
-          group: this.grouped() ? groupLabel(s.group) : null,
+          group: grouped(s) ? groupLabel(s.group) : null,
           statistics: this.meta.statistics,
           smoothing,
           positiveOnly: this.meta.positive_only,
@@ -1066,4 +1098,17 @@ class App {
       },
     );
   }
+}
+
+/**
+ * The steps of `tag` in `run`, ascending.
+ * @param {State} s @param {string} run @param {string} tag
+ */
+function stepsOf(s, run, tag) {
+  return [...(s.runs[run]?.[tag]?.steps ?? [])].sort((a, b) => a - b);
+}
+
+/** @param {unknown} e */
+function errorText(e) {
+  return e instanceof Error ? e.message : String(e);
 }

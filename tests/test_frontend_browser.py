@@ -486,14 +486,17 @@ def canvas_box(pg):
     return canvas, canvas.bounding_box()
 
 
-def check_cell_colours(canvas_png: bytes, data: dict, colormap: str, scale: str, bars=False):
+def check_cell_colours(
+    canvas_png: bytes, data: dict, colormap: str, scale: str, bars=False, domain=None
+):
     """Every cell's centre pixel in a canvas screenshot has the colour map colour of its value
-    (with ``bars``, a 1-D variable drawn as bars: the pixel just above each bar's foot)."""
+    (with ``bars``, a 1-D variable drawn as bars: the pixel just above each bar's foot), on the
+    colour scale ``domain`` (by default the values' own finite extent)."""
     img = decode_png(canvas_png)
     rows, cols = data["rows"], data["cols"]
     values = np.array([js_value(v) for v in data["values"]]).reshape(rows, cols)
     finite = values[np.isfinite(values) & ((values > 0) if scale == "log" else True)]
-    lo, hi = float(finite.min()), float(finite.max())
+    lo, hi = domain if domain is not None else (float(finite.min()), float(finite.max()))
     lut = colormap_lut(colormap)
     h, w = img.shape[:2]
     checked = 0
@@ -1161,7 +1164,8 @@ def test_layout_nothing_wraps_mid_word_and_titles_stay_below_the_toolbar(page, w
 @pytest.mark.parametrize("width", [1024, 1440])
 def test_screenshots_light_and_dark(browser, tensorboard, width, theme):
     """Screenshots of the tab as a reader sees it (artifacts/screenshots/tab_<width>_<theme>.png):
-    the demo's CNN when there, else alpha; the last variable's 1-D bias in bars below."""
+    the demo's CNN when there, else alpha; the last variable's 1-D bias in bars below; and a
+    comparison of alpha and beta (compare_<width>_<theme>.png)."""
     p = Page(browser, tensorboard, color_scheme=theme)
     try:
         p.page.set_viewport_size({"width": width, "height": 900})
@@ -1173,6 +1177,17 @@ def test_screenshots_light_and_dark(browser, tensorboard, width, theme):
         pg.wait_for_selector("table.summary tbody tr")
         assert pg.evaluate(WORDS_BROKEN) == []
         shot(pg, f"tab_{width}_{theme}.png")
+        choose(pg, "select.run-select", "alpha", p)
+        pg.click('.tag-list button[data-tag="big/kernel"]')
+        p.settle()
+        choose(pg, "select.compare-select", "runs", p)
+        pg.wait_for_selector('.compare-panel[data-run="beta"]')
+        p.settle()
+        assert pg.evaluate(WORDS_BROKEN) == []
+        assert _svg_labels_outside(pg, "#heatmap-card, #histogram-card") == []
+        pg.locator("#heatmap-card").scroll_into_view_if_needed()
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(SHOTS / f"compare_{width}_{theme}.png"), full_page=False)
         assert not p.errors, p.errors
     finally:
         p.close()
@@ -1380,6 +1395,283 @@ def test_group_selector_shows_one_call_at_a_time(browser, gan_tensorboard):
         choose(pg, "select.run-select", "default", p)
         options = pg.locator("select.group-select option").all_inner_texts()
         assert options == ["(no name)", "moments_1"]
+        assert not p.errors, p.errors
+    finally:
+        p.close()
+
+
+def variance_from_log(run_dir: Path, tag: str, step: int, n: int = 32) -> np.ndarray:
+    """The unbiased variance n/(n-1) (M2 - M1^2) of a variable at a step, from its moments as
+    the event file holds them (read with TensorBoard's EventAccumulator, computed in numpy)."""
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    acc = event_accumulator.EventAccumulator(
+        str(run_dir), size_guidance={event_accumulator.TENSORS: 0}
+    )
+    acc.Reload()
+    (event,) = [e for e in acc.Tensors(tag) if e.step == step]
+    m1, m2 = tensor_util.make_ndarray(event.tensor_proto).astype(np.float64)
+    return (m2 - m1**2) * n / (n - 1)
+
+
+def show_only_runs(pg, page, runs):
+    """Checks exactly ``runs`` in the sidebar (the run selection every view follows)."""
+    for r in runs:
+        box = pg.locator(f'.run-row[data-run="{r}"] input')
+        if not box.is_checked():
+            box.check()
+            page.settle()
+    for name in pg.locator(".run-row").evaluate_all("rs => rs.map(r => r.dataset.run)"):
+        if name not in runs:
+            pg.evaluate(
+                """(name) => {
+                  const row = [...document.querySelectorAll('.run-row')]
+                    .find((r) => r.dataset.run === name);
+                  const box = row.querySelector('input');
+                  if (box.checked) box.click();
+                }""",
+                name,
+            )
+            page.settle()
+    assert pg.evaluate("() => window.gradmom.state.checked") == sorted(runs)
+
+
+def test_comparison_of_two_runs_has_one_colour_scale(page, logdir):
+    pg = open_variable_page(page, "alpha", "dense/kernel", "variance")
+    show_only_runs(pg, page, ["alpha", "beta"])
+    choose(pg, "select.compare-select", "runs", page)
+    pg.wait_for_selector('.compare-panel[data-run="beta"]')
+    page.settle()
+    panels = pg.locator(".compare-panel")
+    assert panels.evaluate_all("ps => ps.map(p => p.dataset.run)") == ["alpha", "beta"]
+    assert pg.locator("#heatmap-card .heatmap-canvas").count() == 0
+    # The steps shown: the active run's latest (40), and beta's at that step.
+    assert panels.evaluate_all("ps => ps.map(p => +p.dataset.step)") == [40, 40]
+    # The domain: min and max over both runs' variances, from the event files with numpy.
+    both = np.concatenate(
+        [variance_from_log(logdir / r, "dense/kernel", 40).ravel() for r in ("alpha", "beta")]
+    )
+    assert pg.evaluate("() => window.gradmom.state.scale") == "log"
+    want = (float(both[both > 0].min()), float(both[both > 0].max()))
+    domains = panels.evaluate_all("ps => ps.map(p => [+p.dataset.lo, +p.dataset.hi])")
+    bar = pg.locator("#heatmap-card g.colorbar")
+    assert bar.count() == 1  # one colour bar for the comparison
+    domains.append([float(bar.get_attribute("data-lo")), float(bar.get_attribute("data-hi"))])
+    for d in domains:
+        np.testing.assert_allclose(d, want, rtol=1e-6)
+    # Each run alone spans less than the shared domain: the scale is really shared.
+    alone = [variance_from_log(logdir / r, "dense/kernel", 40) for r in ("alpha", "beta")]
+    assert any(a.min() > want[0] * (1 + 1e-6) or a.max() < want[1] * (1 - 1e-6) for a in alone)
+    # Every cell of both panels has the colour of its value on that one scale.
+    colormap, scale = shown_view(pg)
+    for run in ("alpha", "beta"):
+        data = heatmap_json(page, run, "dense/kernel", "variance", step=40)
+        image = pg.locator(f'.compare-panel[data-run="{run}"] image.panel-image')
+        checked = check_cell_colours(image.screenshot(), data, colormap, scale, domain=want)
+        assert checked == data["rows"] * data["cols"]
+    # The tooltip over a cell of one panel: that element's value in both runs.
+    box = pg.locator('.compare-panel[data-run="beta"] image.panel-image').bounding_box()
+    pg.mouse.move(box["x"] + 1.5 * box["width"] / 4, box["y"] + 2.5 * box["height"] / 6)
+    tip = pg.locator(".compare-figure .tooltip")
+    tip.wait_for(state="visible")
+    assert (tip.get_attribute("data-row"), tip.get_attribute("data-col")) == ("2", "1")
+    texts = tip.locator(".tip-value").all_text_contents()
+    assert texts[0] == "[2, 1]", texts
+    for run, text in zip(("alpha", "beta"), texts[1:], strict=True):
+        ref = variance_from_log(logdir / run, "dense/kernel", 40)[2, 1]
+        assert math.isclose(float(text), ref, rel_tol=1e-5), (run, text, ref)
+    # Histograms: both runs overlaid, in the runs' colours, with a legend.
+    overlays = pg.locator("#histogram-card path.overlay")
+    assert overlays.evaluate_all("ps => ps.map(p => p.dataset.run)") == ["alpha", "beta"]
+    legend = pg.locator("#histogram-card g.legend text").all_text_contents()
+    assert legend == ["alpha", "beta"]
+    colours = pg.evaluate("() => Object.fromEntries(window.gradmom.colors)")
+    assert overlays.evaluate_all("ps => ps.map(p => p.getAttribute('stroke'))") == [
+        colours["alpha"],
+        colours["beta"],
+    ]
+    # Exports of the comparison: one figure with both panels, the numbers of both runs.
+    card = pg.locator("#heatmap-card")
+    name, body = download(pg, card.get_by_role("button", name="JSON"))
+    assert name == "compare-dense_kernel-variance-runs-alpha-vs-beta.json", name
+    exported = json.loads(body)
+    np.testing.assert_allclose(exported["domain"], want, rtol=1e-6)
+    assert [p["run"] for p in exported["panels"]] == ["alpha", "beta"]
+    _, body = download(pg, card.get_by_role("button", name="CSV"))
+    rows = list(csv.DictReader(io.StringIO(body.decode())))
+    assert len(rows) == 2 * 24 and {r["run"] for r in rows} == {"alpha", "beta"}
+    for r in rows:
+        ref = variance_from_log(logdir / r["run"], "dense/kernel", 40)
+        assert math.isclose(float(r["variance"]), ref[int(r["row"]), int(r["col"])], rel_tol=1e-6)
+    _, svg = download(pg, card.get_by_role("button", name="SVG"))
+    root = ET.fromstring(svg)
+    groups = [
+        g for g in root.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "compare-panel"
+    ]
+    assert [g.get("data-run") for g in groups] == ["alpha", "beta"]
+    _, png = download(pg, card.get_by_role("button", name="PNG"))
+    assert decode_png(png).shape[0] > 100
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    (SHOTS / "compare_export.png").write_bytes(png)
+    _, hist_csv = download(pg, pg.locator("#histogram-card").get_by_role("button", name="CSV"))
+    assert {r["run"] for r in csv.DictReader(io.StringIO(hist_csv.decode()))} == {"alpha", "beta"}
+    shot(pg, "compare_runs.png")
+    # A 1-D variable: bars, each as tall as its value on the one (log) scale of both runs.
+    pg.click('.tag-list button[data-tag="dense/bias"]')
+    pg.wait_for_selector('.compare-panel[data-run="beta"] rect.bar')
+    page.settle()
+    values = {r: variance_from_log(logdir / r, "dense/bias", 40) for r in ("alpha", "beta")}
+    lo = min(v.min() for v in values.values())
+    hi = max(v.max() for v in values.values())
+    for run, v in values.items():
+        bars = pg.locator(f'.compare-panel[data-run="{run}"] rect.bar').evaluate_all(
+            "rs => rs.map(r => [+r.getAttribute('y'), +r.getAttribute('height')])"
+        )
+        assert len(bars) == 4
+        for (y, height), value in zip(bars, v, strict=True):
+            t = (math.log10(value) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+            assert math.isclose(height / 160, 0.04 + 0.96 * t, abs_tol=1e-6), (run, value)
+            assert math.isclose(y + height, 160, abs_tol=1e-6)
+
+
+def test_comparison_of_two_steps(page, logdir):
+    pg = open_variable_page(page, "beta", "dense/kernel", "variance")
+    choose(pg, "select.compare-select", "steps", page)
+    choose(pg, "select.compare-step", "10", page)
+    pg.wait_for_selector('.compare-panel[data-step="10"]')
+    page.settle()
+    panels = pg.locator(".compare-panel")
+    assert panels.evaluate_all("ps => ps.map(p => [p.dataset.run, +p.dataset.step])") == [
+        ["beta", 10],
+        ["beta", 50],
+    ]
+    both = np.concatenate(
+        [variance_from_log(logdir / "beta", "dense/kernel", st).ravel() for st in (10, 50)]
+    )
+    lo, hi = float(both.min()), float(both.max())
+    np.testing.assert_allclose(pg.evaluate("() => window.gradmom.views.compare.domain"), [lo, hi])
+    steps = pg.locator("#histogram-card path.overlay").evaluate_all(
+        "ps => ps.map(p => +p.dataset.step)"
+    )
+    assert steps == [10, 50]
+    sub = pg.locator("#histogram-card text.subtitle").text_content()
+    assert sub.startswith("step 10 · step 50 · share of elements per decade"), sub
+    shot(pg, "compare_steps.png")
+
+
+def wait_view(pg):
+    """Waits until the tab has drawn its views (the heatmap, or a comparison's panels)."""
+    pg.wait_for_function(
+        "() => window.gradmom && window.gradmom.pending !== undefined", timeout=60000
+    )
+    pg.evaluate("() => window.gradmom.pending")
+    pg.wait_for_selector(".heatmap-canvas, .compare-panel", timeout=60000)
+    pg.evaluate("() => window.gradmom.pending")
+    pg.wait_for_timeout(150)
+
+
+SHOWN = """() => ({
+  run: document.querySelector("select.run-select").value,
+  tag: document.querySelector(".tag-list button.selected").dataset.tag,
+  stat: document.querySelector("select.stat-select").value,
+  scale: document.querySelector("select.scale-select").value,
+  metric: document.querySelector("select.metric-select").value,
+  smoothing: document.querySelector("input.smoothing").value,
+  compare: document.querySelector("select.compare-select").value,
+  vs: document.querySelector("select.compare-step")?.value ?? null,
+  checked: [...document.querySelectorAll(".run-row input")].filter((b) => b.checked)
+    .map((b) => b.closest(".run-row").dataset.run),
+  panels: [...document.querySelectorAll(".compare-panel")].map(
+    (p) => [p.dataset.run, +p.dataset.step]),
+  curves: [...new Set([...document.querySelectorAll(".curves-model path.curve")].map(
+    (p) => p.dataset.run))].sort(),
+})"""
+
+
+def test_reload_keeps_the_view(page):
+    pg = open_variable_page(page, "beta", "conv2d/kernel", "mean")
+    show_only_runs(pg, page, ["alpha", "beta"])
+    choose(pg, "select.scale-select", "linear", page)
+    choose(pg, "select.metric-select", "gsnr_mean", page)
+    pg.locator("input.smoothing").fill("0.6")
+    pg.locator("input.smoothing").dispatch_event("change")
+    page.settle()
+    choose(pg, "select.compare-select", "steps", page)
+    choose(pg, "select.compare-step", "20", page)
+    pg.wait_for_selector('.compare-panel[data-step="20"]')
+    page.settle()
+    before = pg.evaluate(SHOWN)
+    assert before["run"] == "beta" and before["tag"] == "conv2d/kernel"
+    assert before["stat"] == "mean" and before["compare"] == "steps" and before["vs"] == "20"
+    assert before["panels"] == [["beta", 20], ["beta", 50]]
+    assert before["checked"] == ["alpha", "beta"] and before["curves"] == ["alpha", "beta"]
+    assert "run=beta" in pg.evaluate("() => location.hash")
+    pg.reload()
+    wait_view(pg)
+    pg.wait_for_selector(".curves-model path.curve")
+    page.settle()
+    assert pg.evaluate(SHOWN) == before
+    # The same link in a new page (a shared link) opens the same view too.
+    url = pg.url
+    other = Page(page.context.browser, page.base)
+    try:
+        other.page.goto(url)
+        wait_view(other.page)
+        other.page.wait_for_selector(".curves-model path.curve")
+        other.settle()
+        assert other.page.evaluate(SHOWN) == before
+        assert not other.errors, other.errors
+    finally:
+        other.close()
+
+
+def test_tensorboard_link_opens_the_view_and_reload_refreshes(browser, tensorboard):
+    """Inside TensorBoard: the tab writes its selection into TensorBoard's URL hash
+    (p.gradmom.*), a reload of that URL opens the same view (plugin_lib's GetURLPluginData), and
+    TensorBoard's reload button reaches the tab (DataReloaded)."""
+    p = Page(browser, tensorboard)
+    try:
+        page = p.page
+        page.goto(tensorboard + "/#gradmom")
+        frame = page.wait_for_selector(
+            'iframe[src*="plugin_entry.html?name=gradmom"]', timeout=60000
+        ).content_frame()
+        p.wait_ready(frame)
+        frame.select_option("select.run-select", "beta")
+        frame.evaluate("() => window.gradmom.pending")
+        frame.click('.tag-list button[data-tag="dense/bias"]')
+        frame.evaluate("() => window.gradmom.pending")
+        frame.select_option("select.stat-select", "mean")
+        frame.evaluate("() => window.gradmom.pending")
+        page.wait_for_function("() => location.hash.includes('p.gradmom.tag=dense%2Fbias')")
+        url = page.url
+        assert "#gradmom" in url and "p.gradmom.run=beta" in url, url
+        page.goto("about:blank")
+        page.goto(url)
+        frame = page.wait_for_selector(
+            'iframe[src*="plugin_entry.html?name=gradmom"]', timeout=60000
+        ).content_frame()
+        p.wait_ready(frame)
+        frame.evaluate("() => window.gradmom.pending")
+        state = frame.evaluate(
+            "() => { const s = window.gradmom.state; return [s.run, s.tag, s.stat]; }"
+        )
+        assert state == ["beta", "dense/bias", "mean"]
+        assert frame.locator("select.run-select").input_value() == "beta"
+        # TensorBoard's reload button: the tab fetches the runs again.
+        frame.evaluate(
+            """() => {
+              window.__tagsFetched = 0;
+              const orig = window.fetch;
+              window.fetch = (url, ...rest) => {
+                if (String(url).includes("/tags")) window.__tagsFetched += 1;
+                return orig(url, ...rest);
+              };
+            }"""
+        )
+        page.locator("button.reload-button, [aria-label='Reload data']").first.click()
+        frame.wait_for_function("() => window.__tagsFetched > 0", timeout=30000)
         assert not p.errors, p.errors
     finally:
         p.close()

@@ -1,3 +1,4 @@
+// @ts-check
 // Shared drawing helpers of the views: DOM building (text only, never HTML), axes, figure
 // frames, export buttons and downloads.
 
@@ -145,7 +146,7 @@ export function toJSON(obj) {
       if (typeof v === "number" && !Number.isFinite(v))
         return Number.isNaN(v) ? null : v > 0 ? "Infinity" : "-Infinity";
       if (ArrayBuffer.isView(v))
-        return Array.from(v, (x) =>
+        return Array.from(/** @type {ArrayLike<number>} */ (/** @type {unknown} */ (v)), (x) =>
           Number.isFinite(x) ? x : Number.isNaN(x) ? null : x > 0 ? "Infinity" : "-Infinity",
         );
       return v;
@@ -290,6 +291,10 @@ export function scaleTicks(scale, log, count) {
 /**
  * An axis with core's ticks and labels, coloured by the theme, optional grid lines across
  * `gridLength` pixels, and a label.
+ * @param {any} g the d3 selection of the axis' <g>
+ * @param {any} scale a d3 scale
+ * @param {{orient: string, log?: boolean, count?: number, theme: any, label?: string,
+ *   gridLength?: number, tickValues?: number[], tickFormat?: (v: number) => string}} options
  */
 export function drawAxis(
   g,

@@ -1,3 +1,4 @@
+// @ts-check
 // Noise curves: a derived statistic (noise scale, total variance, GSNR, ...) over steps, one
 // line per run, for one variable or the whole model. Hover shows each run's value.
 

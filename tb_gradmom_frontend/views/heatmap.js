@@ -1,3 +1,4 @@
+// @ts-check
 // The heatmap of one statistic of one variable at one step: cells on a canvas (exact colour
 // map colours, no smoothing), axes, a colour bar with ticks and the value distribution, a
 // tooltip with the element's index and values, zoom (wheel) and pan (drag).

@@ -1,3 +1,4 @@
+// @ts-check
 // Histograms of a statistic over a variable's elements: one step as bars, or all steps as an
 // offset ("ridge") view in the manner of TensorBoard's histogram dashboard; linear or log x.
 
@@ -27,7 +28,10 @@ const MARGIN = { top: 48, right: 24, bottom: 50, left: 66 };
 export const MAX_RIDGES = 40;
 
 export class HistogramView extends View {
-  /** model: {data (fetchHistogram), mode: "step"|"steps", run, tag, stat, color, theme, exportTheme}. */
+  /**
+   * model: {data (fetchHistogram), mode: "step"|"steps", run, tag, stat, color, theme,
+   * exportTheme, overlays: null, or [{run, label, data, color}] overlaid (a comparison)}.
+   */
   update(model) {
     this.model = model;
     const width = Math.max(360, Math.min(this.container.clientWidth || 720, 1100));
@@ -39,13 +43,29 @@ export class HistogramView extends View {
         exportButtons({
           figure: () => this.figure(this.model.exportTheme).node(),
           csv: () => this.csv(),
-          json: () => toJSON(this.model.data),
-          name: () => [
-            model.run,
-            model.tag,
-            model.stat,
-            model.mode === "steps" ? "histograms" : `histogram-step${model.data.series[0]?.step}`,
-          ],
+          json: () =>
+            toJSON(
+              this.model.overlays
+                ? this.model.overlays.map((o) => ({ run: o.run, label: o.label, ...o.data }))
+                : this.model.data,
+            ),
+          name: () =>
+            model.overlays
+              ? [
+                  "compare",
+                  model.tag,
+                  model.stat,
+                  "histograms",
+                  ...model.overlays.map((o) => `${o.run}-step${o.data.series[0]?.step}`),
+                ]
+              : [
+                  model.run,
+                  model.tag,
+                  model.stat,
+                  model.mode === "steps"
+                    ? "histograms"
+                    : `histogram-step${model.data.series[0]?.step}`,
+                ],
         }),
       ]),
       h("div", { class: "figure" }, [svg.node()]),
@@ -53,6 +73,7 @@ export class HistogramView extends View {
   }
 
   figure(theme) {
+    if (this.model.overlays) return this.overlayFigure(theme);
     const { data, mode, tag, stat, run, color } = this.model;
     const { width, height } = this.size;
     const svg = newFigure(width, height, theme);
@@ -187,7 +208,110 @@ export class HistogramView extends View {
     return svg;
   }
 
+  /**
+   * A comparison: one histogram per run (or step) overlaid as outlines, each bin's height its
+   * share of the elements per unit of x (per decade on log x), so that histograms binned
+   * over different ranges read on one axis; a legend names each.
+   */
+  overlayFigure(theme) {
+    const { overlays, tag, stat } = this.model;
+    const { width, height } = this.size;
+    const svg = newFigure(width, height, theme);
+    const log = overlays.some((o) => o.data.scale === "log");
+    const tx = (v) => (log ? Math.log10(v) : v);
+    const curves = overlays.map((o) => ({ ...o, ...overlayDensity(o.data, tx) }));
+    const legendW = 30 + 6.5 * Math.max(0, ...overlays.map((o) => String(o.label).length));
+    drawTitle(
+      svg,
+      `Histograms of the ${this.model.label ?? stat} over the elements of ${tag}, compared`,
+      `${overlays
+        .map((o) => {
+          const step = `step ${o.data.series[0]?.step ?? "–"}`;
+          return o.label === step ? step : `${o.label}: ${step}`;
+        })
+        .join(" · ")}` + ` · share of elements per ${log ? "decade (log x)" : "unit of x"}`,
+      theme,
+      Math.min(legendW, width / 3),
+    );
+    const edges = curves.flatMap((c) => c.edges);
+    if (!edges.length) {
+      drawEmpty(svg, width, height, "no finite values to bin", theme);
+      return svg;
+    }
+    const top = Math.max(MARGIN.top, 24 + 14 * overlays.length);
+    const plotW = width - MARGIN.left - MARGIN.right;
+    const plotH = height - top - MARGIN.bottom;
+    const x = (log ? d3.scaleLog() : d3.scaleLinear())
+      .domain([Math.min(...edges), Math.max(...edges)])
+      .range([0, plotW]);
+    const ymax = Math.max(1e-300, ...curves.flatMap((c) => c.density.filter(Number.isFinite)));
+    const y = d3.scaleLinear().domain([0, ymax]).nice().range([plotH, 0]);
+    const g = svg.append("g").attr("transform", `translate(${MARGIN.left},${top})`);
+    drawAxis(g.append("g").attr("transform", `translate(0,${plotH})`), x, {
+      orient: "bottom",
+      log,
+      theme,
+      label: `${this.model.label ?? stat}${log ? " (log scale)" : ""}`,
+      count: Math.floor(plotW / 80),
+    });
+    drawAxis(g.append("g"), y, {
+      orient: "left",
+      theme,
+      label: log ? "share per decade" : "share per unit",
+      gridLength: plotW,
+      count: 5,
+    });
+    const outlines = g.append("g").attr("class", "overlays");
+    curves.forEach((c) => {
+      if (!c.edges.length) return;
+      const pts = [[x(c.edges[0]), y(0)]];
+      c.density.forEach((v, k) => {
+        pts.push([x(c.edges[k]), y(v)], [x(c.edges[k + 1]), y(v)]);
+      });
+      pts.push([x(c.edges[c.edges.length - 1]), y(0)]);
+      outlines
+        .append("path")
+        .attr("class", "overlay")
+        .attr("data-run", c.run)
+        .attr("data-step", c.data.series[0]?.step)
+        .attr("d", linePath(pts))
+        .attr("fill", c.color)
+        .attr("fill-opacity", 0.12)
+        .attr("stroke", c.color)
+        .attr("stroke-width", 1.5)
+        .append("title")
+        .text(`${c.label}: ${c.total} elements`);
+    });
+    const legend = svg
+      .append("g")
+      .attr("class", "legend")
+      .attr("transform", `translate(${width - MARGIN.right - legendW + 24},14)`);
+    overlays.forEach((o, k) => {
+      const row = legend.append("g").attr("transform", `translate(0,${14 * k})`);
+      row.append("rect").attr("y", -8).attr("width", 12).attr("height", 3).attr("fill", o.color);
+      row
+        .append("text")
+        .attr("x", 16)
+        .attr("y", -3)
+        .attr("font-size", 11)
+        .attr("fill", theme.text)
+        .text(o.label);
+    });
+    return svg;
+  }
+
   csv() {
+    if (this.model.overlays) {
+      const rows = [];
+      for (const o of this.model.overlays) {
+        const s = o.data.series[0];
+        if (s)
+          s.counts.forEach((c, k) =>
+            rows.push([o.run, s.step, o.data.edges[k], o.data.edges[k + 1], c]),
+          );
+      }
+      return toCSV(["run", "step", "bin_left", "bin_right", "count"], rows);
+    }
     const { data, mode } = this.model;
     const series = [...data.series].sort((a, b) => a.step - b.step);
     const shown = mode === "steps" ? series : series.slice(-1);
@@ -196,4 +320,19 @@ export class HistogramView extends View {
       s.counts.forEach((c, k) => rows.push([s.step, data.edges[k], data.edges[k + 1], c]));
     return toCSV(["step", "bin_left", "bin_right", "count"], rows);
   }
+}
+
+/**
+ * One overlaid histogram's outline: its bin edges and each bin's share of the elements per
+ * unit of `tx(x)` (x itself, or log10 x on a log axis), and the elements counted.
+ */
+export function overlayDensity(data, tx = (v) => v) {
+  const counts = data.series[0]?.counts ?? [];
+  const total = counts.reduce((a, b) => a + b, 0);
+  if (!total || data.edges.length < 2) return { edges: [], density: [], total };
+  const density = counts.map((c, k) => {
+    const w = tx(data.edges[k + 1]) - tx(data.edges[k]);
+    return w > 0 ? c / total / w : 0;
+  });
+  return { edges: data.edges, density, total };
 }

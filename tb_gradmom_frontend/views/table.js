@@ -1,3 +1,4 @@
+// @ts-check
 // The model summary table: per variable its size, total variance, GSNR, noise scale and batch
 // size at one step; sortable by any column; a click on a row opens its heatmap.
 
