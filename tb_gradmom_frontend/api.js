@@ -124,7 +124,10 @@ async function getArrays(route, params, signal) {
 }
 
 // JSON numbers (with "NaN"/"Infinity" tokens) or a typed array of the binary form, as Float64Array.
-const numbers = (a) => (ArrayBuffer.isView(a) ? Float64Array.from(a) : decodeArray(a ?? []));
+const numbers = (a) =>
+  ArrayBuffer.isView(a)
+    ? Float64Array.from(/** @type {ArrayLike<number>} */ (/** @type {unknown} */ (a)))
+    : decodeArray(a ?? []);
 
 /**
  * GET meta: the labels, statistic orders, palettes and defaults the tab shows
