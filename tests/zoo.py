@@ -1173,10 +1173,9 @@ ISSUE26_ENTRIES = [
         "keras_hub",
         _hub_image("SwinTransformerBackbone", 8, **_SWIN_SHIFTED),
         fallback="exact",
-        # Exact, but every variable on the fallback: the analysis stops at the shifted block's
-        # Roll (the variables after it) and the ones before it are then coupled to an unknown
-        # op. Lower this when the Roll proof (branch axes) lands.
-        on_fallback=48,
+        # Exact by rules: the shifted block's Roll moves elements inside each example (axes'
+        # Roll proof); on the fallback before it (48 of 48 variables).
+        on_fallback=0,
         note="SwinTransformerBackbone depths=[2, 1], window 2: the second block of stage 0 is "
         "shifted (tf.roll and attention masks)",
     ),
