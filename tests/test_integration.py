@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import tb_gradmom as gradmom
 from tb_gradmom.analysis import data
+from tb_gradmom.core import plan as _plan
 from tests import archgen, reference
 
 
@@ -731,6 +732,23 @@ def test_zoo_entries_log_through_summary_moments_what_the_core_computes(entry, t
 
         writer = tf.summary.create_file_writer(str(tmp_path))
 
+        if entry.raises:  # the writer path refuses the loss as the core does
+            kind, fragment = entry.raises
+
+            @tf.function
+            def refused(x, y):
+                with writer.as_default(step=0):
+                    return gradmom.summary.moments(
+                        scalar(forward(x), y), variables, fallback=entry.fallback
+                    )
+
+            with pytest.raises(Exception) as info, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                refused(x, y)
+            assert type(info.value).__name__ == kind, info.value
+            assert fragment in str(info.value), str(info.value)
+            return
+
         @tf.function
         def step(x, y):
             loss = scalar(forward(x), y)
@@ -739,11 +757,14 @@ def test_zoo_entries_log_through_summary_moments_what_the_core_computes(entry, t
                 grads = gradmom.summary.moments(
                     loss, variables, max_elements=1 << 30, fallback=entry.fallback
                 )
-            return moments, grads, tf.gradients(loss, variables)
+            # the examples the core found (a discriminator on concat([real, fake]): 2 len(x))
+            options = _plan.Options.check((1,), None, None, None, entry.fallback, None)
+            n = _plan.make_plan(loss, variables, options, name="examples").n
+            return moments, grads, tf.gradients(loss, variables), n
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            moments, grads, want = step(x, y)
+            moments, grads, want, n = step(x, y)
     writer.close()
     for g, w in zip(grads, want):
         if w is not None:
@@ -755,7 +776,7 @@ def test_zoo_entries_log_through_summary_moments_what_the_core_computes(entry, t
     scale = max(float(np.max(np.abs(m[2].numpy()))) for m in moments)
     for tag, m in zip(tags, moments):
         rec = run[tag][0]
-        assert rec.batch_size == len(x), tag
+        assert rec.batch_size == int(n), tag
         for p in (1, 2):
             want_p = m[p].numpy().astype(np.float64)
             tol = 1e-6 * max(float(np.max(np.abs(want_p))), 1e-30) + 1e-12 * scale
