@@ -31,7 +31,8 @@ The logdir (3 runs x 500 steps x 20 variables, one a 1000 x 1000 kernel) is writ
 default the big kernel is stored pooled to 65,536 float32 cells, what
 `tb_gradmom.writers.summary.moments` wrote by default before format version 2 (now 2,048
 float16 cells, ``DEFAULT_MAX_ELEMENTS``): the heavier case; ``--full`` also measures a run
-storing it at full resolution (1M cells, fewer steps, to keep the logdir on disk and in TensorBoard's memory).
+storing it at full resolution (1M cells, fewer steps, to keep the logdir on disk and in
+TensorBoard's memory).
 
 Cold = the plugin's cache emptied before the request (Python loader; for RustBoard, which runs
 in its own process, the first request for a run); warm = the same request again. Figures are
