@@ -33,6 +33,7 @@ def _reference(case, forward, variables, x, y):
     brute = {
         "brute": reference.per_example_gradients,
         "jacobian": reference.per_example_jacobian,
+        "rows": reference.per_row_jacobian,
     }[case.reference]
     per_ex = brute(forward, variables, case.per_example_loss or squared_error, x, y)
     return [np.sum(g.reshape(g.shape[0], -1).astype(np.float64) ** 2, axis=1) for g in per_ex]
