@@ -338,6 +338,90 @@ export function drawAxis(
   return g;
 }
 
+/**
+ * A vertical colour bar at (x, y): the colour map's LUT as an image (top = top of the scale), a
+ * frame, ticks on the colour scale, a key for what has no colour (NaN; values <= 0 on a log
+ * scale) below it, and the rotated label at the figure's right edge. Returns the bar's group and
+ * its d3 scale (null without a domain) for what a view adds beside it.
+ * @param {any} svg a d3 selection
+ * @param {{x: number, y: number, height: number, figureWidth: number, lut: Uint8Array,
+ *   domain: number[] | null, log: boolean, values: ArrayLike<number>, label: string,
+ *   suffix?: string, theme: any}} options
+ */
+export function drawColorbar(
+  svg,
+  { x, y, height, figureWidth, lut, domain, log, values, label, suffix = "", theme },
+) {
+  const bar = svg
+    .append("g")
+    .attr("class", "colorbar")
+    .attr("data-lo", domain ? domain[0] : "")
+    .attr("data-hi", domain ? domain[1] : "")
+    .attr("transform", `translate(${x},${y})`);
+  const strip = document.createElement("canvas");
+  strip.width = 1;
+  strip.height = 256;
+  const px = new ImageData(1, 256);
+  for (let i = 0; i < 256; i++) {
+    px.data.set([lut[3 * i], lut[3 * i + 1], lut[3 * i + 2], 255], 4 * (255 - i));
+  }
+  /** @type {CanvasRenderingContext2D} */ (strip.getContext("2d")).putImageData(px, 0, 0);
+  for (const el of ["image", "rect"]) {
+    const node = bar
+      .append(el)
+      .attr("width", 14)
+      .attr("height", height)
+      .attr("preserveAspectRatio", "none");
+    if (el === "image") node.attr("href", strip.toDataURL("image/png"));
+    else node.attr("fill", "none").attr("stroke", theme.axis).attr("stroke-width", 0.5);
+  }
+  let scale = null;
+  if (domain) {
+    const degenerate = domain[0] === domain[1];
+    scale = (log ? d3.scaleLog() : d3.scaleLinear())
+      .domain(degenerate ? [domain[0], domain[0] + (log ? domain[0] : 1)] : domain)
+      .range([height, 0]);
+    drawAxis(bar.append("g").attr("transform", "translate(14,0)"), scale, {
+      orient: "right",
+      log,
+      count: 6,
+      theme,
+    });
+  }
+  let nan = false;
+  let nonPositive = false;
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i];
+    if (Number.isNaN(v)) nan = true;
+    else if (log && v <= 0) nonPositive = true;
+  }
+  const keys = [
+    ...(nan ? [["NaN", theme.missing, "missing-nan"]] : []),
+    ...(nonPositive ? [["≤ 0", theme.nonPositive, "missing-nonpositive"]] : []),
+  ];
+  keys.forEach(([text, colour, cls], k) => {
+    const g = svg
+      .append("g")
+      .attr("class", cls)
+      .attr("transform", `translate(${x},${y + height + 12 + 14 * k})`);
+    g.append("rect")
+      .attr("width", 14)
+      .attr("height", 10)
+      .attr("fill", `rgb(${colour.slice(0, 3).join(",")})`);
+    g.append("text").attr("x", 18).attr("y", 9).attr("fill", theme.muted).text(text);
+  });
+  // Read bottom to top, its glyphs to the left of the anchor: inside the figure's right edge.
+  svg
+    .append("text")
+    .attr("class", "colorbar-label")
+    .attr("fill", theme.muted)
+    .attr("font-size", 11)
+    .attr("text-anchor", "middle")
+    .attr("transform", `translate(${figureWidth - 6},${y + height / 2}) rotate(-90)`)
+    .text(`${label}${log ? " (log scale)" : ""}${suffix}`);
+  return { bar, scale };
+}
+
 /** A message in place of a plot (no data, an error from the backend). */
 export function message(container, text, kind = "info") {
   container.replaceChildren(h("div", { class: `message ${kind}`, text }));

@@ -22,6 +22,7 @@ import {
 import { isBars } from "./heatmap.js";
 import {
   drawAxis,
+  drawColorbar,
   drawTitle,
   exportButtons,
   fitText,
@@ -330,74 +331,20 @@ export class CompareHeatmapView extends View {
    */
   drawColorbar(svg, L, domain, lut, theme) {
     const m = /** @type {CompareModel} */ (this.model);
-    const bx = L.width - MARGIN.right + 24;
-    const by = MARGIN.top + PANEL_TITLE;
-    const bar = svg
-      .append("g")
-      .attr("class", "colorbar")
-      .attr("data-lo", domain ? domain[0] : "")
-      .attr("data-hi", domain ? domain[1] : "")
-      .attr("transform", `translate(${bx},${by})`);
-    const strip = document.createElement("canvas");
-    strip.width = 1;
-    strip.height = 256;
-    const px = new ImageData(1, 256);
-    for (let i = 0; i < 256; i++) {
-      const o = 4 * (255 - i);
-      px.data.set([lut[3 * i], lut[3 * i + 1], lut[3 * i + 2], 255], o);
-    }
-    /** @type {CanvasRenderingContext2D} */ (strip.getContext("2d")).putImageData(px, 0, 0);
-    bar
-      .append("image")
-      .attr("width", 14)
-      .attr("height", L.barH)
-      .attr("preserveAspectRatio", "none")
-      .attr("href", strip.toDataURL("image/png"));
-    bar
-      .append("rect")
-      .attr("width", 14)
-      .attr("height", L.barH)
-      .attr("fill", "none")
-      .attr("stroke", theme.axis)
-      .attr("stroke-width", 0.5);
-    const log = m.scale === "log";
-    if (domain) {
-      const s = (log ? d3.scaleLog() : d3.scaleLinear())
-        .domain(domain[0] === domain[1] ? [domain[0], domain[0] + (log ? domain[0] : 1)] : domain)
-        .range([L.barH, 0]);
-      drawAxis(bar.append("g").attr("transform", "translate(14,0)"), s, {
-        orient: "right",
-        log,
-        count: 6,
-        theme,
-      });
-    }
-    const all = m.panels.flatMap((p) => Array.from(p.data.values));
-    const keys = [
-      ...(all.some((v) => Number.isNaN(v)) ? [["NaN", theme.missing, "missing-nan"]] : []),
-      ...(log && all.some((v) => v <= 0)
-        ? [["≤ 0", theme.nonPositive, "missing-nonpositive"]]
-        : []),
-    ];
-    keys.forEach(([label, colour, cls], k) => {
-      const g = svg
-        .append("g")
-        .attr("class", cls)
-        .attr("transform", `translate(${bx},${by + L.barH + 12 + 14 * k})`);
-      g.append("rect")
-        .attr("width", 14)
-        .attr("height", 10)
-        .attr("fill", `rgb(${colour.slice(0, 3).join(",")})`);
-      g.append("text").attr("x", 18).attr("y", 9).attr("fill", theme.muted).text(label);
+    const values = m.panels.flatMap((p) => Array.from(p.data.values));
+    drawColorbar(svg, {
+      x: L.width - MARGIN.right + 24,
+      y: MARGIN.top + PANEL_TITLE,
+      height: L.barH,
+      figureWidth: L.width,
+      lut,
+      domain,
+      log: m.scale === "log",
+      values,
+      label: m.stat,
+      suffix: ", all panels",
+      theme,
     });
-    svg
-      .append("text")
-      .attr("class", "colorbar-label")
-      .attr("fill", theme.muted)
-      .attr("font-size", 11)
-      .attr("text-anchor", "middle")
-      .attr("transform", `translate(${L.width - 6},${by + L.barH / 2}) rotate(-90)`)
-      .text(`${m.stat}${log ? " (log scale)" : ""}, all panels`);
   }
 
   /**

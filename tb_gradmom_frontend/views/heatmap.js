@@ -20,7 +20,16 @@ import {
   to2dShape,
   toCSV,
 } from "../core.js";
-import { drawAxis, drawTitle, exportButtons, h, newFigure, toJSON, View } from "./common.js";
+import {
+  drawAxis,
+  drawColorbar,
+  drawTitle,
+  exportButtons,
+  h,
+  newFigure,
+  toJSON,
+  View,
+} from "./common.js";
 
 const MARGIN = { top: 48, right: 118, bottom: 50, left: 66 };
 const MIN_PLOT_H = 36;
@@ -290,48 +299,19 @@ export class HeatmapView extends View {
     // Colour bar: the LUT as an image, ticks on the colour scale, the values' distribution.
     const { domain } = this.colorScale();
     const bx = L.left + L.plotW + 22;
-    const bar = svg
-      .append("g")
-      .attr("class", "colorbar")
-      .attr("transform", `translate(${bx},${L.top})`);
-    const lut = colormapLUT(colormap);
-    const strip = document.createElement("canvas");
-    strip.width = 1;
-    strip.height = 256;
-    const sctx = strip.getContext("2d");
-    const px = new ImageData(1, 256);
-    for (let i = 0; i < 256; i++) {
-      const o = 4 * (255 - i); // top of the bar is the top of the scale
-      px.data[o] = lut[3 * i];
-      px.data[o + 1] = lut[3 * i + 1];
-      px.data[o + 2] = lut[3 * i + 2];
-      px.data[o + 3] = 255;
-    }
-    sctx.putImageData(px, 0, 0);
-    bar
-      .append("image")
-      .attr("width", 14)
-      .attr("height", L.barH)
-      .attr("preserveAspectRatio", "none")
-      .attr("href", strip.toDataURL("image/png"));
-    bar
-      .append("rect")
-      .attr("width", 14)
-      .attr("height", L.barH)
-      .attr("fill", "none")
-      .attr("stroke", theme.axis)
-      .attr("stroke-width", 0.5);
-    if (domain) {
-      const log = scale === "log";
-      const s = (log ? d3.scaleLog() : d3.scaleLinear())
-        .domain(domain[0] === domain[1] ? [domain[0], domain[0] + 1] : domain)
-        .range([L.barH, 0]);
-      drawAxis(bar.append("g").attr("transform", "translate(14,0)"), s, {
-        orient: "right",
-        log,
-        count: 6,
-        theme,
-      });
+    const { bar, scale: s } = drawColorbar(svg, {
+      x: bx,
+      y: L.top,
+      height: L.barH,
+      figureWidth: L.width,
+      lut: colormapLUT(colormap),
+      domain,
+      log: scale === "log",
+      values: data.values,
+      label: stat,
+      theme,
+    });
+    if (s) {
       // The distribution of the values along the colour bar (to its left), in the bar's scale.
       const hist = histogram(data.values, 48, scale);
       const maxCount = Math.max(1, ...hist.counts);
@@ -368,33 +348,6 @@ export class HeatmapView extends View {
         .attr("y", -5)
         .text("◂ value counts");
     }
-    // What has no colour, each in its own: NaN (undefined) and, on a log scale, values <= 0.
-    const nan = data.values.some((v) => Number.isNaN(v));
-    const nonPositive = scale === "log" && data.values.some((v) => v <= 0);
-    const keys = [
-      ...(nan ? [["NaN", theme.missing, "missing-nan"]] : []),
-      ...(nonPositive ? [["≤ 0", theme.nonPositive, "missing-nonpositive"]] : []),
-    ];
-    keys.forEach(([label, colour, cls], k) => {
-      const m = svg
-        .append("g")
-        .attr("class", cls)
-        .attr("transform", `translate(${bx},${L.top + L.barH + 12 + 14 * k})`);
-      m.append("rect")
-        .attr("width", 14)
-        .attr("height", 10)
-        .attr("fill", `rgb(${colour.slice(0, 3).join(",")})`);
-      m.append("text").attr("x", 18).attr("y", 9).attr("fill", theme.muted).text(label);
-    });
-    // Read bottom to top, its glyphs to the left of the anchor: inside the figure's right edge.
-    svg
-      .append("text")
-      .attr("class", "colorbar-label")
-      .attr("fill", theme.muted)
-      .attr("font-size", 11)
-      .attr("text-anchor", "middle")
-      .attr("transform", `translate(${L.width - 6},${L.top + L.barH / 2}) rotate(-90)`)
-      .text(`${stat}${scale === "log" ? " (log scale)" : ""}`);
     return { x, y };
   }
 
