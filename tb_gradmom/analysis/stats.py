@@ -42,6 +42,9 @@ __all__ = [
     "smoothed_at",
     "RATIO_FORMS",
     "describe",
+    "ADDITIVE_FIELDS",
+    "SHARED_FIELDS",
+    "layer_sums",
 ]
 
 
@@ -454,3 +457,76 @@ def derived(sums: Mapping[str, float | np.ndarray], ema: float | None = None) ->
         out["noise_scale_ema"] = smoothed(sums, ema)["noise_scale"]
     scalar = all(np.ndim(v) == 0 for v in a.values())
     return {k: (float(v) if scalar else np.asarray(v, dtype=np.float64)) for k, v in out.items()}
+
+
+# The ``STATS_FIELDS`` sums that add over variables (a layer's or the whole model's value is
+# the sum of its variables'), and those every variable of one call shares at a step.
+ADDITIVE_FIELDS = ("num_elements", "sum_m2", "sum_var", "sum_gsnr", "gsnr_count", "sum_m2_raw")
+SHARED_FIELDS = ("batch_size", "loss", "learning_rate")
+
+
+def layer_sums(
+    series: Mapping[str, tuple[np.ndarray, Mapping[str, np.ndarray]]],
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The ``STATS_FIELDS`` sums of a group of variables (a layer), step by step.
+
+    Every sum over elements adds over variables: a layer's ``tr(Sigma)``, ``|m|^2``, element
+    count, GSNR sum and count are those of its variables added, so every derived statistic of
+    the layer (its noise scale ``B_simple = tr(Sigma) / |G|^2``, and through `smoothed` the
+    separately smoothed parts) follows from these sums exactly as a variable's or the whole
+    model's does. Only the steps that every variable has are kept (a step missing from one
+    variable has no layer value). The batch size, loss and learning rate are shared by the
+    variables of one logged call: taken from the first variable that has them.
+
+    Args:
+      series: variable name -> ``(steps, sums)``: int ``[T_v]`` ascending steps and
+        field -> float ``[T_v]`` arrays (`ADDITIVE_FIELDS` required; `SHARED_FIELDS`
+        optional, NaN when absent).
+
+    Returns:
+      ``(steps, sums)``: int64 ``[T]`` the common steps and field -> float64 ``[T]`` for every
+      field of `ADDITIVE_FIELDS` and `SHARED_FIELDS`.
+
+    Raises:
+      ValueError: for no variable, or variables logged with different batch sizes at a step
+        (they come from different calls: pick the variables of one call).
+      KeyError: naming a variable and the additive sum it lacks.
+    """
+    if not series:
+        raise ValueError("layer_sums() needs at least one variable's (steps, sums)")
+    names = list(series)
+    common: np.ndarray | None = None
+    for name in names:
+        st = np.asarray(series[name][0], dtype=np.int64)
+        common = st if common is None else np.intersect1d(common, st)
+    assert common is not None
+    out: dict[str, np.ndarray] = {f: np.zeros(common.size) for f in ADDITIVE_FIELDS}
+    shared: dict[str, np.ndarray] = {f: np.full(common.size, np.nan) for f in SHARED_FIELDS}
+    first_n: np.ndarray | None = None
+    for name in names:
+        st, sums = series[name]
+        idx = np.searchsorted(np.asarray(st, dtype=np.int64), common)
+        for f in ADDITIVE_FIELDS:
+            if f not in sums:
+                raise KeyError(
+                    f"variable {name!r} has no sum {f!r}; layer_sums() needs {ADDITIVE_FIELDS}"
+                )
+            out[f] = out[f] + np.asarray(sums[f], dtype=np.float64)[idx]
+        for f in SHARED_FIELDS:
+            if f in sums:
+                v = np.asarray(sums[f], dtype=np.float64)[idx]
+                shared[f] = np.where(np.isnan(shared[f]), v, shared[f])
+        if "batch_size" in sums:
+            n = np.asarray(sums["batch_size"], dtype=np.float64)[idx]
+            if first_n is None:
+                first_n = n
+            else:
+                bad = np.flatnonzero(np.isfinite(n) & np.isfinite(first_n) & (n != first_n))
+                if bad.size:
+                    k = int(bad[0])
+                    raise ValueError(
+                        f"variables {names[0]!r} and {name!r} were logged with batch sizes "
+                        f"{first_n[k]:g} and {n[k]:g} at step {int(common[k])}: they come from "
+                        "different calls; sum only the variables of one call (one group)"
+                    )
+    return common, {**out, **shared}

@@ -714,26 +714,102 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         tag = _params.string(request, "tag", default=metadata.MODEL_TAG) or metadata.MODEL_TAG
         ema = _params.number(request, "ema", default=None, lo=0.0, hi=1.0, hi_open=True)
         smoothing = _params.number(request, "smoothing", default=None, lo=0.0, hi=1.0, hi_open=True)
-        st = self._reader.run_index(ctx, experiment, run).stats_for(tag)
+        over = _params.choice(request, "over", ("variable", "layer"), default="variable")
+        ri = self._reader.run_index(ctx, experiment, run)
+        if over == "layer":
+            # The layer's statistics change with any of its variables' stats: key on them all.
+            version = tuple((t, e.signature) for t, e in sorted(ri.stats.items()))
+        else:
+            st = ri.stats_for(tag)
+            version = st and st.signature
         # The same stats series (at the same version) gives the same payload.
-        key = ("series", experiment, run, tag, ema, smoothing, st and st.signature)
+        key = ("series", experiment, run, tag, ema, smoothing, over, version)
         return self._cached_json(
             request,
             key,
             lambda: self.series_impl(
-                ctx, experiment, run=run, tag=tag, ema=ema, smoothing=smoothing
+                ctx, experiment, run=run, tag=tag, ema=ema, smoothing=smoothing, over=over
             ),
             group=key[:-1],
         )
 
-    def series_impl(self, ctx, experiment, *, run, tag, ema=None, smoothing=None) -> dict:
+    def _layer_series(self, ctx, experiment, ri, run: str, tag: str):
+        """The summed stats of the layer of variable ``tag`` (its group's variables with the
+        same layer name, `stats.layer_sums`): ``(steps, wall_times, sums, layer, tags)``."""
+        entry = ri.moments.get(tag)
+        if entry is None:
+            raise errors.NotFoundError(
+                f"run {run!r} has no moments tag {tag!r}: over=layer takes a variable's tag "
+                "and sums the stats of the variables of its layer"
+            )
+        content = entry.content
+        assert isinstance(content, metadata.MomentsContent)
+        layer = content.layer
+        if not layer:
+            raise errors.NotFoundError(
+                f"tag {tag!r} in run {run!r} was logged without a layer name; over=layer "
+                "needs the variables' layers (logged by tb_gradmom's writers)"
+            )
+        names = _groups_of(ri)
+        group = _group_of(tag, names)
+        members = []
+        for t, e in sorted(ri.moments.items()):
+            c = e.content
+            if (
+                isinstance(c, metadata.MomentsContent)
+                and c.layer == layer
+                and _group_of(t, names) == group
+                and ri.stats_for(t) is not None
+            ):
+                members.append(t)
+        entries = [ri.stats_for(t) for t in members]
+        series = self._reader.stats_series(ctx, experiment, [e for e in entries if e])
+        by_tag = {t: series[e.tag] for t, e in zip(members, entries) if e and e.tag in series}
+        if tag not in by_tag:
+            raise errors.NotFoundError(
+                f"tag {tag!r} in run {run!r} has no readable stats tag {metadata.stats_tag(tag)!r}"
+            )
+        try:
+            steps, sums = stats.layer_sums({t: (s.steps, s.sums) for t, s in by_tag.items()})
+        except ValueError as e:
+            raise errors.InvalidArgumentError(f"layer {layer!r} of run {run!r}: {e}") from None
+        first = by_tag[tag]
+        wall = first.wall_times[np.searchsorted(first.steps, steps)]
+        return steps, wall, sums, layer, list(by_tag)
+
+    def series_impl(
+        self, ctx, experiment, *, run, tag, ema=None, smoothing=None, over="variable"
+    ) -> dict:
         """Derived statistics per step of one tag, or of the whole model (``_model``).
 
         With ``smoothing`` (a decay in ``[0, 1)``), ``smoothed`` holds every statistic from
         separately smoothed numerators and denominators (`stats.smoothed`) and the smoothed
         loss, ``smoothed_se`` their standard errors (`stats.smoothed_se`). ``statistics`` explains each statistic (`stats.STATISTICS`).
+        With ``over="layer"`` the statistics are those of the layer of variable ``tag``: the
+        stats sums of the variables of its group with its layer name added step by step
+        (`stats.layer_sums`, at the steps they all have); the payload names the ``layer`` and
+        its ``variables``.
         """
         ri = self._reader.run_index(ctx, experiment, run)
+        if over == "layer":
+            steps, wall, sums, layer, members = self._layer_series(ctx, experiment, ri, run, tag)
+            out = {
+                "run": run,
+                "tag": tag,
+                "over": "layer",
+                "layer": layer,
+                "variables": members,
+                "steps": steps,
+                "wall_times": wall.tolist(),
+                "values": _payloads.series(sums, ema=ema),
+                "descriptions": dict(stats.DERIVED),
+                "statistics": {k: v.as_dict() for k, v in stats.STATISTICS.items()},
+            }
+            if smoothing is not None:
+                out["smoothing"] = smoothing
+                out["smoothed"] = _payloads.smoothed_series(sums, smoothing)
+                out["smoothed_se"] = _payloads.smoothed_series_se(sums, smoothing)
+            return out
         st = ri.stats_for(tag)
         if st is None:
             if tag == metadata.MODEL_TAG:
