@@ -2,6 +2,7 @@
 
     tb-gradmom export --logdir runs/demo --out figures
     tb-gradmom demo --logdir runs/demo --quick
+    tb-gradmom demo --mislabelled --logdir runs/demo
 
 Subcommands import their modules lazily, so ``tb-gradmom --help`` is fast and ``export`` never
 imports TensorFlow.
@@ -75,6 +76,10 @@ def _quiet_tensorflow(stream=None) -> None:
 
 def _run_demo(args) -> int:
     _quiet_tensorflow()
+    if getattr(args, "mislabelled", False):
+        from tb_gradmom import demo_mislabelled
+
+        return int(demo_mislabelled.main(args) or 0)
     from tb_gradmom import demo
 
     code = demo.main(args)
@@ -111,6 +116,13 @@ def _add_demo(sub) -> None:
     p.add_argument("--logdir", default="runs/demo", help="where to write (default: runs/demo)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the demo's)")
     p.add_argument("--quick", action="store_true", help="a few steps only, for a smoke test")
+    p.add_argument(
+        "--mislabelled",
+        action="store_true",
+        help="instead: train on a finite generated set with 5%% of its labels flipped, log the "
+        "per-example gradient norms with the examples' ids, and report how many of the largest "
+        "are the flipped ones (their ids in <logdir>/mislabelled/flipped.json)",
+    )
     p.set_defaults(func=_run_demo)
 
 
