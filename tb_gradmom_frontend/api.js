@@ -183,11 +183,12 @@ export async function fetchHistogram(
 }
 
 /**
- * GET series: per-step derived quantities of one variable, or of the model (tag "_model");
+ * GET series: per-step derived quantities of one variable, or of the model (tag "_model"), or
+ * (`over: "layer"`) of the layer of variable `tag`: its variables' sums added;
  * with `smoothing`, `smoothed` from separately smoothed numerators and denominators.
  */
-export async function fetchSeries({ run, tag, smoothing }, signal) {
-  const d = await getJSON("series", { run, tag, smoothing }, signal);
+export async function fetchSeries({ run, tag, smoothing, over }, signal) {
+  const d = await getJSON("series", { run, tag, smoothing, over }, signal);
   const values = {};
   for (const [k, v] of Object.entries(d.values ?? {})) values[k] = Array.from(numbers(v));
   const decoded = (part) =>

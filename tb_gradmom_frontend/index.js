@@ -52,6 +52,7 @@ import {
 import { checkbox, h, select } from "./views/common.js";
 import { CompareHeatmapView } from "./views/compare.js";
 import { CurvesView } from "./views/curves.js";
+import { noiseNoteNode } from "./views/info.js";
 import { HeatmapView } from "./views/heatmap.js";
 import { HistogramView } from "./views/histogram.js";
 import { TableView } from "./views/table.js";
@@ -256,6 +257,7 @@ class App {
       histControls: h("span", { class: "card-controls" }),
       curveControls: h("span", { class: "card-controls" }),
       curvesLayer: h("div", { class: "curves-layer" }),
+      curvesLayerTotal: h("div", { class: "curves-layer-total" }),
       curvesModel: h("div", { class: "curves-model" }),
       curvesLoss: h("div", { class: "curves-loss" }),
       info: h("div", { class: "stat-info", hidden: true, role: "note" }),
@@ -278,7 +280,7 @@ class App {
     const heatmap = card("heatmap-card", "Heatmap", el.heatmapControls);
     const hist = card("histogram-card", "Histograms", el.histControls);
     const curves = card("curves-card", "Noise over training", el.curveControls);
-    curves.body.append(el.info, el.curvesModel, el.curvesLoss, el.curvesLayer);
+    curves.body.append(el.info, el.curvesModel, el.curvesLoss, el.curvesLayerTotal, el.curvesLayer);
     el.heatmapCard = heatmap.node;
 
     this.views = {
@@ -291,6 +293,7 @@ class App {
       compare: new CompareHeatmapView(heatmap.body),
       histogram: new HistogramView(hist.body),
       layerCurves: new CurvesView(el.curvesLayer),
+      layerTotalCurves: new CurvesView(el.curvesLayerTotal),
       modelCurves: new CurvesView(el.curvesModel),
       lossCurves: new CurvesView(el.curvesLoss),
     };
@@ -332,7 +335,7 @@ class App {
     const v = this.views;
     if (v.heatmap.model) v.heatmap.render();
     if (v.compare.model) v.compare.render();
-    for (const c of [v.histogram, v.layerCurves, v.modelCurves, v.lossCurves])
+    for (const c of [v.histogram, v.layerCurves, v.layerTotalCurves, v.modelCurves, v.lossCurves])
       if (c.model) c.update(c.model);
     this.resized = (this.resized ?? 0) + 1;
   }
@@ -731,6 +734,7 @@ class App {
         row("reading", st.reading),
         row("smoothing", st.smoothing),
         row("reference", st.reference),
+        noiseNoteNode(s.metric, this.meta),
       ].filter((x) => !!x),
     );
   }
@@ -946,16 +950,22 @@ class App {
     const current = this.startLoad("curves");
     const s = this.state;
     const runs = s.runList.filter((r) => s.checked.includes(r));
-    /** @param {string} tag @param {(run: string) => boolean} hasTag */
-    const fetchAll = async (tag, hasTag) => {
+    // A ratio's parts (the noise scale's tr(Σ) and |G|², each smoothed before dividing) are
+    // drawn beside it (/meta ratio_parts).
+    const parts = this.meta.ratio_parts?.[s.metric] ?? [];
+    /**
+     * @param {string} tag @param {(run: string) => boolean} hasTag
+     * @param {string} [over] "layer": the layer of variable `tag` (its variables' sums added)
+     */
+    const fetchAll = async (tag, hasTag, over) => {
       /** @type {any[]} */
       const out = [];
       for (const run of runs) {
         if (!hasTag(run)) continue;
         try {
           const smoothing = s.smoothing;
-          const d = await this.cached(`series|${run}|${tag}|${smoothing}`, () =>
-            api.fetchSeries({ run, tag, smoothing: smoothing > 0 ? smoothing : undefined }),
+          const d = await this.cached(`series|${run}|${tag}|${smoothing}|${over ?? ""}`, () =>
+            api.fetchSeries({ run, tag, smoothing: smoothing > 0 ? smoothing : undefined, over }),
           );
           /** @param {string} m */
           const pick = (m) => ({
@@ -967,7 +977,13 @@ class App {
             smoothed: d.smoothed?.[m] ?? null,
             se: d.smoothed_se?.[m] ?? null,
           });
-          out.push({ ...pick(s.metric), loss: pick("loss") });
+          out.push({
+            ...pick(s.metric),
+            loss: pick("loss"),
+            parts: Object.fromEntries(parts.map((/** @type {string} */ m) => [m, pick(m)])),
+            layer: d.layer,
+            variables: d.variables,
+          });
         } catch (e) {
           out.push({
             run,
@@ -981,9 +997,11 @@ class App {
       return out;
     };
     const tag = /** @type {string} */ (s.tag);
-    const [layer, model] = await Promise.all([
+    const layerName = tagInfo(s)?.layer;
+    const [layer, model, layerTotal] = await Promise.all([
       fetchAll(tag, (r) => !!s.runs[r]?.[tag]),
       fetchAll(modelTag(s.group), (r) => !!s.groups[r]?.[s.group]),
+      layerName ? fetchAll(tag, (r) => !!s.runs[r]?.[tag], "layer") : Promise.resolve([]),
     ]);
     if (!current()) return;
     const common = {
@@ -997,16 +1015,51 @@ class App {
       theme: this.theme,
       exportTheme: THEMES.light,
     };
+    /**
+     * The panels of the ratio's parts for these series (none unless the metric is a ratio).
+     * @param {any[]} ok @param {string} label @param {string} partTag
+     */
+    const partModels = (ok, label, partTag) =>
+      parts.map((/** @type {string} */ m) => ({
+        ...common,
+        metric: m,
+        logy: false,
+        statistic: seriesInfo(m, this.meta),
+        title: seriesTitle(m, this.meta),
+        axisLabel: axisLabel(m, this.meta),
+        positiveOnly: isPositiveOnly(m, this.meta),
+        label,
+        tag: partTag,
+        series: ok.map((x) => x.parts[m]),
+      }));
     this.views.layerCurves.update({
       ...common,
       label: tag,
       tag,
       series: layer.filter((x) => !x.error),
     });
+    const layerOk = layerTotal.filter((x) => !x.error);
+    if (layerOk.length) {
+      const n = layerOk[0].variables?.length ?? 0;
+      const label = `layer ${layerOk[0].layer} (${n} variable${n === 1 ? "" : "s"} summed)`;
+      this.views.layerTotalCurves.update({
+        ...common,
+        label,
+        tag: `layer:${layerOk[0].layer}`,
+        series: layerOk,
+        parts: partModels(layerOk, label, `layer:${layerOk[0].layer}`),
+      });
+    } else this.views.layerTotalCurves.clear();
     if (model.some((x) => !x.error)) {
       const ok = model.filter((x) => !x.error);
       const label = grouped(s) ? `whole model ${groupLabel(s.group)}` : "whole model";
-      this.views.modelCurves.update({ ...common, label, tag: modelTag(s.group), series: ok });
+      this.views.modelCurves.update({
+        ...common,
+        label,
+        tag: modelTag(s.group),
+        series: ok,
+        parts: partModels(ok, label, modelTag(s.group)),
+      });
       const loss = ok.map((x) => x.loss).filter((x) => x.values.some(Number.isFinite));
       if (loss.length) {
         this.views.lossCurves.update({
@@ -1028,7 +1081,7 @@ class App {
       );
       this.views.lossCurves.clear();
     }
-    const failed = [...layer, ...model].filter((x) => x.error);
+    const failed = [...layer, ...model, ...layerTotal].filter((x) => x.error);
     if (failed.length)
       this.setStatus(
         `Some curves could not be loaded: ${failed.map((x) => `${x.run}: ${x.error}`).join("; ")}`,

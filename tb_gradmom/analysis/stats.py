@@ -45,6 +45,8 @@ __all__ = [
     "ADDITIVE_FIELDS",
     "SHARED_FIELDS",
     "layer_sums",
+    "RATIO_PARTS",
+    "NOISE_SCALE_NOTE",
 ]
 
 
@@ -334,6 +336,69 @@ RATIO_FORMS: dict[str, tuple[str, str | None, str]] = {
     "norm_test": ("tv_n", "m2", "sqrt"),
     "eb_criterion": ("eb", None, "one_minus"),
     "cabs_batch_size": ("cabs_num", "loss", "identity"),
+}
+
+
+# The statistics that are a ratio of two other statistics, each smoothed on its own by
+# `smoothed` (``noise_scale``: ``EMA(tr Sigma) / EMA(|G|^2)``): statistic -> (numerator,
+# denominator). The tab draws the two beside the ratio, as a dashboard cannot divide EMAs.
+_ADDITIVE = {num: k for k, (num, den, f) in RATIO_FORMS.items() if den is None and f == "identity"}
+RATIO_PARTS: dict[str, tuple[str, str]] = {
+    k: (_ADDITIVE[num], _ADDITIVE[den])
+    for k, (num, den, f) in RATIO_FORMS.items()
+    if den is not None and f == "identity" and num in _ADDITIVE and den in _ADDITIVE
+}
+
+# What the noise scale estimates, and under which assumptions: the tab's info panel for the
+# noise statistics (served by GET /meta). References checked against the papers' abstracts.
+NOISE_SCALE_NOTE: dict = {
+    "title": "What the noise scale estimates, and what it does not",
+    "paragraphs": [
+        "Bₛᵢₘₚₗₑ = tr(Σ) / |G|² compares how much the per-example gradients scatter (tr(Σ), "
+        "their variance summed over the parameters) with the squared length of their mean "
+        "(|G|², estimated without bias as |m|² − tr(Σ)/n). A mini-batch of B examples has "
+        "gradient noise tr(Σ)/B, so Bₛᵢₘₚₗₑ is the batch size at which that noise equals the "
+        "squared signal.",
+        "McCandlish et al. (2018) derive that the critical batch size (beyond which larger "
+        "batches stop saving optimisation steps) is about the noise scale under a local "
+        "quadratic model of the loss with a well-tuned step size; Bₛᵢₘₚₗₑ equals their "
+        "noise scale only when the Hessian is close to a multiple of the identity. Read it "
+        "as an estimate of the critical batch size only under those assumptions.",
+        "Recent work questions them: Merrill et al. (2025) argue that strong assumptions are "
+        "needed to use the noise scale as a proxy for the critical batch size, and measure "
+        "the critical batch size directly instead. Gray et al. (2024) compute layer-wise "
+        "noise scales in transformers and find that the normalisation layers' alone predict "
+        "the whole model's well: compare the layer curve with the whole model's here.",
+        "Here the numerator tr(Σ) and the denominator |G|² are each smoothed (EMA, "
+        "bias-corrected) and only then divided; both are drawn beside the ratio. A smoothed "
+        "|G|² ≤ 0 means the noise dominates at this batch size: the noise scale is then "
+        "marked, not drawn. A layer's noise scale adds its variables' tr(Σ) and |G|².",
+    ],
+    "references": [
+        {
+            "authors": "McCandlish, Kaplan, Amodei and the OpenAI Dota Team",
+            "year": 2018,
+            "title": "An Empirical Model of Large-Batch Training",
+            "where": "arXiv:1812.06162",
+            "url": "https://arxiv.org/abs/1812.06162",
+        },
+        {
+            "authors": "Gray, Tiwari, Bergsma, Hestness",
+            "year": 2024,
+            "title": "Normalization Layer Per-Example Gradients are Sufficient to Predict "
+            "Gradient Noise Scale in Transformers",
+            "where": "NeurIPS 2024, arXiv:2411.00999",
+            "url": "https://arxiv.org/abs/2411.00999",
+        },
+        {
+            "authors": "Merrill, Arora, Groeneveld, Hajishirzi",
+            "year": 2025,
+            "title": "Critical Batch Size Revisited: A Simple Empirical Approach to "
+            "Large-Batch Language Model Training",
+            "where": "arXiv:2505.23971",
+            "url": "https://arxiv.org/abs/2505.23971",
+        },
+    ],
 }
 
 

@@ -212,7 +212,8 @@ def meta() -> dict[str, Any]:
       "statistics" ({key: `stats.Statistic` as a dict}, in display order), "statistic_groups"
       (`STATISTIC_GROUPS`), "summary_statistics",
       "series_keys", "series_names", "positive_only", "curve_defaults", "default_smoothing",
-      "run_palette": {"light", "dark"}, "landing", "scales", "max_bins"}``.
+      "run_palette": {"light", "dark"}, "landing", "scales", "max_bins", "ratio_parts"
+      (`stats.RATIO_PARTS`), "noise_note" (`stats.NOISE_SCALE_NOTE`)}``.
     """
     return {
         "version": META_VERSION,
@@ -230,4 +231,6 @@ def meta() -> dict[str, Any]:
         "landing": dict(LANDING),
         "scales": list(reductions.SCALES),
         "max_bins": reductions.MAX_BINS,
+        "ratio_parts": {k: list(v) for k, v in stats.RATIO_PARTS.items()},
+        "noise_note": stats.NOISE_SCALE_NOTE,
     }

@@ -33,12 +33,16 @@ export class CurvesView extends View {
    * model: {label (what the curves are of), tag, metric, logy, smoothing, statistic (what the
    * metric is, from /meta: core.seriesInfo), positiveOnly (values <= 0 mean noise-dominated:
    * core.isPositiveOnly), series: [{run, color, steps, values (numbers), smoothed (numbers, or
-   * null), wall_times}], theme, exportTheme}.
+   * null), wall_times}], theme, exportTheme}; optionally `parts`: the numerator and the
+   * denominator of a ratio (the noise scale's tr(Σ) and |G|², /meta ratio_parts), each a model
+   * like this one with its own smoothed series, drawn as two small panels below the ratio;
+   * `compact`: a small panel.
    */
   update(model) {
     this.model = model;
     const width = Math.max(320, Math.min(this.container.clientWidth || 720, 1100));
-    this.size = { width, height: 300 + Math.max(0, 14 * model.series.length - 24) };
+    const base = model.compact ? 220 : 300;
+    this.size = { width, height: base + Math.max(0, 14 * model.series.length - 24) };
     const svg = this.figure(model.theme, true);
     this.tooltip = h("div", { class: "tooltip", role: "tooltip", hidden: true });
     const fig = h("div", { class: "figure", style: `width:${width}px` }, [
@@ -56,6 +60,24 @@ export class CurvesView extends View {
       ]),
       fig,
     );
+    /** @type {CurvesView[]} the panels of the ratio's parts, drawn below it */
+    this.partViews = [];
+    if (model.parts?.length) {
+      const row = h("div", { class: "curves-parts" });
+      this.container.append(row);
+      this.partViews = model.parts.map((part) => {
+        const cell = h("div", { class: `curves-part`, "data-metric": part.metric });
+        row.append(cell);
+        const view = new CurvesView(cell);
+        view.update({
+          ...part,
+          compact: true,
+          theme: model.theme,
+          exportTheme: model.exportTheme,
+        });
+        return view;
+      });
+    }
   }
 
   figure(theme, interactive) {
