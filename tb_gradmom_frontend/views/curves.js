@@ -65,10 +65,13 @@ export class CurvesView extends View {
     if (model.parts?.length) {
       const row = h("div", { class: "curves-parts" });
       this.container.append(row);
-      this.partViews = model.parts.map((part) => {
-        const cell = h("div", { class: `curves-part`, "data-metric": part.metric });
-        row.append(cell);
-        const view = new CurvesView(cell);
+      // Every cell first, then the plots: each sizes itself to its cell's final width.
+      const cells = model.parts.map((part) =>
+        h("div", { class: "curves-part", "data-metric": part.metric }),
+      );
+      row.append(...cells);
+      this.partViews = model.parts.map((part, k) => {
+        const view = new CurvesView(cells[k]);
         view.update({
           ...part,
           compact: true,
