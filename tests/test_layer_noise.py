@@ -9,6 +9,7 @@ numpy, and their separately smoothed forms with an EMA written out here.
 
 from __future__ import annotations
 
+import csv
 import math
 
 import keras
@@ -182,3 +183,45 @@ def test_plugin_series_over_layer_equals_numpy(logged):
     direct = plugin.series_impl(ctx, "", run=".", tag="hidden/kernel", over="layer")
     assert direct["variables"] == sorted(LAYERS["hidden"])
     assert math.isfinite(direct["values"]["noise_scale"][0])
+
+
+def test_plot_and_export_draw_the_same_layer_numbers(logged, tmp_path):
+    from tb_gradmom.viz import export, plot
+
+    logdir, ref = logged
+    for layer, tags in LAYERS.items():
+        d = plot.curves_data(
+            logdir, tag=tags[1], quantities=["noise_scale"], smoothing=BETA, over="layer"
+        )
+        assert d["layers"]["."] == (layer, sorted(tags))
+        r = ref[layer]
+        np.testing.assert_allclose(d["runs"]["."]["noise_scale"], r["tv"] / r["g2"], rtol=2e-5)
+        np.testing.assert_allclose(
+            d["runs"]["."]["noise_scale_smoothed"],
+            _ema(r["tv"], BETA) / _ema(r["g2"], BETA),
+            rtol=2e-5,
+        )
+    # One CSV per layer, whichever of its variables --tag matches.
+    paths = export.export(
+        logdir, tmp_path, tag="kernel|bias", plot_kind="curves", fmt="csv", over="layer",
+        quantities=["noise_scale", "total_variance"], smoothing=BETA,
+    )  # fmt: skip
+    assert sorted(p.rsplit("/", 1)[-1] for p in paths) == [
+        "layer-hidden-curves.csv",
+        "layer-out-curves.csv",
+    ]
+    for path in paths:
+        layer = path.rsplit("/", 1)[-1][len("layer-") : -len("-curves.csv")]
+        rows = list(csv.DictReader(open(path)))
+        got = np.array([float(x["noise_scale_smoothed"]) for x in rows])
+        r = ref[layer]
+        np.testing.assert_allclose(got, _ema(r["tv"], BETA) / _ema(r["g2"], BETA), rtol=2e-5)
+        tv = np.array([float(x["total_variance"]) for x in rows])
+        np.testing.assert_allclose(tv, r["tv"], rtol=2e-6)
+    with pytest.raises(ValueError, match="--over layer draws curves; got --plot heatmap"):
+        export.export(logdir, tmp_path / "x", plot_kind="heatmap", fmt="csv", over="layer")
+    with pytest.raises(ValueError, match="no variable with a layer name"):
+        plot.curves_data(logdir, tag="_model", over="layer")
+    pytest.importorskip("matplotlib")
+    fig = plot.curves(logdir, tag="out/kernel", over="layer", quantities=["noise_scale"])
+    assert fig.axes[0].get_title().startswith("layer out (2 variables summed)")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -45,6 +45,7 @@ __all__ = [
     "ADDITIVE_FIELDS",
     "SHARED_FIELDS",
     "layer_sums",
+    "layer_members",
     "RATIO_PARTS",
     "NOISE_SCALE_NOTE",
 ]
@@ -528,6 +529,36 @@ def derived(sums: Mapping[str, float | np.ndarray], ema: float | None = None) ->
 # the sum of its variables'), and those every variable of one call shares at a step.
 ADDITIVE_FIELDS = ("num_elements", "sum_m2", "sum_var", "sum_gsnr", "gsnr_count", "sum_m2_raw")
 SHARED_FIELDS = ("batch_size", "loss", "learning_rate")
+
+
+def layer_members(layers: Mapping[str, str], tag: str, groups: Sequence[str] = ()) -> list[str]:
+    """The variables of the layer of variable ``tag``: those with its layer name in its group.
+
+    One `summary.moments` call is a group (docs/format.md, "Groups"; its variables' tags start
+    with ``<name>/``, the unnamed group ``""`` has no prefix): a GAN's generator and
+    discriminator may both have a layer ``dense`` and are two layers.
+
+    Args:
+      layers: variable tag -> layer name (`metadata.MomentsContent.layer`), of one run.
+      tag: a variable of ``layers``.
+      groups: the run's group names (the prefixes of its whole-model tags).
+
+    Returns:
+      The tags, sorted; ``[]`` when ``tag`` has no layer name.
+
+    Raises:
+      KeyError: ``tag`` is not in ``layers``.
+    """
+    if tag not in layers:
+        raise KeyError(f"no variable {tag!r} among {sorted(layers)}")
+
+    def group_of(t: str) -> str:
+        return max((g for g in groups if g and t.startswith(g + "/")), key=len, default="")
+
+    layer, group = layers[tag], group_of(tag)
+    if not layer:
+        return []
+    return sorted(t for t, name in layers.items() if name == layer and group_of(t) == group)
 
 
 def layer_sums(

@@ -750,18 +750,12 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 f"tag {tag!r} in run {run!r} was logged without a layer name; over=layer "
                 "needs the variables' layers (logged by tb_gradmom's writers)"
             )
-        names = _groups_of(ri)
-        group = _group_of(tag, names)
-        members = []
-        for t, e in sorted(ri.moments.items()):
-            c = e.content
-            if (
-                isinstance(c, metadata.MomentsContent)
-                and c.layer == layer
-                and _group_of(t, names) == group
-                and ri.stats_for(t) is not None
-            ):
-                members.append(t)
+        layers = {
+            t: e.content.layer
+            for t, e in ri.moments.items()
+            if isinstance(e.content, metadata.MomentsContent)
+        }
+        members = [t for t in stats.layer_members(layers, tag, _groups_of(ri)) if ri.stats_for(t)]
         entries = [ri.stats_for(t) for t in members]
         series = self._reader.stats_series(ctx, experiment, [e for e in entries if e])
         by_tag = {t: series[e.tag] for t, e in zip(members, entries) if e and e.tag in series}

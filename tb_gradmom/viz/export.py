@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO
 
+from tb_gradmom import metadata
 from tb_gradmom.analysis import data, encode, reductions, stats, views
 from tb_gradmom.viz import plot
 
@@ -80,6 +81,8 @@ class Job:
       tag: the tag (for summary: None).
       step: the step (None for curves).
       runs: for curves, the matched runs that have the tag.
+      layer: for curves of a layer (``--over layer``), its name (``tag`` is one of its
+        variables).
     """
 
     plot: str
@@ -87,6 +90,7 @@ class Job:
     tag: str | None
     step: int | None
     runs: tuple[str, ...] = ()
+    layer: str | None = None
 
 
 def _compile(pattern: str | None, what: str):
@@ -243,6 +247,7 @@ def _numbers(
             quantities=opts["quantities"],
             ema=opts["ema"],
             smoothing=opts["smoothing"],
+            over="variable" if job.layer is None else "layer",
         )
         qs = list(d["quantities"])
         # Each quantity, then its smoothed values (from separately smoothed parts) if any.
@@ -279,12 +284,17 @@ def _figure(job: Job, runs, opts: dict):
         return plot.histogram(runs, _tag(job), **common, bins=opts["bins"], scale=scale)
     if job.plot == "curves":
         keys = ("quantities", "ema", "yscale", "smoothing")
-        return plot.curves(runs, tag=_tag(job), runs=job.runs, **{k: opts[k] for k in keys})
+        over = "variable" if job.layer is None else "layer"
+        return plot.curves(
+            runs, tag=_tag(job), runs=job.runs, over=over, **{k: opts[k] for k in keys}
+        )
     return plot.summary(runs, run=job.run, step=job.step)
 
 
 def _job_name(job: Job, opts: dict, fmt: str, max_bytes: int = NAME_MAX) -> str:
     if job.plot == "curves":
+        if job.layer is not None:
+            return encode.file_name([f"layer-{job.layer}", "curves"], fmt, max_bytes)
         return encode.file_name([job.tag, "curves"], fmt, max_bytes)
     if job.plot == "summary":
         step = "latest" if job.step is None else f"step{job.step}"
@@ -406,6 +416,7 @@ def export(
     dpi: int = 300,
     progress: TextIO | None = None,
     overwrite: bool = False,
+    over: str = "variable",
 ) -> list[str]:
     """Writes one file per plot.
 
@@ -437,6 +448,9 @@ def export(
         a long read of the log directory (e.g. ``sys.stderr``).
       overwrite: replace files that exist in ``out``; without it an export that would replace
         any file writes nothing and raises.
+      over: ``"layer"``: curves of the layers of the matching variables (one file per layer,
+        ``layer-<name>-curves``; `plot.curves_data` ``over="layer"``), every variable of a
+        layer read whatever ``tag`` matches; ``"variable"`` (default): of the tags.
 
     Returns:
       The paths written, in order.
@@ -474,10 +488,19 @@ def export(
             raise ExportError(
                 f"unknown quantities {bad}; expected names from: {', '.join(stats.DERIVED)}"
             )
+    if over not in ("variable", "layer"):
+        raise ExportError(f"--over must be 'variable' or 'layer', got {over!r}")
+    if over == "layer" and plot_kind != "curves":
+        raise ExportError(f"--over layer draws curves; got --plot {plot_kind}")
     if fmt in IMAGE_FORMATS:
         plot._mpl()  # fail before any work when matplotlib is missing
-    runs = _load(logdir, run, tag, plot_kind, _parse_step(step), progress)
+    # A layer's curves need all its variables, whatever --tag matches.
+    runs = _load(
+        logdir, run, None if over == "layer" else tag, plot_kind, _parse_step(step), progress
+    )
     jobs = plan(runs, plot_kind=plot_kind, run=run, tag=tag, step=step, stat=stat)
+    if over == "layer":
+        jobs = _layer_jobs(runs, jobs)
     opts = {
         "stat": stat,
         "scale": scale,
@@ -518,6 +541,31 @@ def export(
     if not written:
         raise ExportError(f"every one of the {len(jobs)} plots was skipped (see the warnings)")
     return written
+
+
+def _layer_jobs(runs, jobs: list[Job]) -> list[Job]:
+    """One curves job per layer of the variables of ``jobs`` (a layer: its name in its group,
+    `stats.layer_members`); the first matching variable of each stands for it. Whole-model
+    tags and variables without a layer name are left out."""
+    out: dict[tuple[str, ...], Job] = {}
+    for job in jobs:
+        tag = _tag(job)
+        first = runs[job.runs[0]]
+        names = {
+            t: recs[0].content.layer
+            for t, recs in first.items()
+            if recs and isinstance(recs[0].content, metadata.MomentsContent)
+        }
+        if not names.get(tag):
+            continue
+        groups = [
+            t[: -len(metadata.MODEL_TAG)].rstrip("/") for t in first if metadata.is_model_tag(t)
+        ]
+        key = tuple(stats.layer_members(names, tag, groups))
+        out.setdefault(key, Job("curves", None, tag, None, job.runs, layer=names[tag]))
+    if not out:
+        raise ExportError("no matching variable has a layer name to draw its layer's curves")
+    return list(out.values())
 
 
 def _load(logdir, run: str | None, tag: str | None, plot_kind: str, step, progress: TextIO | None):
@@ -618,6 +666,13 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--yscale", default="linear", choices=("linear", "log", "symlog"))
     parser.add_argument(
+        "--over",
+        default="variable",
+        choices=("variable", "layer"),
+        help="curves of the matching variables (default) or of their layers: each layer's "
+        "variables' sums added, as the tab's layer curve (one file per layer)",
+    )
+    parser.add_argument(
         "--dpi", type=int, default=300, help=f"PNG resolution, 1 to {MAX_DPI} (default: 300)"
     )
     parser.add_argument(
@@ -673,6 +728,7 @@ def run_from_args(args, stderr: TextIO | None = None, stdout: TextIO | None = No
                 dpi=args.dpi,
                 progress=None if args.quiet else stderr,
                 overwrite=getattr(args, "overwrite", False),
+                over=getattr(args, "over", "variable"),
             )
     except (FileNotFoundError, ValueError, ImportError, OSError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

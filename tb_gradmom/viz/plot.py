@@ -293,6 +293,7 @@ def curves_data(
     quantities: Sequence[str] | None = None,
     ema: float | None = None,
     smoothing: float | None = None,
+    over: str = "variable",
 ) -> dict[str, Any]:
     """The numbers of curves: derived quantities (`stats.DERIVED`) of one tag over steps.
 
@@ -305,12 +306,18 @@ def curves_data(
       ema: a decay in ``[0, 1)`` to smooth the noise scale (`stats.derived`).
       smoothing: a decay in ``[0, 1)``: adds ``<quantity>_smoothed`` for each quantity, from
         separately smoothed numerators and denominators (`stats.smoothed`).
+      over: ``"variable"`` (the tag's own statistics) or ``"layer"``: those of the layer of
+        variable ``tag``, its variables' sums added (`stats.layer_members`,
+        `stats.layer_sums`), as the tab's layer curve and ``/series?over=layer``.
 
     Returns:
-      A dict with ``tag``, ``quantities``, ``smoothing`` and ``runs``: run -> {``"step"``:
-      int64 ``[T]``, quantity: float64 ``[T]``, and ``<quantity>_smoothed`` with
-      ``smoothing``}, using only the steps that have stats.
+      A dict with ``tag``, ``quantities``, ``smoothing``, ``over`` and ``runs``: run ->
+      {``"step"``: int64 ``[T]``, quantity: float64 ``[T]``, and ``<quantity>_smoothed`` with
+      ``smoothing``}, using only the steps that have stats; with ``over="layer"`` also
+      ``layers``: run -> (layer name, the tags summed).
     """
+    if over not in ("variable", "layer"):
+        raise ValueError(f"over must be 'variable' or 'layer', got {over!r}")
     loaded = load_source(source)
     quantities = tuple(quantities or CURVE_DEFAULTS)
     known = set(stats.DERIVED) | ({"noise_scale_ema"} if ema is not None else set())
@@ -323,17 +330,44 @@ def curves_data(
     if runs is None:
         runs = [r for r in loaded if tag in loaded[r]]
     out: dict[str, dict[str, np.ndarray]] = {}
-    for run in runs:
-        _pick_run(loaded, tag, run)
-        recs = [r for r in loaded[run][tag] if r.stats is not None]
-        if not recs:
-            continue
+    layers: dict[str, tuple[str, list[str]]] = {}
+
+    def sums_of(run: str, t: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        recs = [r for r in loaded[run][t] if r.stats is not None]
         fields = {
             f: np.array([(r.stats or {}).get(f, np.nan) for r in recs])
             for f in metadata.STATS_FIELDS
         }
+        return np.array([r.step for r in recs], dtype=np.int64), fields
+
+    for run in runs:
+        _pick_run(loaded, tag, run)
+        if not any(r.stats is not None for r in loaded[run][tag]):
+            continue
+        steps, fields = sums_of(run, tag)
+        if over == "layer":
+            names = {
+                t: recs[0].content.layer
+                for t, recs in loaded[run].items()
+                if recs and isinstance(recs[0].content, metadata.MomentsContent)
+            }
+            if tag not in names or not names[tag]:
+                raise ValueError(f"tag {tag!r} of run {run!r} is no variable with a layer name")
+            groups = [
+                t[: -len(metadata.MODEL_TAG)].rstrip("/")
+                for t in loaded[run]
+                if metadata.is_model_tag(t)
+            ]
+            members = [
+                t
+                for t in stats.layer_members(names, tag, groups)
+                if any(r.stats is not None for r in loaded[run][t])
+            ]
+            steps, sums = stats.layer_sums({t: sums_of(run, t) for t in members})
+            fields = dict(sums)
+            layers[run] = (names[tag], members)
         d = stats.derived(fields, ema=ema)
-        out[run] = {"step": np.array([r.step for r in recs], dtype=np.int64)}
+        out[run] = {"step": steps}
         out[run].update({q: np.asarray(d[q], dtype=np.float64) for q in quantities})
         if smoothing is not None:
             sm = stats.smoothed(fields, smoothing)
@@ -342,7 +376,15 @@ def curves_data(
                     out[run][f"{q}_smoothed"] = np.asarray(sm[q], dtype=np.float64)
     if not out:
         raise ValueError(f"no stats logged for tag {tag!r} in runs {list(runs)}")
-    return {"tag": tag, "quantities": quantities, "smoothing": smoothing, "runs": out}
+    result: dict[str, Any] = {
+        "tag": tag,
+        "quantities": quantities,
+        "smoothing": smoothing,
+        "over": over,
+    }
+    if over == "layer":
+        result["layers"] = layers
+    return {**result, "runs": out}
 
 
 def summary_data(
@@ -607,6 +649,7 @@ def curves(
     runs: Sequence[str] | None = None,
     quantities: Sequence[str] | None = None,
     ema: float | None = None,
+    over: str = "variable",
 ):
     """Derived quantities (`stats.DERIVED`) of one tag over steps: one panel per quantity.
 
@@ -623,8 +666,9 @@ def curves(
       yscale: ``"linear"``, ``"log"`` or ``"symlog"`` (the noise scale can be negative).
       figsize: inches; default one paper column, 1.1 inches per panel.
       smoothing: EMA decay in ``[0, 1)`` (`DEFAULT_SMOOTHING`); ``None`` or 0 for raw values.
-      runs, quantities, ema: as in `curves_data`; ``runs`` get one line each in the tab's
-        run colours, ``quantities`` default to `CURVE_DEFAULTS`.
+      runs, quantities, ema, over: as in `curves_data`; ``runs`` get one line each in the
+        tab's run colours, ``quantities`` default to `CURVE_DEFAULTS`; ``over="layer"`` draws
+        the layer of variable ``tag``.
 
     Returns:
       A `matplotlib.figure.Figure`.
@@ -632,7 +676,9 @@ def curves(
     if quantities is None and ema is not None:
         quantities = (*CURVE_DEFAULTS, "noise_scale_ema")
     smoothing = smoothing or None
-    d = curves_data(source, tag=tag, runs=runs, quantities=quantities, ema=ema, smoothing=smoothing)
+    d = curves_data(
+        source, tag=tag, runs=runs, quantities=quantities, ema=ema, smoothing=smoothing, over=over
+    )
     matplotlib, _, _ = _mpl()
     qs = d["quantities"]
     if figsize is None:
@@ -686,6 +732,9 @@ def curves(
         name = "whole model" if tag == metadata.MODEL_TAG else tag
         if metadata.is_model_tag(tag) and tag != metadata.MODEL_TAG:
             name = f"whole model {tag[: -len(metadata.MODEL_TAG) - 1]}"
+        if over == "layer":
+            layer, members = next(iter(d["layers"].values()))
+            name = f"layer {layer} ({len(members)} variables summed)"
         smooth_note = f"smoothing {smoothing} (raw faint)" if smoothing else ""
         axes[0].set_title(_title(name, "derived quantities", smooth_note))
     return fig
