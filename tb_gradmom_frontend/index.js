@@ -258,6 +258,9 @@ class App {
       curveControls: h("span", { class: "card-controls" }),
       curvesLayer: h("div", { class: "curves-layer" }),
       curvesLayerTotal: h("div", { class: "curves-layer-total" }),
+      // A noise scale's tr(Σ) and |G|² (/meta ratio_parts), below the plot of the ratio.
+      curvesLayerParts: h("div", { class: "curves-parts curves-layer-parts" }),
+      curvesModelParts: h("div", { class: "curves-parts curves-model-parts" }),
       curvesModel: h("div", { class: "curves-model" }),
       curvesLoss: h("div", { class: "curves-loss" }),
       info: h("div", { class: "stat-info", hidden: true, role: "note" }),
@@ -280,7 +283,15 @@ class App {
     const heatmap = card("heatmap-card", "Heatmap", el.heatmapControls);
     const hist = card("histogram-card", "Histograms", el.histControls);
     const curves = card("curves-card", "Noise over training", el.curveControls);
-    curves.body.append(el.info, el.curvesModel, el.curvesLoss, el.curvesLayerTotal, el.curvesLayer);
+    curves.body.append(
+      el.info,
+      el.curvesModel,
+      el.curvesModelParts,
+      el.curvesLoss,
+      el.curvesLayerTotal,
+      el.curvesLayerParts,
+      el.curvesLayer,
+    );
     el.heatmapCard = heatmap.node;
 
     this.views = {
@@ -293,8 +304,8 @@ class App {
       compare: new CompareHeatmapView(heatmap.body),
       histogram: new HistogramView(hist.body),
       layerCurves: new CurvesView(el.curvesLayer),
-      layerTotalCurves: new CurvesView(el.curvesLayerTotal),
-      modelCurves: new CurvesView(el.curvesModel),
+      layerTotalCurves: new CurvesView(el.curvesLayerTotal, el.curvesLayerParts),
+      modelCurves: new CurvesView(el.curvesModel, el.curvesModelParts),
       lossCurves: new CurvesView(el.curvesLoss),
     };
     // The whole model first (noise and loss over training, the table), then one variable.

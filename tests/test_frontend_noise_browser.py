@@ -111,13 +111,14 @@ def test_layer_curve_and_the_noise_scales_parts_equal_numpy_on_the_log(page, log
     runs_with_layer = sorted(
         r for r, tags in get_json(page.base, "tags")["runs"].items() if "dense/kernel" in tags
     )
-    assert total.locator(":scope > .figure path.curve").count() == len(runs_with_layer)
+    assert total.locator("path.curve").count() == len(runs_with_layer)
+    parts = pg.locator(".curves-layer-parts")
     for metric in ("total_variance", "grad_norm_sq_unbiased"):
-        part = total.locator(f'.curves-part[data-metric="{metric}"]')
+        part = parts.locator(f'.curves-part[data-metric="{metric}"]')
         assert part.locator("path.curve").count() == len(runs_with_layer)
         assert part.locator("path.curve").first.get_attribute("d").startswith("M")
     # The tr(Σ) panel's CSV export holds the numbers numpy computes.
-    part = total.locator('.curves-part[data-metric="total_variance"]')
+    part = parts.locator('.curves-part[data-metric="total_variance"]')
     _, body = download(pg, part.get_by_role("button", name="CSV"))
     rows = list(csv.reader(io.StringIO(body.decode())))
     assert rows[0][:5] == ["run", "step", "wall_time", "total_variance", "total_variance_smoothed"]
@@ -126,7 +127,17 @@ def test_layer_curve_and_the_noise_scales_parts_equal_numpy_on_the_log(page, log
     _close([r[4] for r in alpha], ref["tv_smoothed"])
     total.scroll_into_view_if_needed()
     shot(pg, "noise_layer_and_parts.png")
-    total.screenshot(path=str(SHOTS / "noise_layer_panel.png"))
+    box_top, box_bottom = total.bounding_box(), parts.bounding_box()
+    pg.screenshot(
+        path=str(SHOTS / "noise_layer_panel.png"),
+        full_page=True,
+        clip={
+            "x": box_top["x"],
+            "y": box_top["y"],
+            "width": box_top["width"],
+            "height": box_bottom["y"] + box_bottom["height"] - box_top["y"],
+        },
+    )
 
 
 def test_info_panel_says_what_the_noise_scale_estimates(page):  # noqa: F811
@@ -151,7 +162,7 @@ def test_info_panel_says_what_the_noise_scale_estimates(page):  # noqa: F811
     # the noise scale gets the part panels.
     choose(pg, "select.metric-select", "total_variance", page)
     assert pg.locator(".stat-info .noise-note").is_visible()
-    assert pg.locator(".curves-parts").count() == 0
+    assert pg.locator(".curves-part").count() == 0
     choose(pg, "select.metric-select", "gsnr_mean", page)
     assert pg.locator(".stat-info .noise-note").count() == 0
     assert math.isfinite(float(pg.locator("input.smoothing").input_value()))

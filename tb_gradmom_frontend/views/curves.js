@@ -30,6 +30,18 @@ const MARGIN = { top: 48, right: 24, bottom: 50, left: 72 };
 
 export class CurvesView extends View {
   /**
+   * @param {HTMLElement} container where the plot goes
+   * @param {HTMLElement | null} [partsContainer] where a ratio's parts go (model.parts), a
+   *   sibling of `container`, so that the plot's own container holds one figure
+   */
+  constructor(container, partsContainer = null) {
+    super(container);
+    this.partsContainer = partsContainer;
+    /** @type {CurvesView[]} the panels of the ratio's parts */
+    this.partViews = [];
+  }
+
+  /**
    * model: {label (what the curves are of), tag, metric, logy, smoothing, statistic (what the
    * metric is, from /meta: core.seriesInfo), positiveOnly (values <= 0 mean noise-dominated:
    * core.isPositiveOnly), series: [{run, color, steps, values (numbers), smoothed (numbers, or
@@ -60,27 +72,38 @@ export class CurvesView extends View {
       ]),
       fig,
     );
-    /** @type {CurvesView[]} the panels of the ratio's parts, drawn below it */
+    this.drawParts(model);
+  }
+
+  /** The ratio's parts (model.parts) as small panels in `partsContainer`, or nothing. */
+  drawParts(model) {
+    const row = this.partsContainer;
     this.partViews = [];
-    if (model.parts?.length) {
-      const row = h("div", { class: "curves-parts" });
-      this.container.append(row);
-      // Every cell first, then the plots: each sizes itself to its cell's final width.
-      const cells = model.parts.map((part) =>
-        h("div", { class: "curves-part", "data-metric": part.metric }),
-      );
-      row.append(...cells);
-      this.partViews = model.parts.map((part, k) => {
-        const view = new CurvesView(cells[k]);
-        view.update({
-          ...part,
-          compact: true,
-          theme: model.theme,
-          exportTheme: model.exportTheme,
-        });
-        return view;
-      });
+    if (!row) return;
+    if (!model.parts?.length) {
+      row.replaceChildren();
+      return;
     }
+    // Every cell first, then the plots: each sizes itself to its cell's final width.
+    const cells = model.parts.map((part) =>
+      h("div", { class: "curves-part", "data-metric": part.metric }),
+    );
+    row.replaceChildren(...cells);
+    this.partViews = model.parts.map((part, k) => {
+      const view = new CurvesView(cells[k]);
+      view.update({ ...part, compact: true, theme: model.theme, exportTheme: model.exportTheme });
+      return view;
+    });
+  }
+
+  showMessage(text, kind) {
+    super.showMessage(text, kind);
+    this.drawParts({});
+  }
+
+  clear() {
+    super.clear();
+    this.drawParts({});
   }
 
   figure(theme, interactive) {
