@@ -225,3 +225,23 @@ def test_plot_and_export_draw_the_same_layer_numbers(logged, tmp_path):
     pytest.importorskip("matplotlib")
     fig = plot.curves(logdir, tag="out/kernel", over="layer", quantities=["noise_scale"])
     assert fig.axes[0].get_title().startswith("layer out (2 variables summed)")
+
+
+def test_layer_members_keeps_a_layer_inside_its_group():
+    layers = {
+        "dense/kernel": "dense",
+        "dense/bias": "dense",
+        "generator/dense/kernel": "dense",
+        "generator/dense/bias": "dense",
+        "generator/out/kernel": "out",
+        "norm/gamma": "",
+    }
+    groups = ["", "generator"]
+    assert stats.layer_members(layers, "dense/bias", groups) == ["dense/bias", "dense/kernel"]
+    assert stats.layer_members(layers, "generator/dense/kernel", groups) == [
+        "generator/dense/bias",
+        "generator/dense/kernel",
+    ]
+    assert stats.layer_members(layers, "norm/gamma", groups) == []
+    with pytest.raises(KeyError, match="no variable 'x/kernel'"):
+        stats.layer_members(layers, "x/kernel", groups)
