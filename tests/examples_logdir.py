@@ -64,3 +64,40 @@ def write_examples_run(run_dir: Path) -> None:
             tf.constant(s, tf.int64),
         )
     writer.close()
+
+
+# The examples-only run: norms with string ids, no moments at all.
+ONLY_NORMS = np.array([[4.0, 1.0, 9.0, 0.25], [16.0, 0.0, 1.0, 400.0]])  # [step, example]
+ONLY_IDS = ["a", "b", "c", "d"]
+
+
+def write_other_runs(logdir: Path) -> None:
+    """Runs written with `tf.summary.write` and the format's own metadata: ``only`` (per-example
+    norms with string ids and no moments: steps 1 and 2 of 4 examples, plus a step 3 whose
+    tensor has the wrong width, skipped) and ``bad`` (an examples tag whose content is not
+    JSON, left out; and a good ``good/_examples`` tag beside it)."""
+    import tensorflow as tf
+
+    from tb_gradmom import metadata
+
+    content = metadata.ExamplesContent(
+        columns=(*metadata.EXAMPLE_COLUMNS, "dense"), norms=("layer",), max_examples=8, ids="string"
+    )
+    meta = metadata.create_examples_metadata(content)
+    with tf.summary.create_file_writer(str(logdir / "only")).as_default():
+        for step, sq in zip((1, 2), ONLY_NORMS):
+            n = len(sq)
+            table = np.stack([np.full(n, n), np.arange(n), np.arange(n) + 0.5, sq, sq / 2], 1)
+            tf.summary.write("_examples", tf.constant(table, tf.float64), step=step, metadata=meta)
+            tf.summary.write("_examples/ids", tf.constant(ONLY_IDS), step=step, metadata=meta)
+        tf.summary.write("_examples", tf.zeros([4, 3], tf.float64), step=3, metadata=meta)
+        tf.summary.write("_examples/ids", tf.constant(ONLY_IDS), step=3, metadata=meta)
+    bad = metadata.create_examples_metadata(content)
+    bad.plugin_data.content = b"not json"
+    good = metadata.create_examples_metadata(
+        metadata.ExamplesContent(columns=metadata.EXAMPLE_COLUMNS, norms=(), max_examples=8)
+    )
+    with tf.summary.create_file_writer(str(logdir / "bad")).as_default():
+        tf.summary.write("_examples", tf.ones([2, 5], tf.float64), step=0, metadata=bad)
+        table = tf.constant([[2.0, 0.0, 1.0, 9.0], [2.0, 1.0, 1.0, 1.0]], tf.float64)
+        tf.summary.write("good/_examples", table, step=0, metadata=good)

@@ -9,7 +9,9 @@ ones against the uncapped batch they were cut from.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
+import json
 import math
 
 import numpy as np
@@ -216,3 +218,186 @@ def test_errors_name_the_argument_and_the_fix(records):
         ex.clipped(full, "x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="per_decade must be an integer from 1 to 100"):
         ex.histogram(full, per_decade=0)
+
+
+# ------------------------------------------------------------------ the plugin's routes
+# Through TensorBoard's own app (flags handled by the plugin loader) over the Python loader and
+# over RustBoard (`--load_fast=true`'s data server); references are numpy on the records
+# `data.load_examples` reads from the event files directly.
+
+P = "/data/plugin/gradmom/examples/"
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("examples_plugin")
+    log.write_examples_run(d / "ex")
+    log.write_other_runs(d)
+    return d
+
+
+def _rustboard_app(logdir):
+    from tensorboard import program
+    from tensorboard.backend import application
+    from tensorboard.data import server_ingester
+    from tensorboard.plugins.core import core_plugin
+    from tensorboard.util import grpc_util
+    from werkzeug.test import Client
+
+    from tb_gradmom.plugin.loader import GradMomentsPluginLoader
+
+    try:
+        binary = server_ingester.get_server_binary()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"tensorboard-data-server unavailable: {e}")
+    loaders = [core_plugin.CorePluginLoader(), GradMomentsPluginLoader()]
+    tb = program.TensorBoard(plugins=loaders, assets_zip_provider=lambda: None)
+    tb.configure(["", "--logdir", str(logdir), "--load_fast=true"])
+    ingester = server_ingester.SubprocessServerDataIngester(
+        binary,
+        str(logdir),
+        reload_interval=0,
+        channel_creds_type=grpc_util.ChannelCredsType.LOCAL,
+        samples_per_plugin=tb.flags.samples_per_plugin,
+    )
+    ingester.start()
+    app = application.TensorBoardWSGIApp(tb.flags, loaders, ingester.data_provider, None, None)
+    return Client(app), ingester
+
+
+@pytest.fixture(scope="module", params=["python", "rustboard"])
+def client(request, logdir):
+    import time
+
+    from tests.test_plugin import make_app
+
+    if request.param == "python":
+        yield make_app(str(logdir))[0]
+        return
+    c, ingester = _rustboard_app(logdir)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # RustBoard loads asynchronously
+        r = c.get(P + "tags")
+        runs = json.loads(r.get_data(as_text=True))["runs"] if r.status_code == 200 else {}
+        if runs.get("ex", {}).get("capped/_examples", {}).get("max_step") == log.STEPS[-1]:
+            break
+        time.sleep(0.5)
+    yield c
+    stdin = getattr(ingester, "_stdin_handle", None)  # the server exits when stdin closes
+    if stdin is not None:
+        stdin.close()
+
+
+def _get(c, route, status=200, **params):
+    r = c.get(P + route, query_string=params, headers={"Accept-Encoding": "gzip"})
+    body = r.get_data()
+    if r.headers.get("Content-Encoding") == "gzip":
+        body = gzip.decompress(body)
+    text = body.decode("utf-8")
+    assert r.status_code == status, (route, params, r.status_code, text)
+    return json.loads(text) if status == 200 else text
+
+
+@pytest.fixture(scope="module")
+def reference(logdir):
+    with pytest.warns(data.DataWarning):  # the bad tag and step of runs `bad` and `only`
+        return data.load_examples(logdir)
+
+
+def test_tags_list_every_run_with_norms_also_without_moments(client):
+    d = _get(client, "tags")
+    assert sorted(d["runs"]) == ["bad", "ex", "only"]
+    assert sorted(d["runs"]["ex"]) == ["capped/_examples", "full/_examples"]
+    full = d["runs"]["ex"]["full/_examples"]
+    assert full["group"] == "full" and full["ids"] == "int64" and full["max_examples"] == 1024
+    assert full["columns"] == ["model", "full/hidden", "full/out"]
+    assert full["layers"] == ["full/hidden", "full/out"] and full["variables"] == []
+    assert d["runs"]["only"]["_examples"]["ids"] == "string"
+    assert list(d["runs"]["bad"]) == ["good/_examples"]
+    assert "not valid JSON" in d["skipped"]["bad"]["_examples"]
+    assert d["view"]["keys"] == list(ex.QUANTILE_KEYS)
+    assert d["view"]["default_threshold"] == ex.DEFAULT_OUTLIER_RATIO
+    # the moments' listing is unchanged: `only` has no moments
+    r = client.get("/data/plugin/gradmom/tags")
+    assert "only" not in json.loads(r.get_data(as_text=True))["runs"]
+
+
+def test_quantiles_route_is_numpy_on_the_event_files(client, reference):
+    for tag in ("full/_examples", "capped/_examples"):
+        for column in ("model", "out"):
+            asked = column if column == "model" else tag.split("/")[0] + "/" + column
+            d = _get(client, "quantiles", run="ex", tag=tag, column=asked)
+            recs = reference["ex"]["full/_examples"]  # the whole batch
+            assert d["steps"] == list(log.STEPS) and d["column"] == asked
+            assert all(d["capped"]) == (tag == "capped/_examples")
+            for i, rec in enumerate(recs):
+                g = _g(rec, column if column == "model" else "full/" + column)
+                want = np.quantile(g, ex.QUANTILES)
+                got = [d["quantiles"][k][i] for k in ex.QUANTILE_KEYS]
+                if tag == "full/_examples":
+                    np.testing.assert_allclose(got, want, rtol=1e-14)
+                elif column == "model":  # the kept quarters' quantiles and the max are exact
+                    np.testing.assert_allclose(
+                        np.array(got)[[0, 1, 5, 6]], want[[0, 1, 5, 6]], 1e-14
+                    )
+                np.testing.assert_allclose(d["max"][i], g.max(), rtol=1e-14)
+
+
+def test_outliers_route_finds_the_corrupted_ids(client, reference):
+    d = _get(client, "outliers", run="ex", tag="full/_examples")
+    want = _numpy_outliers(reference["ex"]["full/_examples"], ex.DEFAULT_OUTLIER_RATIO)
+    assert {r["id"] for r in d["rows"]} == set(want) == set(log.CORRUPTED)
+    for r in d["rows"]:
+        assert r["outlier_steps"] == want[r["id"]][0] == len(log.STEPS)
+        assert r["last_loss"] == pytest.approx(want[r["id"]][3], rel=1e-15)
+    assert (
+        _get(client, "outliers", run="ex", tag="full/_examples", limit=2)["rows"] == d["rows"][:2]
+    )
+    loose = _get(client, "outliers", run="ex", tag="full/_examples", threshold=3)
+    assert loose["threshold"] == 3 and loose["total"] >= d["total"]
+
+
+def test_clip_and_histogram_routes_are_numpys(client, reference):
+    recs = reference["ex"]["full/_examples"]
+    d = _get(client, "clip", run="ex", tag="full/_examples", clip_norm=25)
+    np.testing.assert_allclose(d["fraction"], [np.mean(_g(r) > 25) for r in recs], rtol=1e-15)
+    h = _get(client, "histogram", run="ex", tag="full/_examples", step=15, per_decade=4)
+    g = _g(recs[3])
+    want, _ = np.histogram(g[g > 0], bins=np.asarray(h["edges"]))
+    assert h["step"] == 15 and h["counts"] == want.tolist()
+    assert _get(client, "histogram", run="ex", tag="full/_examples")["step"] == log.STEPS[-1]
+
+
+def test_examples_only_run_with_string_ids(client):
+    d = _get(client, "quantiles", run="only")
+    assert d["steps"] == [1, 2], "step 3's tensor has the wrong width: skipped"
+    for i, sq in enumerate(log.ONLY_NORMS):
+        np.testing.assert_allclose(
+            [d["quantiles"][k][i] for k in ex.QUANTILE_KEYS], np.quantile(np.sqrt(sq), ex.QUANTILES)
+        )
+    o = _get(client, "outliers", run="only", threshold=3)
+    # step 2: norms 4, 0, 1, 20, median 2.5: "d" (ratio 8) is an outlier; step 1 has none
+    assert [(r["id"], r["outlier_steps"], r["seen"]) for r in o["rows"]] == [("d", 1, 2)]
+    assert o["rows"][0]["max_ratio"] == pytest.approx(8.0)
+    assert _get(client, "quantiles", run="only", column="dense")["max"] == [
+        math.sqrt(4.5),  # the column is half the model's norms
+        math.sqrt(200.0),
+    ]
+
+
+def test_route_errors_name_the_parameter(client):
+    assert "run 'nope' has no per-example norms" in _get(client, "quantiles", 404, run="nope")
+    text = _get(client, "quantiles", 404, run="bad", tag="_examples")
+    assert "not valid JSON" in text
+    text = _get(client, "quantiles", 400, run="ex", tag="full/_examples", column="dense")
+    assert "column 'dense' is not logged" in text and "full/hidden" in text
+    assert "`clip_norm`" in _get(client, "clip", 400, run="ex", tag="full/_examples")
+    text = _get(client, "clip", 400, run="ex", tag="full/_examples", clip_norm="x")
+    assert "`clip_norm` must be a number" in text
+    text = _get(client, "histogram", 400, run="ex", tag="full/_examples", step=7)
+    assert "step 7 has no per-example norms" in text
+    assert "`threshold`" in _get(
+        client, "outliers", 400, run="ex", tag="full/_examples", threshold=0
+    )
+    # the other runs are unaffected
+    assert _get(client, "quantiles", run="bad", tag="good/_examples")["max"] == [3.0]

@@ -59,6 +59,7 @@ __all__ = [
     "quantiles_csv",
     "outliers_csv",
     "clipped_csv",
+    "view_info",
 ]
 
 MODEL = "model"
@@ -439,3 +440,37 @@ def clipped_csv(c: dict[str, Any]) -> str:
         for i, s in enumerate(c["steps"])
     ]
     return encode.csv_table(header, rows, digits=None)
+
+
+def view_info() -> dict[str, Any]:
+    """What the per-example view shows, for the tab (``/examples/tags``' ``view``): the
+    quantiles and bands, the defaults, and the explanations it shows, defined once here."""
+    return {
+        "keys": list(QUANTILE_KEYS),
+        "levels": list(QUANTILES),
+        "bands": [{"label": b[0], "lower": b[1], "upper": b[2]} for b in BANDS],
+        "default_threshold": DEFAULT_OUTLIER_RATIO,
+        "default_per_decade": DEFAULT_PER_DECADE,
+        "norm": "per-example gradient norm ||g_j||",
+        "notes": {
+            "quantiles": (
+                "Quantiles of the per-example gradient norm ||g_j|| at each logged step: the "
+                "median, the 50 %, 90 % and 99 % bands (25-75 %, 5-95 %, 0.5-99.5 %) and the max."
+            ),
+            "capped": (
+                "Steps with more examples than max_examples keep only some rows: the largest "
+                "and smallest quarters and the rest evenly spaced in rank. There the quantiles "
+                "in the kept quarters (and the max) are exact, the others within one rank "
+                "stratum; on uncapped steps everything is exact."
+            ),
+            "outliers": (
+                "An example is an outlier at a step when its norm is more than the threshold "
+                "times the step's median norm. Rows are tracked by example id across the "
+                "logged steps (by batch position when no ids were logged)."
+            ),
+            "clip": (
+                "Per step, the fraction of examples whose gradient norm exceeds the clipping "
+                "norm C: the examples DP-SGD's per-example clipping would scale down."
+            ),
+        },
+    }
