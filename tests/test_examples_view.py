@@ -401,3 +401,79 @@ def test_route_errors_name_the_parameter(client):
     )
     # the other runs are unaffected
     assert _get(client, "quantiles", run="bad", tag="good/_examples")["max"] == [3.0]
+
+
+# ------------------------------------------------------------- gradmom.plot and the export
+
+
+def test_plot_figures_draw_the_analysis_numbers(logdir, reference):
+    pytest.importorskip("matplotlib")
+    from tb_gradmom.viz import plot
+
+    recs = reference["ex"]["full/_examples"]
+    d = plot.norms_data(reference, run="ex", tag="full/_examples")
+    assert d["quantiles"] == ex.quantiles(recs)["quantiles"]
+    with pytest.warns(data.DataWarning):  # a logdir is read: runs `bad` and `only` warn
+        fig = plot.norms(logdir, run="ex", tag="full/_examples")
+    ax = fig.axes[0]
+    median, top = ax.lines[0], ax.lines[1]
+    np.testing.assert_allclose(median.get_ydata(), [np.median(_g(r)) for r in recs], rtol=1e-12)
+    np.testing.assert_allclose(top.get_ydata(), [_g(r).max() for r in recs], rtol=1e-12)
+    # the 90 % band's polygon spans numpy's 5 % and 95 % quantiles at each step
+    band = ax.collections[1].get_paths()[0].vertices
+    for s, r in zip(log.STEPS, recs):
+        ys = band[np.isclose(band[:, 0], s), 1]
+        lo, hi = np.quantile(_g(r), [0.05, 0.95])
+        assert np.isclose(ys, lo, rtol=1e-12).any() and np.isclose(ys, hi, rtol=1e-12).any()
+    assert ax.get_yscale() == "log"
+    fig = plot.outliers(reference, run="ex", tag="full/_examples")
+    texts = [c.get_text().get_text() for c in fig.axes[0].tables[0].get_celld().values()]
+    assert {int(t) for t in texts if t.isdigit() and int(t) in log.CORRUPTED} == set(log.CORRUPTED)
+    fig = plot.clipped(reference, 25.0, run="ex", tag="full/_examples")
+    np.testing.assert_allclose(
+        fig.axes[0].lines[0].get_ydata(), [np.mean(_g(r) > 25) for r in recs], rtol=1e-15
+    )
+    with pytest.raises(ValueError, match=r"several per-example tags .*; pass tag="):
+        plot.norms_data(reference, run="ex")
+    with pytest.raises(ValueError, match="run 'nope' has no per-example norms"):
+        plot.norms_data(reference, run="nope", tag="_examples")
+
+
+def test_export_writes_the_tabs_numbers(logdir, reference, tmp_path, capsys):
+    from tb_gradmom import cli
+
+    recs = reference["ex"]["full/_examples"]
+    base = ["export", "--logdir", str(logdir), "--run", "^ex$", "--tag", "full", "--quiet"]
+    assert cli.main([*base, "--plot", "norms", "--format", "csv", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*.csv")
+    assert path.name == "ex-full__examples-model-norm_quantiles.csv"
+    rows = list(csv.DictReader(path.open()))
+    assert [int(r["step"]) for r in rows] == list(log.STEPS)
+    for key, level in zip(ex.QUANTILE_KEYS, ex.QUANTILES):
+        want = [np.quantile(_g(r), level) for r in recs]
+        np.testing.assert_allclose([float(r[key]) for r in rows], want, rtol=1e-14)
+    out = tmp_path / "o"
+    assert cli.main([*base, "--plot", "outliers", "--format", "csv", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(next(out.glob("*.csv")).open()))
+    assert sorted(int(r["id"]) for r in rows) == sorted(log.CORRUPTED)
+    assert all(int(r["outlier_steps"]) == len(log.STEPS) for r in rows)
+    args = ["--plot", "clipped", "--clip-norm", "25", "--column", "full/out", "--format", "json"]
+    assert cli.main([*base, *args, "--out", str(out)]) == 0
+    (path,) = out.glob("*clipped*.json")
+    assert path.name == "ex-full__examples-full_out-clipped_C25.json"
+    got = json.loads(path.read_text())
+    want = [np.mean(_g(r, "full/out") > 25) for r in recs]
+    np.testing.assert_allclose(got["fraction"], want, rtol=1e-15)
+    if __import__("importlib").util.find_spec("matplotlib"):
+        assert cli.main([*base, "--plot", "norms", "--format", "png", "--out", str(out)]) == 0
+        assert next(out.glob("*.png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    # errors: one line naming the option and the fix
+    assert cli.main([*base, "--plot", "clipped", "--format", "csv", "--out", str(out)]) == 1
+    assert "--plot clipped needs --clip-norm C" in capsys.readouterr().err
+    assert cli.main([*base, "--plot", "norms", "--column", "x", "--out", str(out / "x")]) == 1
+    err = capsys.readouterr().err
+    assert "column 'x' is not logged" in err and "every one of the 1 plots was skipped" in err
+    bad = ["export", "--logdir", str(logdir), "--run", "nothing", "--plot", "norms"]
+    assert cli.main([*bad, "--out", str(out)]) == 1
+    assert "no per-example norms match --run 'nothing'" in capsys.readouterr().err
