@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -52,8 +53,8 @@ def reference(logdir):
         return data.load_examples(logdir)
 
 
-@pytest.fixture(scope="module")
-def tensorboard(logdir, tmp_path_factory):
+def _serve(logdir, tmp_path_factory, ready):
+    """TensorBoard on ``logdir`` until ``ready(examples/tags' runs)``; yields its base URL."""
     port = free_port()
     out = (tmp_path_factory.mktemp("tb") / "tensorboard.log").open("w")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -68,10 +69,8 @@ def tensorboard(logdir, tmp_path_factory):
             try:
                 url = base + "/data/plugin/gradmom/examples/tags"
                 with urllib.request.urlopen(url, timeout=30) as r:
-                    runs = json.load(r)["runs"]
-                steps = [runs.get("ex", {}).get(t, {}).get("max_step") for t in log_tags()]
-                if steps == [log.STEPS[-1]] * 2 and "only" in runs:
-                    break
+                    if ready(json.load(r)["runs"]):
+                        break
             except (OSError, ValueError):
                 pass
             assert time.time() < deadline, f"tensorboard did not serve the norms: see {out.name}"
@@ -84,6 +83,15 @@ def tensorboard(logdir, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
         out.close()
+
+
+@pytest.fixture(scope="module")
+def tensorboard(logdir, tmp_path_factory):
+    def ready(runs):
+        steps = [runs.get("ex", {}).get(t, {}).get("max_step") for t in log_tags()]
+        return steps == [log.STEPS[-1]] * 2 and "only" in runs
+
+    yield from _serve(logdir, tmp_path_factory, ready)
 
 
 def log_tags():
@@ -261,3 +269,27 @@ def test_screenshots(browser, tensorboard, scheme, width):  # noqa: F811
         assert not p.errors, p.errors
     finally:
         p.close()
+
+
+def test_a_logdir_with_per_example_norms_only(browser, tmp_path_factory):  # noqa: F811
+    """No moments anywhere: TensorBoard still lists the tab (the plugin reads the norms' own
+    plugin name too) and the tab shows the per-example section, saying why nothing else."""
+    d = tmp_path_factory.mktemp("only_norms")
+    log.write_other_runs(d)
+    shutil.rmtree(d / "bad")
+    for base in _serve(d, tmp_path_factory, lambda runs: "only" in runs):
+        with urllib.request.urlopen(base + "/data/plugins_listing", timeout=30) as r:
+            assert json.load(r)["gradmom"]["enabled"]
+        p = Page(browser, base)
+        try:
+            pg = _open(p)
+            assert "per-example norms only" in pg.text_content(".status")
+            median = np.array(_values(pg, "path.ex-median"))
+            want = [np.median(np.sqrt(n)) for n in log.ONLY_NORMS]
+            np.testing.assert_allclose(median[:, 1], want, rtol=1e-12)
+            assert pg.eval_on_selector_all(
+                "select.ex-run option", "os => os.map(o => o.value)"
+            ) == ["only"]
+            assert not p.errors, p.errors
+        finally:
+            p.close()

@@ -164,7 +164,7 @@ class ExamplesRoutes:
             (run, tag, ts.max_step, ts.max_wall_time)
             for run, tags in runs.items()
             for tag, (_, ts) in tags.items()
-        )
+        ) + tuple((run, tuple(sorted(why.items()))) for run, why in sorted(skipped.items()))
         return self._plugin._cached_json(
             request,
             ("examples/tags", experiment, version),
