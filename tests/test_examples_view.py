@@ -317,6 +317,13 @@ def test_tags_list_every_run_with_norms_also_without_moments(client):
     assert "not valid JSON" in d["skipped"]["bad"]["_examples"]
     assert d["view"]["keys"] == list(ex.QUANTILE_KEYS)
     assert d["view"]["default_threshold"] == ex.DEFAULT_OUTLIER_RATIO
+    # answered gzip-compressed, like /series
+    r = client.get(
+        P + "quantiles", query_string={"run": "only"}, headers={"Accept-Encoding": "gzip"}
+    )
+    assert (
+        r.headers["Content-Encoding"] == "gzip" and r.headers["Content-Type"] == "application/json"
+    )
     # the moments' listing is unchanged: `only` has no moments
     r = client.get("/data/plugin/gradmom/tags")
     assert "only" not in json.loads(r.get_data(as_text=True))["runs"]

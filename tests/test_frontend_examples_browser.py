@@ -140,6 +140,7 @@ def _g(rec, column="model"):
 def test_fan_chart_draws_numpys_quantiles(page, reference):
     pg = _open(page)
     _choose(page, "select.ex-tag", "full/_examples")
+    assert "No step capped: every quantile is exact." in pg.text_content(".ex-exactness")
     recs = reference["ex"]["full/_examples"]
     want = np.array([np.quantile(_g(r), ex.QUANTILES) for r in recs])  # [steps, 7]
     for label, lo, hi in ex.BANDS:
@@ -162,6 +163,9 @@ def test_fan_chart_draws_numpys_quantiles(page, reference):
     np.testing.assert_allclose(band[:, 1], want[:, 1], rtol=1e-12)
     np.testing.assert_allclose(band[:, 2], want[:, 5], rtol=1e-12)
     assert "capped step" in pg.text_content(".ex-fan svg .subtitle")
+    note = pg.text_content(".ex-exactness")
+    assert f"{len(log.STEPS)} of {len(log.STEPS)} steps capped" in note
+    assert ex.view_info()["notes"]["capped"] in note
     # the selection is in the URL
     assert "extag=capped%2F_examples" in pg.evaluate("() => location.hash")
 

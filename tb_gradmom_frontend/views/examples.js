@@ -269,8 +269,17 @@ export class ExamplesView extends View {
 
   fanTools() {
     const m = this.model;
+    const capped = (m.quantiles?.capped ?? []).filter(Boolean).length;
+    const notes = m.view?.notes ?? {};
+    // What capping means for the numbers (exact when no step was capped), from the backend.
+    const exactness = capped
+      ? `${capped} of ${m.quantiles.steps.length} steps capped. ${notes.capped ?? ""}`
+      : "No step capped: every quantile is exact.";
     return h("span", { class: "ex-tools" }, [
-      h("span", { class: "hint", text: m.view?.notes?.quantiles ?? "" }),
+      h("span", { class: "hint" }, [
+        h("span", { text: notes.quantiles ?? "" }),
+        h("span", { class: "ex-exactness", text: ` ${exactness}` }),
+      ]),
       exportButtons({
         figure: () => this.fanFigure(this.model.exportTheme, false).node(),
         csv: () => quantilesCSV(m.quantiles),
