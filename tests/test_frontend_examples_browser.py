@@ -152,6 +152,13 @@ def test_fan_chart_draws_numpys_quantiles(page, reference):
     np.testing.assert_allclose(median[:, 1], [np.median(_g(r)) for r in recs], rtol=1e-12)
     top = np.array(_values(pg, "path.ex-max"))
     np.testing.assert_allclose(top[:, 1], [_g(r).max() for r in recs], rtol=1e-12)
+    # the CSV export holds the same numbers, in full precision
+    with pg.expect_download() as dl:
+        pg.click(".ex-fan .export button:text('CSV')")
+    rows = list(csv.DictReader(io.StringIO(open(dl.value.path()).read())))
+    assert [int(r["step"]) for r in rows] == list(log.STEPS)
+    for j, key in enumerate(ex.QUANTILE_KEYS):
+        np.testing.assert_allclose([float(r[key]) for r in rows], want[:, j], rtol=1e-14)
     # a layer: the same drawn from its own column
     _choose(page, "select.ex-column", "full/out")
     median = np.array(_values(pg, "path.ex-median"))

@@ -22,7 +22,8 @@ import {
 
 const MARGIN = { top: 48, right: 24, bottom: 50, left: 72 };
 // The bands' fill opacity, widest first (99 %, 90 %, 50 %): they add up where they overlap.
-const BAND_OPACITY = [0.12, 0.18, 0.3];
+// Darker backgrounds need more: the same light blue at 0.12 nearly vanishes on #303030.
+const BAND_OPACITY = { light: [0.12, 0.18, 0.3], dark: [0.22, 0.3, 0.45] };
 
 /**
  * @typedef {{label: string, lower: number[], upper: number[]}} Band
@@ -182,14 +183,15 @@ const dataValues = (/** @type {any[]} */ rows) => JSON.stringify(rows);
 /**
  * A line-chart frame: the figure, its plot group, and x (steps) and y scales.
  * @param {{width: number, height: number, steps: number[], values: number[], log: boolean,
- *   theme: any, title: string, subtitle: string, ylabel: string, yDomain?: number[]}} o
+ *   theme: any, title: string, subtitle: string, ylabel: string, yDomain?: number[],
+ *   extraBottom?: number}} o extraBottom: pixels kept free below the x axis' label (a legend)
  */
 function stepFrame(o) {
   const { width, height, steps, values, log, theme } = o;
   const svg = newFigure(width, height, theme);
   drawTitle(svg, o.title, o.subtitle, theme);
   const plotW = width - MARGIN.left - MARGIN.right;
-  const plotH = height - MARGIN.top - MARGIN.bottom;
+  const plotH = height - MARGIN.top - MARGIN.bottom - (o.extraBottom ?? 0);
   let [s0, s1] = [Math.min(...steps), Math.max(...steps)];
   if (s0 === s1) [s0, s1] = [s0 - 1, s1 + 1];
   const x = d3.scaleLinear().domain([s0, s1]).range([0, plotW]);
@@ -298,7 +300,7 @@ export class ExamplesView extends View {
       `${this.subject()} · median, ${fan.bands.map((b) => b.label).join(", ")} bands, max` +
       (capped ? ` · ${capped} capped step${capped === 1 ? "" : "s"} (quantiles estimated)` : "");
     const width = this.width;
-    const height = 320;
+    const height = 338;
     if (!fan.steps.length) {
       const svg = newFigure(width, height, theme);
       drawTitle(svg, "Per-example gradient norms", subtitle, theme);
@@ -306,7 +308,7 @@ export class ExamplesView extends View {
       return svg;
     }
     const values = [...fan.bands.flatMap((b) => [...b.lower, ...b.upper]), ...fan.max];
-    const { svg, g, x, y, plotH } = stepFrame({
+    const { svg, g, x, y } = stepFrame({
       width,
       height,
       steps: fan.steps,
@@ -316,8 +318,11 @@ export class ExamplesView extends View {
       title: "Per-example gradient norms over training",
       subtitle,
       ylabel: `||g_j||${fan.log ? " (log)" : ""}`,
+      extraBottom: 18,
     });
-    const color = theme.text === "#212121" ? "#1565c0" : "#64b5f6";
+    const light = theme.text === "#212121";
+    const color = light ? "#1565c0" : "#64b5f6";
+    const opacity = BAND_OPACITY[light ? "light" : "dark"];
     const ok = (/** @type {number} */ v) => Number.isFinite(v) && (!fan.log || v > 0);
     fan.bands.forEach((b, k) => {
       const upper = fan.steps.map((s, i) => [x(s), ok(b.upper[i]) ? y(b.upper[i]) : NaN]);
@@ -332,7 +337,7 @@ export class ExamplesView extends View {
         .attr("data-values", dataValues(fan.steps.map((s, i) => [s, b.lower[i], b.upper[i]])))
         .attr("d", d)
         .attr("fill", fan.steps.length === 1 ? "none" : color)
-        .attr("fill-opacity", BAND_OPACITY[k] ?? 0.2)
+        .attr("fill-opacity", opacity[k] ?? 0.2)
         .attr("stroke", fan.steps.length === 1 ? color : "none");
     });
     const line = (/** @type {number[]} */ v, /** @type {string} */ cls, dash = "") =>
@@ -369,13 +374,13 @@ export class ExamplesView extends View {
           .text(tip.filter(Boolean).join("\n"));
       });
     }
-    // legend, bottom left inside the plot
-    const legend = g
+    // legend, below the x axis (never over the bands)
+    const legend = svg
       .append("g")
       .attr("class", "legend")
-      .attr("transform", `translate(8,${plotH - 8})`);
+      .attr("transform", `translate(${MARGIN.left},${height - 8})`);
     const items = [
-      ...fan.bands.map((b, k) => ({ label: b.label, op: BAND_OPACITY[k] ?? 0.2, dash: null })),
+      ...fan.bands.map((b, k) => ({ label: b.label, op: opacity[k] ?? 0.2, dash: null })),
       { label: "median", op: null, dash: "" },
       { label: "max", op: null, dash: "4,3" },
     ];
