@@ -484,3 +484,36 @@ def test_export_writes_the_tabs_numbers(logdir, reference, tmp_path, capsys):
     bad = ["export", "--logdir", str(logdir), "--run", "nothing", "--plot", "norms"]
     assert cli.main([*bad, "--out", str(out)]) == 1
     assert "no per-example norms match --run 'nothing'" in capsys.readouterr().err
+
+
+def test_rustboard_reads_at_most_its_reply_budget(logdir, monkeypatch):
+    """Over gRPC a series is read with at most GRPC_READ_BUDGET bytes of the largest possible
+    steps (RustBoard's replies are capped at 256 MiB); the payload says so. A budget of three
+    steps of `full/_examples` (1024 rows x 6 columns + ids): three steps, the last among them."""
+    from tb_gradmom.plugin import _examples
+
+    per_step = 8 * 1024 * (4 + 2 + 1)
+    monkeypatch.setattr(_examples, "GRPC_READ_BUDGET", 3 * per_step)
+    c, ingester = _rustboard_app(logdir)
+    try:
+        import time
+
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            r = c.get(P + "tags")
+            runs = json.loads(r.get_data(as_text=True))["runs"] if r.status_code == 200 else {}
+            if runs.get("ex", {}).get("full/_examples", {}).get("max_step") == log.STEPS[-1]:
+                break
+            time.sleep(0.5)
+        d = _get(c, "quantiles", run="ex", tag="full/_examples")
+        assert len(d["steps"]) == 3 and d["steps"][-1] == log.STEPS[-1]
+        assert set(d["steps"]) <= set(log.STEPS) and d["max_steps_read"] == 3
+        # the Python loader reads every step and says nothing
+        from tests.test_plugin import make_app
+
+        py = _get(make_app(str(logdir))[0], "quantiles", run="ex", tag="full/_examples")
+        assert py["steps"] == list(log.STEPS) and "max_steps_read" not in py
+    finally:
+        stdin = getattr(ingester, "_stdin_handle", None)
+        if stdin is not None:
+            stdin.close()

@@ -5,7 +5,10 @@ The per-example norms tags (``_examples``, plugin name ``gradmom_examples``, doc
 are listed and read through the data provider (``list_tensors`` / ``read_tensors``), the same
 calls on the Python loader and on RustBoard (``--load_fast=true``). A run with only such tags
 is listed too. A series is read whole (a step is at most ``8 * max_examples * columns`` bytes:
-112 KiB for 1024 rows of a 10-layer model, 56 MiB for 500 steps), decoded into
+112 KiB for 1024 rows of a 10-layer model, 56 MiB for 500 steps), except over gRPC
+(RustBoard), whose replies TensorBoard caps at 256 MiB: there at most `GRPC_READ_BUDGET` bytes
+of the largest possible steps are asked for (``downsample``, always with the last step), and a
+payload read so says ``"max_steps_read"``. It is decoded into
 `data.ExamplesRecord` lists by the same code as `gradmom.data.load_examples`, and kept in the
 plugin's cache until the series changes. Every payload is computed by
 `tb_gradmom.analysis.examples`, the same functions as `gradmom.plot` and ``tb-gradmom export``.
@@ -26,7 +29,7 @@ from tensorboard.data import provider
 from tb_gradmom import metadata
 from tb_gradmom.analysis import data
 from tb_gradmom.analysis import examples as ex
-from tb_gradmom.plugin import _params
+from tb_gradmom.plugin import _params, _tb_compat
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,9 @@ MAX_LIMIT = 10_000  # the most outlier rows one request returns
 DEFAULT_LIMIT = 200
 MAX_RATIO = 1e12
 ROUTES = ("tags", "quantiles", "histogram", "outliers", "clip")
+# The most bytes one read asks RustBoard for (its gRPC replies are capped at 256 MiB), counted
+# at the largest a step can be: `max_examples` rows of the columns and an 8-byte id.
+GRPC_READ_BUDGET = 240 * 1024 * 1024
 
 
 def _ids_tag(tag: str) -> bool:
@@ -129,12 +135,21 @@ class ExamplesRoutes:
             )
         return runs[run][tag]
 
+    def read_steps(self, content) -> int:
+        """How many steps one read asks for: every step, or over gRPC as many of the largest
+        possible steps as fit `GRPC_READ_BUDGET`."""
+        if _tb_compat.is_python_loader(self._plugin._data_provider):
+            return ALL_STEPS
+        per_step = 8 * content.max_examples * (len(content.columns) + 1)
+        return max(1, min(ALL_STEPS, GRPC_READ_BUDGET // per_step))
+
     def records(self, ctx, experiment: str, run: str, tag: str) -> tuple[list, tuple]:
         """The `data.ExamplesRecord` list of one tag (cached while the series is unchanged),
         and the series' version."""
         content, ts = self._entry(ctx, experiment, run, tag)
         version = (int(ts.max_step), float(ts.max_wall_time))
-        key = ("examples", experiment, run, tag, version)
+        steps = self.read_steps(content)
+        key = ("examples", experiment, run, tag, steps, version)
 
         def load():
             dp = self._plugin._data_provider
@@ -143,7 +158,7 @@ class ExamplesRoutes:
                 ctx,
                 experiment_id=experiment,
                 plugin_name=PLUGIN,
-                downsample=ALL_STEPS,
+                downsample=steps,
                 run_tag_filter=provider.RunTagFilter(runs=[run], tags=[tag, ids_tag]),
             ).get(run, {})
             tables = {
@@ -207,7 +222,10 @@ class ExamplesRoutes:
             payload = self._plugin._compute(lambda: fn(recs))
         except ValueError as e:
             raise errors.InvalidArgumentError(str(e)) from None
-        return {"run": run, "tag": tag, **payload}
+        content, _ = self._entry(ctx, experiment, run, tag)
+        limit = self.read_steps(content)
+        extra = {"max_steps_read": limit} if len(recs) >= limit else {}
+        return {"run": run, "tag": tag, **payload, **extra}
 
     def _respond(self, request, name, params, fn):
         ctx, experiment = self._plugin._ctx(request)
