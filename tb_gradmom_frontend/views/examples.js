@@ -298,7 +298,10 @@ export class ExamplesView extends View {
     const capped = fan.capped.filter(Boolean).length;
     const subtitle =
       `${this.subject()} · median, ${fan.bands.map((b) => b.label).join(", ")} bands, max` +
-      (capped ? ` · ${capped} capped step${capped === 1 ? "" : "s"} (quantiles estimated)` : "");
+      (capped ? ` · ${capped} capped step${capped === 1 ? "" : "s"} (quantiles estimated)` : "") +
+      (this.model.quantiles.max_steps_read
+        ? ` · a sample of ${this.model.quantiles.max_steps_read} steps (the data server's reply limit)`
+        : "");
     const width = this.width;
     const height = 338;
     if (!fan.steps.length) {
