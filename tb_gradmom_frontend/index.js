@@ -422,16 +422,17 @@ class App {
       return;
     }
     const ex = await examples;
-    if (ex) {
-      this.exView = ex.view;
-      this.dispatch({ type: "examples", runs: ex.runs });
-    }
     if (auto && !this.state.follow) {
       // Not following: a periodic reload adds new runs and steps but keeps what is drawn.
       const known = JSON.stringify([this.state.runs, this.state.groups]);
       if (known === JSON.stringify([data.runs, data.groups])) return;
     }
     this.cache.clear();
+    if (ex) {
+      // Before the tags: their render pass then draws the per-example section once, fresh.
+      this.exView = ex.view;
+      this.dispatch({ type: "examples", runs: ex.runs });
+    }
     this.dispatch({ type: "tags", data });
     const s = this.state;
     if (!s.runList.some((r) => Object.keys(s.runs[r] ?? {}).length)) {
