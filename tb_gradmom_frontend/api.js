@@ -237,3 +237,54 @@ export async function fetchSummary({ run, step, group, numeric, smoothing }, sig
 export function exportURL(params) {
   return routeURL("export", params);
 }
+
+// ---------------------------------------------------------------------------- per-example norms
+
+/** @param {any} a */
+const plain = (a) => Array.from(numbers(a));
+
+/**
+ * GET examples/tags: {runs: {run: {tag: info}}, skipped, view}: the runs with per-example norms
+ * (also those without moments) and what the per-example view shows (its quantiles, bands,
+ * defaults and explanations, from tb_gradmom.analysis.examples.view_info).
+ */
+export async function fetchExamplesTags(signal) {
+  const d = await getJSON("examples/tags", {}, signal);
+  return { runs: d.runs ?? {}, skipped: d.skipped ?? {}, view: d.view ?? null };
+}
+
+/**
+ * GET examples/quantiles: per step the quantiles of the per-example gradient norm, the max and
+ * the mean squared norm (numbers decoded).
+ */
+export async function fetchExampleQuantiles({ run, tag, column }, signal) {
+  const d = await getJSON("examples/quantiles", { run, tag, column }, signal);
+  const quantiles = {};
+  for (const [k, v] of Object.entries(d.quantiles ?? {})) quantiles[k] = plain(v);
+  return { ...d, quantiles, max: plain(d.max), mean_sq: plain(d.mean_sq) };
+}
+
+/** GET examples/histogram: the norms at one step on log-spaced bins. */
+export async function fetchExampleHistogram({ run, tag, column, step }, signal) {
+  const d = await getJSON("examples/histogram", { run, tag, column, step }, signal);
+  return { ...d, edges: plain(d.edges), counts: plain(d.counts) };
+}
+
+const OUTLIER_NUMBERS = ["max_ratio", "mean_ratio", "last_ratio", "last_loss"];
+
+/** GET examples/outliers: the outlier examples by id (ids kept as sent: numbers or strings). */
+export async function fetchExampleOutliers({ run, tag, column, threshold }, signal) {
+  const d = await getJSON("examples/outliers", { run, tag, column, threshold }, signal);
+  const rows = (d.rows ?? []).map((/** @type {any} */ r) => {
+    const out = { ...r };
+    for (const k of OUTLIER_NUMBERS) out[k] = decodeNumber(r[k]);
+    return out;
+  });
+  return { ...d, rows, medians: plain(d.medians) };
+}
+
+/** GET examples/clip: per step the fraction of examples whose norm exceeds `clipNorm`. */
+export async function fetchExampleClip({ run, tag, column, clipNorm }, signal) {
+  const d = await getJSON("examples/clip", { run, tag, column, clip_norm: clipNorm }, signal);
+  return { ...d, fraction: plain(d.fraction), clipped: plain(d.clipped) };
+}

@@ -36,6 +36,10 @@ import {
   comparedRuns,
   comparedSteps,
   currentStep,
+  exampleColumn,
+  exampleRun,
+  exampleRuns,
+  exampleTag,
   fromHash,
   fromURLParams,
   groupList,
@@ -52,6 +56,7 @@ import {
 import { checkbox, h, select } from "./views/common.js";
 import { CompareHeatmapView } from "./views/compare.js";
 import { CurvesView } from "./views/curves.js";
+import { ExamplesView } from "./views/examples.js";
 import { noiseNoteNode } from "./views/info.js";
 import { HeatmapView } from "./views/heatmap.js";
 import { HistogramView } from "./views/histogram.js";
@@ -143,7 +148,9 @@ class App {
     this.keys = {};
     /** @type {Map<string, Promise<any>>} */
     this.cache = new Map();
-    this.generation = { heatmap: 0, histogram: 0, curves: 0, table: 0 };
+    this.generation = { heatmap: 0, histogram: 0, curves: 0, table: 0, examples: 0 };
+    /** @type {any} what the per-example view shows (/examples/tags' view), once loaded */
+    this.exView = null;
     /** @type {Promise<any> | undefined} the views' loads of the last render pass */
     this.pending = undefined;
     /** @type {Map<string, string>} */
@@ -202,8 +209,13 @@ class App {
     if (changed("toolbar")) this.renderToolbar();
     if (changed("info")) this.renderInfo();
     this.writeURL();
-    if (!tagInfo(s)) return this.pending ?? Promise.resolve();
     const jobs = [];
+    // The per-example section does not need moments: a run may have only per-example norms.
+    if (changed("examples")) jobs.push(this.loadExamples());
+    if (!tagInfo(s)) {
+      if (jobs.length) this.pending = Promise.all(jobs);
+      return this.pending ?? Promise.resolve();
+    }
     if (changed("heatmap")) jobs.push(this.loadHeatmap());
     if (changed("histogram")) jobs.push(this.loadHistogram());
     if (changed("curves")) jobs.push(this.loadCurves());
@@ -214,7 +226,7 @@ class App {
 
   /** The selection into the URL: the frame's hash, and TensorBoard's (p.gradmom.*). */
   writeURL() {
-    if (!this.state.run) return;
+    if (!this.state.run && !exampleRun(this.state)) return;
     const params = toURLParams(this.state);
     const hash = toHash(params);
     if (hash !== window.location.hash) {
@@ -265,6 +277,8 @@ class App {
       curvesLoss: h("div", { class: "curves-loss" }),
       info: h("div", { class: "stat-info", hidden: true, role: "note" }),
       heatmapCard: h("span"),
+      exControls: h("span", { class: "card-controls" }),
+      exCard: h("span"),
     };
     this.el = el;
     el.filter.addEventListener("input", () =>
@@ -293,6 +307,9 @@ class App {
       el.curvesLayer,
     );
     el.heatmapCard = heatmap.node;
+    const examples = card("examples-card", "Per-example gradient norms", el.exControls);
+    examples.node.hidden = true; // shown when a run has per-example norms
+    el.exCard = examples.node;
 
     this.views = {
       table: new TableView(
@@ -307,12 +324,18 @@ class App {
       layerTotalCurves: new CurvesView(el.curvesLayerTotal, el.curvesLayerParts),
       modelCurves: new CurvesView(el.curvesModel, el.curvesModelParts),
       lossCurves: new CurvesView(el.curvesLoss),
+      examples: new ExamplesView(examples.body, {
+        onStep: (step) => this.dispatch({ type: "setExamples", key: "exStep", value: step }),
+        onThreshold: (v) => this.dispatch({ type: "setExamples", key: "exThreshold", value: v }),
+        onClip: (v) => this.dispatch({ type: "setExamples", key: "clipNorm", value: v }),
+      }),
     };
     // The whole model first (noise and loss over training, the table), then one variable.
     const main = h("main", { class: "main" }, [
       el.toolbar,
       el.status,
       curves.node,
+      examples.node,
       summary.node,
       heatmap.node,
       hist.node,
@@ -346,8 +369,8 @@ class App {
     const v = this.views;
     if (v.heatmap.model) v.heatmap.render();
     if (v.compare.model) v.compare.render();
-    for (const c of [v.histogram, v.layerCurves, v.layerTotalCurves, v.modelCurves, v.lossCurves])
-      if (c.model) c.update(c.model);
+    const resizable = [v.histogram, v.layerCurves, v.layerTotalCurves, v.modelCurves, v.lossCurves];
+    for (const c of [...resizable, v.examples]) if (c.model) c.update(c.model);
     this.resized = (this.resized ?? 0) + 1;
   }
 
@@ -401,21 +424,40 @@ class App {
    */
   async reload({ auto = false } = {}) {
     let data;
+    // The per-example norms' listing; a failure leaves their section out, not the tab.
+    const examples = api.fetchExamplesTags().catch((e) => {
+      this.setStatus(`Could not load the per-example norms: ${errorText(e)}`, "error");
+      return null;
+    });
     try {
       data = await api.fetchTags();
     } catch (e) {
       this.setStatus(`Could not load the list of runs: ${errorText(e)}`, "error");
       return;
     }
+    const ex = await examples;
     if (auto && !this.state.follow) {
       // Not following: a periodic reload adds new runs and steps but keeps what is drawn.
       const known = JSON.stringify([this.state.runs, this.state.groups]);
       if (known === JSON.stringify([data.runs, data.groups])) return;
     }
     this.cache.clear();
+    if (ex) {
+      // Before the tags: their render pass then draws the per-example section once, fresh.
+      this.exView = ex.view;
+      this.dispatch({ type: "examples", runs: ex.runs });
+    }
     this.dispatch({ type: "tags", data });
     const s = this.state;
     if (!s.runList.some((r) => Object.keys(s.runs[r] ?? {}).length)) {
+      if (exampleRuns(s).length) {
+        this.setStatus(
+          "These runs have per-example norms only (no moments): see Per-example gradient norms.",
+          "info",
+        );
+        await this.pending;
+        return;
+      }
       this.setStatus(
         "No Grad Moments data in this log directory yet. Log moments with tb_gradmom (see the README), " +
           "or write a demo with `tb-gradmom demo --logdir <dir>`; " +
@@ -768,7 +810,7 @@ class App {
    * Starts a load of one kind of view ("heatmap", "histogram", "curves", "table"); returns a
    * function that tells whether it is still the newest load of that kind, so that a slow answer
    * never replaces what a later load drew.
-   * @param {"heatmap" | "histogram" | "curves" | "table"} kind
+   * @param {"heatmap" | "histogram" | "curves" | "table" | "examples"} kind
    */
   startLoad(kind) {
     const gen = ++this.generation[kind];
@@ -780,7 +822,7 @@ class App {
    * load of that view started meanwhile. If either fails, `view` says "Could not load `what`:
    * <reason>" (again only for the newest load).
    * @template T
-   * @param {"heatmap" | "histogram" | "table"} kind
+   * @param {"heatmap" | "histogram" | "table" | "examples"} kind
    * @param {{showMessage: (text: string, kind?: string) => void}} view
    * @param {string} what
    * @param {() => Promise<T>} fetch
@@ -1098,6 +1140,106 @@ class App {
         `Some curves could not be loaded: ${failed.map((x) => `${x.run}: ${x.error}`).join("; ")}`,
         "error",
       );
+  }
+
+  /** The per-example section's controls: its run, its per-example tag (group), its column. */
+  renderExamplesControls() {
+    const s = this.state;
+    const run = exampleRun(s);
+    const tag = exampleTag(s);
+    const info = (run && tag && s.examples[run]?.[tag]) || {};
+    /** @param {string} label @param {HTMLElement} control */
+    const field = (label, control) =>
+      h("label", { class: "field" }, [h("span", { text: label }), control]);
+    /** @param {"exRun" | "exTag" | "exColumn"} key @param {string} v */
+    const set = (key, v) => this.dispatch({ type: "setExamples", key, value: v });
+    const tags = Object.keys((run && s.examples[run]) || {}).sort();
+    const columns = info.columns ?? ["model"];
+    this.el.exControls.replaceChildren(
+      field(
+        "Run",
+        select(exampleRuns(s), run ?? "", (v) => set("exRun", v), {
+          class: "ex-run",
+          "aria-label": "run of the per-example norms",
+        }),
+      ),
+      ...(tags.length > 1
+        ? [
+            field(
+              "Group",
+              select(
+                tags.map((t) => ({
+                  value: t,
+                  label: s.examples[run ?? ""]?.[t]?.group || "(default)",
+                })),
+                tag ?? "",
+                (v) => set("exTag", v),
+                { class: "ex-tag", "aria-label": "per-example tag" },
+              ),
+            ),
+          ]
+        : []),
+      field(
+        "Norm of",
+        select(
+          columns.map((c) => ({ value: c, label: c === "model" ? "whole model" : c })),
+          exampleColumn(s),
+          (v) => set("exColumn", v),
+          { class: "ex-column", "aria-label": "whole model, layer or variable" },
+        ),
+      ),
+    );
+  }
+
+  /** The per-example section: hidden without per-example norms, else its four parts. */
+  async loadExamples() {
+    const s = this.state;
+    const run = exampleRun(s);
+    const tag = exampleTag(s);
+    this.el.exCard.hidden = !run || !tag;
+    if (!run || !tag) return;
+    this.renderExamplesControls();
+    const column = exampleColumn(s);
+    const { exStep: step, exThreshold: threshold, clipNorm } = s;
+    const key = `${run}|${tag}|${column}`;
+    return this.load(
+      "examples",
+      this.views.examples,
+      `the per-example norms of run ${run}`,
+      async () => {
+        const quantiles = await this.cached(`exq|${key}`, () =>
+          api.fetchExampleQuantiles({ run, tag, column }),
+        );
+        const steps = quantiles.steps ?? [];
+        const at = step !== null && steps.includes(step) ? step : null;
+        const [histogram, outliers, clip] = await Promise.all([
+          this.cached(`exh|${key}|${at}`, () =>
+            api.fetchExampleHistogram({ run, tag, column, step: at }),
+          ),
+          this.cached(`exo|${key}|${threshold}`, () =>
+            api.fetchExampleOutliers({ run, tag, column, threshold }),
+          ),
+          clipNorm === null
+            ? null
+            : this.cached(`exc|${key}|${clipNorm}`, () =>
+                api.fetchExampleClip({ run, tag, column, clipNorm }),
+              ),
+        ]);
+        return { quantiles, histogram, outliers, clip, step: at };
+      },
+      (d) =>
+        this.views.examples.update({
+          ...d,
+          run,
+          tag,
+          column,
+          clipNorm,
+          threshold,
+          view: this.exView,
+          theme: this.theme,
+          exportTheme: THEMES.light,
+        }),
+    );
   }
 
   /** The summary table of the run (of the shown group) at the model step nearest the current. */

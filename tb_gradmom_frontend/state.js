@@ -48,6 +48,21 @@ import { availableStats, defaultView, filterTags, groupsOf, nearestStep } from "
  * @property {CompareMode} compare the comparison: off, the shown runs side by side, two steps
  * @property {number | null} compareStep the other step of a two-step comparison (null: the first)
  * @property {string} notice a short message for the status line ("" none)
+ * @property {Record<string, Record<string, ExamplesInfo>>} examples /examples/tags' runs: run ->
+ *   per-example tag -> info (runs with per-example norms, also those without moments)
+ * @property {string | null} exRun the per-example section's run (null: the active run if it has
+ *   per-example norms, else the first run that has)
+ * @property {string | null} exTag its per-example tag (null: the run's first)
+ * @property {string} exColumn its column: "model", a layer or a variable
+ * @property {number | null} exStep the step of its histogram (null: the latest)
+ * @property {number | null} exThreshold its outlier threshold (null: the backend's default)
+ * @property {number | null} clipNorm the clipping norm C of its clipped-fraction curve (null: none)
+ */
+
+/**
+ * @typedef {{group?: string, columns?: string[], layers?: string[], variables?: string[],
+ *   ids?: string, max_examples?: number, max_step?: number}} ExamplesInfo
+ * @typedef {"exRun" | "exTag" | "exColumn" | "exStep" | "exThreshold" | "clipNorm"} ExamplesKey
  */
 
 /**
@@ -64,7 +79,9 @@ import { availableStats, defaultView, filterTags, groupsOf, nearestStep } from "
  *   | {type: "setFollow", follow: boolean}
  *   | {type: "setTheme", theme: string}
  *   | {type: "setCompare", compare: CompareMode}
- *   | {type: "setCompareStep", step: number | null}} Action
+ *   | {type: "setCompareStep", step: number | null}
+ *   | {type: "examples", runs: Record<string, Record<string, ExamplesInfo>>}
+ *   | {type: "setExamples", key: ExamplesKey, value: any}} Action
  * @typedef {"colormap" | "scale" | "histLog" | "histMode" | "metric" | "logy" | "smoothing" | "info"} OptionKey
  */
 
@@ -122,6 +139,13 @@ export function initialState(meta, theme, params = {}) {
     compare: "off",
     compareStep: null,
     notice: "",
+    examples: {},
+    exRun: null,
+    exTag: null,
+    exColumn: "model",
+    exStep: null,
+    exThreshold: null,
+    clipNorm: null,
   };
   const restored = { ...state, ...params };
   // A view restored with a variable keeps it: no landing on the noisiest one.
@@ -270,8 +294,63 @@ export function viewKeys(s) {
     ),
     curves: k(s.loaded, s.checked, s.tag, s.group, s.metric, s.logy, s.smoothing, s.theme),
     table: k(s.loaded, s.run, s.group, step, s.smoothing, s.filter, s.tag, s.theme, s.landed),
+    examples: k(
+      s.loaded,
+      s.examples,
+      exampleRun(s),
+      exampleTag(s),
+      exampleColumn(s),
+      s.exStep,
+      s.exThreshold,
+      s.clipNorm,
+      s.theme,
+    ),
   };
 }
+
+/** The runs with per-example norms, sorted. @param {State} s */
+export function exampleRuns(s) {
+  return Object.keys(s.examples)
+    .filter((r) => Object.keys(s.examples[r] ?? {}).length)
+    .sort();
+}
+
+/**
+ * The run the per-example section shows: its own choice if that run has per-example norms,
+ * else the active run if it has, else the first run that has (null: none has).
+ * @param {State} s
+ */
+export function exampleRun(s) {
+  const runs = exampleRuns(s);
+  if (s.exRun && runs.includes(s.exRun)) return s.exRun;
+  if (s.run && runs.includes(s.run)) return s.run;
+  return runs[0] ?? null;
+}
+
+/** The per-example tag the section shows (null: none). @param {State} s */
+export function exampleTag(s) {
+  const run = exampleRun(s);
+  const tags = Object.keys((run && s.examples[run]) || {}).sort();
+  return s.exTag && tags.includes(s.exTag) ? s.exTag : (tags[0] ?? null);
+}
+
+/** The column the section shows: its choice if the tag has it, else "model". @param {State} s */
+export function exampleColumn(s) {
+  const run = exampleRun(s);
+  const tag = exampleTag(s);
+  const cols = (run && tag && s.examples[run]?.[tag]?.columns) || ["model"];
+  return cols.includes(s.exColumn) ? s.exColumn : "model";
+}
+
+/** The checks of the per-example section's settings. */
+const EXAMPLE_OPTIONS = /** @type {Record<ExamplesKey, (v: any) => boolean>} */ ({
+  exRun: (v) => v === null || typeof v === "string",
+  exTag: (v) => v === null || typeof v === "string",
+  exColumn: (v) => typeof v === "string" && v.length > 0,
+  exStep: (v) => v === null || Number.isInteger(v),
+  exThreshold: (v) => v === null || (typeof v === "number" && Number.isFinite(v) && v >= 1),
+  clipNorm: (v) => v === null || (typeof v === "number" && Number.isFinite(v) && v > 0),
+});
 
 // ---------------------------------------------------------------------------------------------
 // Transitions.
@@ -448,6 +527,17 @@ export function update(state, action, meta) {
     case "setCompareStep":
       s.compareStep = action.step;
       return s;
+    case "examples":
+      s.examples = action.runs ?? {};
+      return s;
+    case "setExamples": {
+      const check = EXAMPLE_OPTIONS[action.key];
+      if (!check || !check(action.value)) return state;
+      /** @type {Record<string, any>} */ (s)[action.key] = action.value;
+      // another run or tag: its latest step
+      if (action.key === "exRun" || action.key === "exTag") s.exStep = null;
+      return s;
+    }
     default:
       return state;
   }
@@ -474,6 +564,12 @@ const URL_KEYS = /** @type {const} */ ({
   smoothing: "smoothing",
   compare: "compare",
   vs: "compareStep",
+  exrun: "exRun",
+  extag: "exTag",
+  excol: "exColumn",
+  exstep: "exStep",
+  exthr: "exThreshold",
+  clip: "clipNorm",
 });
 
 /**
@@ -491,6 +587,7 @@ export function toURLParams(s) {
     let v = /** @type {any} */ (s)[field];
     if (field === "step" && s.follow) continue;
     if (field === "compareStep" && s.compare !== "steps") continue;
+    if (field === "exColumn" && v === "model") continue;
     if (v === null || v === undefined) continue;
     if (field === "checked") v = JSON.stringify(v);
     out[key] = String(v);
@@ -533,6 +630,22 @@ export function fromURLParams(params) {
   if (step !== null) out.step = step;
   const vs = int(get("vs"));
   if (vs !== null) out.compareStep = vs;
+  for (const k of ["exrun", "extag", "excol"]) {
+    const v = get(k);
+    if (v) out[URL_KEYS[k]] = v;
+  }
+  const exStep = int(get("exstep"));
+  if (exStep !== null) out.exStep = exStep;
+  /** @type {[string, string, number][]} */
+  const positive = [
+    ["exthr", "exThreshold", 1],
+    ["clip", "clipNorm", 0],
+  ];
+  for (const [k, field, lo] of positive) {
+    const raw = get(k);
+    const v = Number(raw ?? NaN);
+    if (raw !== null && raw !== "" && Number.isFinite(v) && v >= lo && v > 0) out[field] = v;
+  }
   const smoothing = Number(get("smoothing") ?? NaN);
   if (get("smoothing") !== null && smoothing >= 0 && smoothing <= 0.99) out.smoothing = smoothing;
   const compare = get("compare");

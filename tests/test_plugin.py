@@ -190,7 +190,8 @@ def test_default_samples_per_plugin_keeps_more_than_tensorboards_10(logdir, env)
 
 def test_user_samples_per_plugin_is_honoured(logdir):
     client, _, flags = make_app(logdir[0], "--samples_per_plugin=gradmom=7,scalars=5")
-    assert flags.samples_per_plugin == {"gradmom": 7, "scalars": 5}
+    # the per-example norms' own plugin name gets the default unless given too
+    assert flags.samples_per_plugin == {"gradmom": 7, "scalars": 5, "gradmom_examples": 500}
     steps = get_json(client, "tags")["runs"]["long"]["dense/bias"]["steps"]
     assert len(steps) == 7 and steps[-1] == logdir[1]["long_steps"] - 1
 

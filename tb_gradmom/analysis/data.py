@@ -1025,7 +1025,11 @@ def _read_examples_value(run, event, value, contents, tables) -> None:
     tables.setdefault(tag, {})[int(event.step)] = (float(event.wall_time), array)
 
 
-def _examples_of_run(run, contents, tables) -> dict[str, list[ExamplesRecord]]:
+def _examples_of_run(run, contents, tables, warn=None) -> dict[str, list[ExamplesRecord]]:
+    """The records of one run from its contents and ``{tag: {step: (wall_time, array)}}``;
+    a step that does not fit is skipped through ``warn(run, tag, step, message)`` (default: a
+    `DataWarning`). Also used by the plugin (its own ``warn`` logs)."""
+    warn = _warn if warn is None else warn
     out: dict[str, list[ExamplesRecord]] = {}
     for tag, content in contents.items():
         if content is None or tag.endswith("/ids"):
@@ -1035,16 +1039,16 @@ def _examples_of_run(run, contents, tables) -> dict[str, list[ExamplesRecord]]:
         for step, (wall, table) in sorted(tables.get(tag, {}).items()):
             width = len(content.columns)
             if table.ndim != 2 or table.shape[1] != width or table.dtype.kind != "f":
-                _warn(run, tag, step, f"tensor {table.shape} is not [rows, {width}] floats")
+                warn(run, tag, step, f"tensor {table.shape} is not [rows, {width}] floats")
                 continue
             if table.shape[0] > content.max_examples:
-                _warn(run, tag, step, f"{table.shape[0]} rows, over max_examples")
+                warn(run, tag, step, f"{table.shape[0]} rows, over max_examples")
                 continue
             ids = None
             if content.ids:
                 got = ids_by_step.get(step)
                 if got is None or got[1].shape != (table.shape[0],):
-                    _warn(run, tag, step, "its ids are missing or do not match its rows")
+                    warn(run, tag, step, "its ids are missing or do not match its rows")
                     continue
                 ids = got[1]
                 if content.ids == "string":

@@ -7,8 +7,9 @@ into "no Grad Moments tab" rather than a TensorBoard crash. Nothing here imports
 
 Sampling: TensorBoard keeps only a sample of the steps of each tensor time series, per plugin:
 10 steps (Python loader) or 100 (RustBoard) for a plugin it does not know. `fix_flags` sets
-``--samples_per_plugin`` for ``gradmom`` to `DEFAULT_SAMPLES` unless the user gave a value, so
-both loaders keep `DEFAULT_SAMPLES` steps per tag (``gradmom=0`` keeps all).
+``--samples_per_plugin`` for ``gradmom`` and ``gradmom_examples`` (the per-example norms) to
+`DEFAULT_SAMPLES` unless the user gave a value, so both loaders keep `DEFAULT_SAMPLES` steps per
+tag (``gradmom=0`` keeps all).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 PLUGIN_NAME = "gradmom"  # = tb_gradmom.metadata.PLUGIN_NAME, not imported to stay minimal
+EXAMPLES_PLUGIN_NAME = "gradmom_examples"  # = metadata.EXAMPLES_PLUGIN_NAME
 # Steps kept per Grad Moments tag unless --samples_per_plugin says otherwise (as histograms).
 DEFAULT_SAMPLES = 500
 # --gradmom_cache_mb when not given.
@@ -103,10 +105,12 @@ class GradMomentsPluginLoader(base_plugin.TBLoader):
             current = getattr(flags, "samples_per_plugin", None)
             if current is None or current == "":
                 current = {}
-            if isinstance(current, dict) and PLUGIN_NAME not in current:
+            if isinstance(current, dict):
                 updated = dict(current)
-                updated[PLUGIN_NAME] = DEFAULT_SAMPLES
-                flags.samples_per_plugin = updated
+                for name in (PLUGIN_NAME, EXAMPLES_PLUGIN_NAME):
+                    updated.setdefault(name, DEFAULT_SAMPLES)
+                if updated != current:
+                    flags.samples_per_plugin = updated
         except Exception:  # noqa: BLE001
             logger.warning("Grad Moments: could not set its samples_per_plugin", exc_info=True)
 

@@ -29,7 +29,7 @@ from werkzeug import wrappers
 
 from tb_gradmom import metadata
 from tb_gradmom.analysis import encode, reductions, stats, views
-from tb_gradmom.plugin import _params, _payloads, _reader, _static, _tb_compat, loader
+from tb_gradmom.plugin import _examples, _params, _payloads, _reader, _static, _tb_compat, loader
 from tb_gradmom.plugin._cache import ByteLRU, MemoryGate, SingleFlight
 from tb_gradmom.plugin._reader import Reader
 
@@ -82,9 +82,10 @@ def _route(fn):
     """
 
     @functools.wraps(fn)
-    def wrapper(self, request):
+    def wrapper(*args):  # (self, request) for a method, (request) for a bound one
+        request = args[-1]
         try:
-            return fn(self, request)
+            return fn(*args)
         except errors.PublicError:
             raise
         except Exception as e:  # noqa: BLE001 - the never-500 safety net
@@ -187,6 +188,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             READ_THREADS, thread_name_prefix="gradmom-read", initializer=_mark_reader
         )
         self._static_root = _static.frontend_dir()
+        self._examples = _examples.ExamplesRoutes(self)
 
     # ------------------------------------------------------------------ TBPlugin API
 
@@ -199,8 +201,13 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             "/summary": self._summary_route,
             "/export": self._export_route,
             "/meta": self._meta_route,
+            **self._examples.apps(),
             "/*": self._static_route,
         }
+
+    def data_plugin_names(self):
+        # The per-example norms have their own plugin name; a log with only those shows the tab.
+        return (metadata.PLUGIN_NAME, metadata.EXAMPLES_PLUGIN_NAME)
 
     def is_active(self):
         # TensorBoard's `list_plugins` (`data_plugin_names`) already says whether any

@@ -3,6 +3,8 @@
     tb-gradmom export --logdir runs/demo --out figures                 # variance heatmaps, latest step
     tb-gradmom export --logdir runs/demo --tag 'dense' --plot histogram --stat snr --format pdf --out f
     tb-gradmom export --logdir runs/demo --plot curves --format csv --out numbers
+    tb-gradmom export --logdir runs/x --plot norms --format csv --out numbers      # per-example
+    tb-gradmom export --logdir runs/x --plot clipped --clip-norm 1.0 --format json --out numbers
 
 One file per plot, named ``<run>-<tag>-step<N>-<stat>.<ext>`` (characters other than letters,
 digits, ``.``, ``_`` and ``-`` become ``_``; the root run ``"."`` is left out of names; a name
@@ -25,6 +27,13 @@ CSV: RFC 4180 with a header row, CRLF line ends, floats in shortest round-trip f
 non-finite numbers spelled ``NaN``, ``Infinity``, ``-Infinity``. JSON: the same numbers, with
 non-finite ones as those strings (the convention of the plugin's HTTP API). Both, and the file
 names, come from `tb_gradmom.analysis.encode`, the encoder the plugin uses too.
+
+The per-example norms (tags ``_examples``, `data.load_examples`) export with ``--plot norms``
+(the quantiles per step: the tab's fan chart), ``outliers`` (the outlier table; ``--threshold``)
+and ``clipped`` (the fraction clipped per step at ``--clip-norm``), for the whole model or
+``--column`` (a layer or variable): one file per run and per-example tag, named
+``<run>-<tag>-<column>-norm_quantiles.<ext>`` (``-outliers``, ``-clipped_C<C>``), the numbers
+of `tb_gradmom.analysis.examples`, as the tab shows them.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from typing import Any, Literal, TextIO
 
 from tb_gradmom import metadata
 from tb_gradmom.analysis import data, encode, reductions, stats, views
+from tb_gradmom.analysis import examples as ex
 from tb_gradmom.viz import plot
 
 __all__ = [
@@ -417,6 +427,9 @@ def export(
     progress: TextIO | None = None,
     overwrite: bool = False,
     over: str = "variable",
+    column: str = ex.MODEL,
+    threshold: float = ex.DEFAULT_OUTLIER_RATIO,
+    clip_norm: float | None = None,
 ) -> list[str]:
     """Writes one file per plot.
 
@@ -451,6 +464,9 @@ def export(
       over: ``"layer"``: curves of the layers of the matching variables (one file per layer,
         ``layer-<name>-curves``; `plot.curves_data` ``over="layer"``), every variable of a
         layer read whatever ``tag`` matches; ``"variable"`` (default): of the tags.
+      column: the per-example plots' norm: ``"model"``, a layer or a variable.
+      threshold: ``--plot outliers``: norm / step median above which an example is an outlier.
+      clip_norm: ``--plot clipped``: the clipping norm C (required there).
 
     Returns:
       The paths written, in order.
@@ -494,6 +510,15 @@ def export(
         raise ExportError(f"--over layer draws curves; got --plot {plot_kind}")
     if fmt in IMAGE_FORMATS:
         plot._mpl()  # fail before any work when matplotlib is missing
+    if plot_kind in plot.EXAMPLE_PLOTS:
+        return _export_examples(
+            logdir, out, run, tag, plot_kind, fmt, column, threshold, clip_norm, dpi, overwrite
+        )
+    if plot_kind not in plot.PLOTS:
+        raise ExportError(
+            f"unknown plot {plot_kind!r}; expected one of: "
+            f"{', '.join((*plot.PLOTS, *plot.EXAMPLE_PLOTS))}"
+        )
     # A layer's curves need all its variables, whatever --tag matches.
     runs = _load(
         logdir, run, None if over == "layer" else tag, plot_kind, _parse_step(step), progress
@@ -609,6 +634,95 @@ def _render(job: Job, runs, opts: dict, fmt: str, dpi: int):
     return lambda f: f.write(blob)
 
 
+def _export_examples(
+    logdir, out, run, tag, plot_kind, fmt, column, threshold, clip_norm, dpi, overwrite
+) -> list[str]:
+    """The per-example plots: one file per matching run and per-example tag."""
+    if plot_kind == "clipped" and clip_norm is None:
+        raise ExportError("--plot clipped needs --clip-norm C (the clipping norm, > 0)")
+    if plot_kind == "outliers":
+        ex._check_positive("--threshold", threshold)
+    if clip_norm is not None:
+        ex._check_positive("--clip-norm", clip_norm)
+    run_re, tag_re = _compile(run, "run"), _compile(tag, "tag")
+    if not os.path.isdir(os.fspath(logdir)):
+        raise FileNotFoundError(f"--logdir {os.fspath(logdir)!r} does not exist")
+    runs = data.load_examples(
+        logdir, runs=None if run_re is None else (lambda r: bool(run_re.search(r)))
+    )
+    jobs = [
+        (r, t) for r in sorted(runs) for t in sorted(runs[r]) if tag_re is None or tag_re.search(t)
+    ]
+    if not jobs:
+        raise ExportError(
+            "no per-example norms match"
+            + (f" --run {run!r}" if run else "")
+            + (f" --tag {tag!r}" if tag else "")
+            + "; they are logged with summary.moments(..., log_examples=True)"
+        )
+    what = {
+        "norms": "norm_quantiles",
+        "outliers": "outliers",
+        "clipped": f"clipped_C{clip_norm:g}" if clip_norm is not None else "clipped",
+    }[plot_kind]
+    out = os.fspath(out)
+    os.makedirs(out, exist_ok=True)
+    max_bytes = _name_max(out)
+    names = []
+    for r, t in jobs:
+        name = encode.file_name([r, t, column, what], fmt, max_bytes)
+        k = 2
+        while name in names:
+            name = encode.file_name([r, t, column, what, k], fmt, max_bytes)
+            k += 1
+        names.append(name)
+    if not overwrite:
+        there = [n for n in names if os.path.lexists(os.path.join(out, n))]
+        if there:
+            raise ExportError(
+                f"--out {out!r} already has {len(there)} of the {len(names)} files to write "
+                f"({', '.join(there[:3])}); nothing was written; pass --overwrite to replace them"
+            )
+    written = []
+    for (r, t), name in zip(jobs, names, strict=True):
+        try:
+            write = _render_examples(runs, r, t, plot_kind, fmt, column, threshold, clip_norm, dpi)
+        except ValueError as e:
+            warnings.warn(
+                f"{plot_kind} run {r!r} tag {t!r} skipped: {e}", ExportWarning, stacklevel=3
+            )
+            continue
+        path = os.path.join(out, name)
+        _write_atomic(out, path, overwrite, write)
+        written.append(path)
+    if not written:
+        raise ExportError(f"every one of the {len(jobs)} plots was skipped (see the warnings)")
+    return written
+
+
+def _render_examples(runs, run, tag, plot_kind, fmt, column, threshold, clip_norm, dpi):
+    if fmt in IMAGE_FORMATS:
+        if plot_kind == "norms":
+            fig = plot.norms(runs, run, tag, column)
+        elif plot_kind == "outliers":
+            fig = plot.outliers(runs, run, tag, column, threshold=threshold)
+        else:
+            fig = plot.clipped(runs, clip_norm, run, tag, column)
+        return lambda f: plot.save(fig, f, dpi=dpi, fmt=fmt)
+    if plot_kind == "norms":
+        d = plot.norms_data(runs, run, tag, column)
+        csv_text = ex.quantiles_csv(d)
+    elif plot_kind == "outliers":
+        d = plot.outliers_data(runs, run, tag, column, threshold)
+        csv_text = ex.outliers_csv(d)
+    else:
+        d = plot.clipped_data(runs, clip_norm, run, tag, column)
+        csv_text = ex.clipped_csv(d)
+    text = csv_text if fmt == "csv" else encode.to_json(d, digits=None, nested=True) + "\n"
+    blob = text.encode("utf-8")
+    return lambda f: f.write(blob)
+
+
 # ----------------------------------------------------------------------------- command line
 
 
@@ -623,7 +737,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--run", help="regular expression for run names (default: all)")
     parser.add_argument("--tag", help="regular expression for tag names (default: all)")
     parser.add_argument("--step", default="latest", help="N, 'latest' (default, per tag) or 'all'")
-    parser.add_argument("--plot", default="heatmap", choices=plot.PLOTS, help="default: heatmap")
+    parser.add_argument(
+        "--plot",
+        default="heatmap",
+        choices=(*plot.PLOTS, *plot.EXAMPLE_PLOTS),
+        help="default: heatmap; norms, outliers and clipped are of the per-example norms",
+    )
     parser.add_argument(
         "--stat",
         default="variance",
@@ -681,6 +800,24 @@ def add_arguments(parser) -> None:
         help="replace files that exist in --out (default: refuse, and write nothing)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary line")
+    parser.add_argument(
+        "--column",
+        default=ex.MODEL,
+        help="per-example plots: the norm of 'model' (default), a layer or a variable",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=ex.DEFAULT_OUTLIER_RATIO,
+        help="--plot outliers: an example is an outlier at a step when its norm exceeds this "
+        f"many times the step's median norm (default: {ex.DEFAULT_OUTLIER_RATIO:g})",
+    )
+    parser.add_argument(
+        "--clip-norm",
+        type=float,
+        default=None,
+        help="--plot clipped: the clipping norm C; the fraction of examples with norm > C per step",
+    )
 
 
 def _print_warnings(caught, stderr: TextIO) -> None:
@@ -729,6 +866,9 @@ def run_from_args(args, stderr: TextIO | None = None, stdout: TextIO | None = No
                 progress=None if args.quiet else stderr,
                 overwrite=getattr(args, "overwrite", False),
                 over=getattr(args, "over", "variable"),
+                column=getattr(args, "column", ex.MODEL),
+                threshold=getattr(args, "threshold", ex.DEFAULT_OUTLIER_RATIO),
+                clip_norm=getattr(args, "clip_norm", None),
             )
     except (FileNotFoundError, ValueError, ImportError, OSError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -26,6 +26,7 @@ import numpy as np
 
 from tb_gradmom import metadata
 from tb_gradmom.analysis import data, reductions, stats, views
+from tb_gradmom.analysis import examples as ex
 
 __all__ = [
     "COLORMAPS",
@@ -45,6 +46,14 @@ __all__ = [
     "curves",
     "summary",
     "save",
+    "EXAMPLE_PLOTS",
+    "load_examples_source",
+    "norms_data",
+    "outliers_data",
+    "clipped_data",
+    "norms",
+    "outliers",
+    "clipped",
 ]
 
 # The colour maps of the tab (same names and lookup tables as matplotlib's).
@@ -58,6 +67,9 @@ COLORMAPS: tuple[str, ...] = (
     "RdBu_r",
 )
 PLOTS: tuple[str, ...] = ("heatmap", "histogram", "curves", "summary")
+# The figures of the per-example norms (tags ``_examples``): the fan chart of their quantiles,
+# the outlier table, the fraction clipped at a clipping norm.
+EXAMPLE_PLOTS: tuple[str, ...] = ("norms", "outliers", "clipped")
 # The presentation constants shared with the tab (served by the plugin's /meta), from `views`:
 # statistics that take both signs get a diverging map (RdBu_r) symmetric around zero by
 # default; the curves' default smoothing; curves whose non-positive values are marked (noise
@@ -821,4 +833,213 @@ def summary(
         table.auto_set_column_width(list(range(len(header))))
         when = "latest step" if d["step"] is None else f"step {d['step']}"
         ax.set_title(_title(d["run"], when, "variance unbiased"))
+    return fig
+
+
+# ----------------------------------------------------------------------- per-example norms
+
+ExampleRuns = Mapping[str, Mapping[str, Sequence[data.ExamplesRecord]]]
+
+
+def load_examples_source(source: str | os.PathLike | ExampleRuns) -> ExampleRuns:
+    """The per-example norms of a source: a logdir (read with `data.load_examples`) or the
+    result of `data.load_examples` (used as is)."""
+    if isinstance(source, (str, os.PathLike)):
+        return data.load_examples(source)
+    return source
+
+
+def _pick_examples(
+    source: str | os.PathLike | ExampleRuns, run: str | None, tag: str | None
+) -> tuple[str, str, Sequence[data.ExamplesRecord]]:
+    """(run, tag, records) of one per-example tag; run and tag may be left out when only one
+    fits."""
+    runs = load_examples_source(source)
+    if not runs:
+        raise ValueError(
+            "no per-example norms were logged here: log them with "
+            "summary.moments(..., log_examples=True) or example_ids="
+        )
+    if run is None:
+        having = [r for r in runs if tag is None or tag in runs[r]]
+        if len(having) != 1:
+            shown = ", ".join(map(repr, having or list(runs)))
+            raise ValueError(
+                f"per-example norms {'of tag ' + repr(tag) + ' ' if tag else ''}are in "
+                f"{len(having)} runs ({shown}); pass run="
+            )
+        run = having[0]
+    if run not in runs:
+        raise ValueError(
+            f"run {run!r} has no per-example norms; runs with them: {', '.join(map(repr, runs))}"
+        )
+    tags = list(runs[run])
+    if tag is None:
+        if len(tags) != 1:
+            raise ValueError(f"run {run!r} has several per-example tags ({tags}); pass tag=")
+        tag = tags[0]
+    if tag not in runs[run]:
+        raise ValueError(f"run {run!r} has no per-example tag {tag!r}; its tags: {tags}")
+    return run, tag, runs[run][tag]
+
+
+def norms_data(
+    source: str | os.PathLike | ExampleRuns,
+    run: str | None = None,
+    tag: str | None = None,
+    column: str = ex.MODEL,
+) -> dict[str, Any]:
+    """The numbers of `norms`: `analysis.examples.quantiles` of one per-example tag (the
+    tab's fan chart), with ``run`` and ``tag``."""
+    run, tag, recs = _pick_examples(source, run, tag)
+    return {"run": run, "tag": tag, **ex.quantiles(recs, column)}
+
+
+def outliers_data(
+    source: str | os.PathLike | ExampleRuns,
+    run: str | None = None,
+    tag: str | None = None,
+    column: str = ex.MODEL,
+    threshold: float = ex.DEFAULT_OUTLIER_RATIO,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """The numbers of `outliers`: `analysis.examples.outliers` (the tab's outlier table)."""
+    run, tag, recs = _pick_examples(source, run, tag)
+    return {"run": run, "tag": tag, **ex.outliers(recs, column, threshold, limit)}
+
+
+def clipped_data(
+    source: str | os.PathLike | ExampleRuns,
+    clip_norm: float,
+    run: str | None = None,
+    tag: str | None = None,
+    column: str = ex.MODEL,
+) -> dict[str, Any]:
+    """The numbers of `clipped`: `analysis.examples.clipped` at ``clip_norm``."""
+    run, tag, recs = _pick_examples(source, run, tag)
+    return {"run": run, "tag": tag, **ex.clipped(recs, clip_norm, column)}
+
+
+def _subject(d: Mapping[str, Any]) -> str:
+    column = "whole model" if d["column"] == ex.MODEL else d["column"]
+    return _title(d["run"], d["tag"], column)
+
+
+def norms(
+    source: str | os.PathLike | ExampleRuns,
+    run: str | None = None,
+    tag: str | None = None,
+    column: str = ex.MODEL,
+    *,
+    yscale: str | None = None,
+    figsize: tuple[float, float] | None = None,
+):
+    """The fan chart of the per-example gradient norms ``||g_j||`` over steps: the median,
+    the 50 %, 90 % and 99 % bands and the max (`norms_data`), as the tab draws it.
+
+    Args:
+      source: a logdir or the result of `data.load_examples`.
+      run, tag: which per-example tag (may be left out when only one fits).
+      column: ``"model"``, a layer or a variable.
+      yscale: ``"log"`` or ``"linear"``; default log when every drawn value is positive.
+      figsize: inches; default one paper column.
+
+    Returns:
+      A `matplotlib.figure.Figure`.
+    """
+    d = norms_data(source, run, tag, column)
+    matplotlib, _, _ = _mpl()
+    steps = np.asarray(d["steps"], dtype=np.float64)
+    q = {k: np.asarray(v, dtype=np.float64) for k, v in d["quantiles"].items()}
+    top = np.asarray(d["max"], dtype=np.float64)
+    drawn = np.concatenate([*q.values(), top]) if len(steps) else np.array([])
+    if yscale is None:
+        yscale = "log" if len(drawn) and np.all(drawn[np.isfinite(drawn)] > 0) else "linear"
+    fig = _figure(figsize)
+    with matplotlib.rc_context(_RC):
+        ax = fig.add_subplot()
+        color = "#1565c0"
+        for (label, lo, hi), alpha in zip(ex.BANDS, (0.12, 0.18, 0.3)):
+            ax.fill_between(steps, q[lo], q[hi], color=color, alpha=alpha, lw=0, label=label)
+        ax.plot(steps, q["p50"], color=color, lw=1.5, marker="o", ms=2, label="median")
+        ax.plot(steps, top, color=color, lw=1, ls="--", label="max")
+        ax.set_yscale(yscale)
+        ax.set_xlabel("step")
+        ax.set_ylabel("per-example gradient norm ||g_j||")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=6, integer=True))
+        ax.legend(frameon=False, ncols=3, loc="best")
+        capped = sum(d["capped"])
+        note = f"{capped} capped steps: quantiles estimated" if capped else ""
+        ax.set_title(_title(_subject(d), note))
+    return fig
+
+
+def outliers(
+    source: str | os.PathLike | ExampleRuns,
+    run: str | None = None,
+    tag: str | None = None,
+    column: str = ex.MODEL,
+    *,
+    threshold: float = ex.DEFAULT_OUTLIER_RATIO,
+    limit: int = 30,
+    figsize: tuple[float, float] | None = None,
+):
+    """The outlier table: the examples whose norm exceeded ``threshold`` times their step's
+    median, by id, ranked as the tab ranks them (`outliers_data`), the first ``limit`` rows.
+
+    Returns:
+      A `matplotlib.figure.Figure`.
+    """
+    d = outliers_data(source, run, tag, column, threshold, limit)
+    matplotlib, _, _ = _mpl()
+    header = ["id", "outlier steps", "seen", "max ratio", "at step", "mean ratio", "last loss"]
+    keys = ["id", "outlier_steps", "seen", "max_ratio", "max_step", "mean_ratio", "last_loss"]
+    cells = [[str(r["id"]) if k == "id" else _fmt(r[k]) for k in keys] for r in d["rows"]]
+    if figsize is None:
+        figsize = (2 * _COLUMN_WIDTH, 0.6 + 0.22 * (max(1, len(cells)) + 1))
+    fig = _figure(figsize)
+    with matplotlib.rc_context(_RC):
+        ax = fig.add_subplot()
+        ax.axis("off")
+        shown = f"{len(cells)} of {d['total']}" if d["total"] > len(cells) else str(d["total"])
+        by = "batch position (no ids logged)" if d["keyed_by"] == "position" else "id"
+        ax.set_title(
+            _title(_subject(d), f"{shown} outliers (norm / median > {threshold:g}) by {by}")
+        )
+        if cells:
+            table = ax.table(cellText=cells, colLabels=header, loc="upper center", cellLoc="left")
+            table.auto_set_font_size(False)
+            table.set_fontsize(7)
+            table.auto_set_column_width(list(range(len(header))))
+        else:
+            ax.text(0.5, 0.5, "no outliers at this threshold", ha="center", va="center")
+    return fig
+
+
+def clipped(
+    source: str | os.PathLike | ExampleRuns,
+    clip_norm: float,
+    run: str | None = None,
+    tag: str | None = None,
+    column: str = ex.MODEL,
+    *,
+    figsize: tuple[float, float] | None = None,
+):
+    """The fraction of examples whose norm exceeds the clipping norm ``C`` per step
+    (`clipped_data`): what DP-SGD's per-example clipping at ``C`` would scale down.
+
+    Returns:
+      A `matplotlib.figure.Figure`.
+    """
+    d = clipped_data(source, clip_norm, run, tag, column)
+    matplotlib, _, _ = _mpl()
+    fig = _figure(figsize, height_ratio=0.6)
+    with matplotlib.rc_context(_RC):
+        ax = fig.add_subplot()
+        ax.plot(d["steps"], d["fraction"], color="#c62828", lw=1.5, marker="o", ms=2)
+        ax.set_ylim(0, max(0.05, *[f for f in d["fraction"] if math.isfinite(f)], 0.05) * 1.05)
+        ax.set_xlabel("step")
+        ax.set_ylabel("fraction clipped")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=6, integer=True))
+        ax.set_title(_title(_subject(d), f"||g_j|| > C = {clip_norm:g}"))
     return fig
