@@ -31,6 +31,7 @@ import tensorflow as tf
 from tb_gradmom.core import axes as _axes
 from tb_gradmom.core import graph as _graph
 from tb_gradmom.core.errors import PerExampleLossError
+from tb_gradmom.core.rules.base import examples_first
 
 __all__ = [
     "LossForm",
@@ -471,7 +472,7 @@ def per_example_losses(form: LossForm, n: int | tf.Tensor, mode: str | None = No
     mode = mode or form.mode
     total: tf.Tensor | None = None
     for term in form.terms:
-        v = _axes.examples_first(term.values, term.axis, n)
+        v = examples_first(term.values, term.axis, n)
         rank = v.shape.rank
         s = tf.reduce_sum(v, axis=list(range(1, rank))) if rank and rank > 1 else v
         for f in term.factors:
