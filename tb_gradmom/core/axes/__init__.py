@@ -52,6 +52,7 @@ from tb_gradmom.core.axes.lattice import (
     UNKNOWN,
     Axis,
     Elements,
+    Padded,
     State,
     describe,
     join,
@@ -61,6 +62,7 @@ from tb_gradmom.core.axes.symbolic import Sym
 __all__ = [
     "Axis",
     "Elements",
+    "Padded",
     "State",
     "FREE",
     "REDUCED",

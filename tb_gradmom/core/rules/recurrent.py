@@ -54,6 +54,7 @@ from tb_gradmom.core.rules.base import (
     RuleError,
     Site,
     example_count,
+    per_example_masked,
     power_sums_of,
     static_chunks_only,
     sum_over_chunks,
@@ -331,6 +332,9 @@ class _Loop:
     steps_static: int | None = None  # the number of steps, if an input shows it statically
     # the registered variables: key -> (uses, shape, size)
     variables: dict = field(default_factory=dict)
+    # carried loop variables whose initial value is a parameter (`_init_rule`): input index ->
+    # the examples' axis of the loop variable inside the body
+    inits: dict = field(default_factory=dict)
 
     def register(self, uses, key=None, shape=(), size=0, dtype=tf.float32) -> None:
         for u in uses:
@@ -519,11 +523,11 @@ class _Loop:
         graph and seeds). Chunks of examples are sliced from them (`_chunk_of`)."""
         graph = tf.compat.v1.get_default_graph()
         key: tuple = (id(graph), tuple(None if g is None else id(g) for g in grads))
-        key += (tuple(sorted(self.taps)), tuple(sorted(self.records)))
+        key += (tuple(sorted(self.taps)), tuple(sorted(self.records)), tuple(sorted(self.inits)))
         hit = self.built.get(key)
         if hit is not None and hit[0] is graph:
             return hit[1]
-        out = self._build(grads, outputs, n)
+        out = self._build(grads, outputs, n, inits=tuple(sorted(self.inits)))
         self.built[key] = (graph, out)
         return out
 
@@ -541,9 +545,11 @@ class _Loop:
         dims[st.axis] = size if isinstance(size, int) and size > 1 else None
         return tf.TensorShape(dims)
 
-    def _build(self, grads, outputs, n, inputs=None) -> dict:
+    def _build(self, grads, outputs, n, inputs=None, inits=()) -> dict:
         """The copy's stacks; ``inputs``: the loop's inputs to run it on (default: the loop's
-        own; `chunk_sums` passes a chunk of the examples of each)."""
+        own; `chunk_sums` passes a chunk of the examples of each). ``inits``: carried loop
+        variables whose initial value's gradient is wanted too (``init:<index>``: the gradient
+        of the loss with respect to that input of the loop, shaped like it)."""
         if inputs is None:
             inputs = self.inputs
         gdef = tf.compat.v1.GraphDef.FromString(self.body_def)
@@ -616,6 +622,9 @@ class _Loop:
                 for t in taps
             ]
             tape.watch(tap_lists)
+            init_values = [tf.identity(inputs[i]) for i in inits]
+            tape.watch(init_values)
+            initial = dict(zip(inits, init_values))
             # Under XLA the records are kept as integers of the same width (a bitcast, no
             # copy): a list of floats carried by a loop is differentiable, and the loop's
             # gradient then takes zeros like it at every step, which needs the list itself at
@@ -679,7 +688,7 @@ class _Loop:
                 ]
                 return new + list(t_lists) + new_records
 
-            loop_vars = [inputs[i] for i in self.carried] + tap_lists + rec_lists
+            loop_vars = [initial.get(i, inputs[i]) for i in self.carried] + tap_lists + rec_lists
             invariants = [self._invariant(i, n) for i in self.carried]
             invariants += [tf.TensorShape([])] * (len(tap_lists) + len(rec_lists))
             result = tf.while_loop(
@@ -699,8 +708,14 @@ class _Loop:
             seeds_y.append(tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g)
         out = {}
         lists = [None] * len(taps)
+        init_grads: list = [None] * len(inits)
         if ys:
-            lists = tape.gradient(ys, tap_lists, output_gradients=seeds_y)
+            found = tape.gradient(ys, tap_lists + init_values, output_gradients=seeds_y)
+            lists, init_grads = found[: len(taps)], found[len(taps) :]
+        for i, v, g in zip(inits, init_values, init_grads):
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.convert_to_tensor(g)
+            out[f"init:{i}"] = tf.zeros_like(v) if g is None else g
         # One stack after the other: a list's items are freed once it is stacked, so at most
         # one tap is held twice (its list and its stack) instead of all of them.
         deltas: list = []
@@ -942,8 +957,8 @@ def _roots(site: Site, loop: _Loop) -> list:
     op, body, sub = site.op, loop.body, loop.sub
     if sum(1 for x in op.inputs if x is site.view) != 1:
         raise RuleError("the variable enters the loop more than once")
-    if site.index not in loop.invariant:
-        raise RuleError("the variable's value changes from step to step")
+    if site.index not in loop.invariant:  # pragma: no cover - `recurrent_rule` takes it first
+        raise RuleError(f"the variable's value is the initial value of loop variable {site.index}")
     p = body.inputs[site.index]
     if p.dtype != tf.resource:
         if sub.of(p) != _axes.FREE:
@@ -1141,6 +1156,8 @@ def recurrent_rule(site: Site) -> Contribution:
             "inside an XLA-compiled function the copy of the loop needs its number of steps "
             "at trace time (a static sequence length), which no input of the loop shows"
         )
+    if site.index not in loop.invariant:
+        return _init_rule(site, loop, outputs)
     uses = _uses(site, loop)
     for u in uses:
         if u.positions is not None and np.unique(u.positions).size != u.positions.size:
@@ -1152,17 +1169,7 @@ def recurrent_rule(site: Site) -> Contribution:
     var_key = (site.view.ref(), site.index)
     loop.register(uses, var_key, var_shape, int(np.prod(var_shape)), site.dtype)
 
-    # the examples: a carried floating-point output whose examples' axis is proven
-    evidence = None
-    for i in loop.carried:
-        t = op.outputs[i]
-        st = loop.sub.of(loop.body.inputs[i])
-        if t.dtype.is_floating and isinstance(st, _axes.Axis) and st.pure:
-            evidence = (t, st.axis)
-            break
-    if evidence is None:
-        raise RuleError("no output of the loop holds the examples on a proven axis")
-    ev_t, ev_axis = evidence
+    ev_t, ev_axis = _evidence(loop)
     if site.view.dtype == tf.resource:
         shape = tuple(int(d) for d in tf.TensorShape(site.var_shape))
     else:
@@ -1216,4 +1223,68 @@ def recurrent_rule(site: Site) -> Contribution:
         power_sums=power_sums,
         power_sums_elements=size,
         gradient_from_sums=True,
+    )
+
+
+def _evidence(loop: _Loop) -> tuple[tf.Tensor, int]:
+    """A carried floating-point output of the loop and its proven examples' axis."""
+    for i in loop.carried:
+        t = loop.op.outputs[i]
+        st = loop.sub.of(loop.body.inputs[i])
+        if t.dtype.is_floating and isinstance(st, _axes.Axis) and st.pure:
+            return t, st.axis
+    raise RuleError("no output of the loop holds the examples on a proven axis")
+
+
+def _init_rule(site: Site, loop: _Loop, outputs: tuple) -> Contribution:
+    """A parameter (the variable's value, or a value derived from it that holds no examples:
+    a learned state tiled or broadcast to the batch) as the initial value ``s_0`` of a carried
+    loop variable whose examples' axis ``a`` inside the body is proven.
+
+    The proof holds with ``s_0``'s slices along ``a`` as the examples' (the fixed point joins
+    the free entry state with the state after an iteration): example ``j``'s loss depends on
+    ``s_0`` only through slice ``j``, so ``g_j(s_0)`` is slice ``j`` of ``dL/ds_0`` (times the
+    loss's scale, as the taps' deltas), every other slice zero. ``dL/ds_0`` is the copy's
+    gradient with respect to its initial value, from the same backward pass as the taps'
+    deltas. Whatever computed ``s_0`` from the variable (a ``Tile``) is a derived region that
+    the core pulls back through (`tb_gradmom.core.rules.derived.region_contribution`)."""
+    op, i = site.op, site.index
+    where = f"the initial value of loop variable {i} of {op.type} op '{op.name}'"
+    if op.inputs[i].dtype == tf.resource:
+        raise RuleError(f"the variable's handle is {where}, which the loop replaces")
+    if not site.view.dtype.is_floating or site.view.dtype != site.dtype:
+        raise RuleError(f"the variable's value is {where}, not in {site.dtype.name}")
+    if site.axes.of(site.view) != _axes.FREE:  # pragma: no cover - a site's view holds none
+        raise RuleError(f"{where} holds examples")
+    body_input = loop.body.inputs[i]
+    st = loop.sub.of(body_input)
+    if not isinstance(st, _axes.Axis) or not st.pure or st.batch:
+        why = f" (stopped at {loop.sub.why(body_input)})" if st == _axes.UNKNOWN else ""
+        raise RuleError(
+            f"the variable's value is {where}, which the loop updates at every step; that loop "
+            f"variable's examples' axis inside the loop is not proven: {_axes.describe(st)}{why}"
+        )
+    if site.view.shape.rank is None or site.view.shape.rank <= st.axis:
+        raise RuleError(f"the rank of {where} is not static")
+    ev_t, ev_axis = _evidence(loop)
+    loop.inits[i] = st.axis
+    ax = _axes.Axis(st.axis)
+    dtype = site.dtype
+
+    def per_example(delta, n, start, count):
+        g = loop.stacks(delta.grads, outputs, n)[f"init:{i}"]  # dL/ds_0, unscaled
+        factor = delta.factor
+        if not (isinstance(factor, float) and factor == 1.0):
+            g = g * tf.cast(factor, g.dtype)
+        return tf.cast(per_example_masked(g, ax, n, start, count), dtype)
+
+    elements = 1
+    for d in site.view.shape:
+        elements *= d if d is not None else 1024
+    return Contribution(
+        examples=example_count(ev_t, ev_axis),
+        evidence=f"the examples' axis {ev_axis} of '{ev_t.name}', an output of {op.type} op "
+        f"'{op.name}', and {st} of loop variable {i} inside it",
+        per_example=per_example,
+        per_example_elements=int(elements) + loop.copy_elements(),
     )
