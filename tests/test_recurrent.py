@@ -281,8 +281,8 @@ def test_skipped_steps_run_no_copy_of_the_loop(tmp_path, monkeypatch):
     built = []
     original = recurrent._Loop._build
 
-    def build(self, *args):
-        out = original(self, *args)
+    def build(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
         built.append(self.op.name)
         check = tf.debugging.Assert(False, ["the copy of the loop ran"])
         with tf.control_dependencies([check]):
