@@ -1572,3 +1572,37 @@ ISSUE26_FIXED_ROWS_CASES = [
 ]
 CASES.extend(ISSUE26_FIXED_ROWS_CASES)
 CASES_BY_ID.update({c.id: c for c in ISSUE26_FIXED_ROWS_CASES})
+
+
+def conv_lstm(kind, filters, kernel, **kw):
+    cls = {1: keras.layers.ConvLSTM1D, 2: keras.layers.ConvLSTM2D}[kind]
+    return lambda dtype: cls(filters, kernel, dtype=dtype, **kw)
+
+
+# Convolutions inside a while loop (Keras' ConvLSTM1D/2D: the input and the recurrent
+# convolution at every step), on the loop rule (`tests/test_recurrent.py`, fallback="error").
+CONV_RECURRENT_CASES = [
+    Case(
+        "convlstm1d-valid",
+        _keras(conv_lstm(1, 3, 3), flatten(), dense(2), input_shape=(3, 6, 2)),
+        _xy((4, 3, 6, 2), (4, 2)),
+    ),
+    Case(
+        "convlstm2d-same-sequences",
+        _keras(
+            conv_lstm(2, 2, 3, padding="same", return_sequences=True),
+            flatten(),
+            dense(2),
+            input_shape=(3, 4, 4, 2),
+        ),
+        _xy((3, 3, 4, 4, 2), (3, 2)),
+    ),
+    Case(
+        "convlstm2d-strided-batch-eq-steps",
+        _keras(conv_lstm(2, 2, 2, strides=2), flatten(), dense(2), input_shape=(3, 5, 5, 1)),
+        _xy((3, 3, 5, 5, 1), (3, 2)),
+    ),
+]
+CASES.extend(CONV_RECURRENT_CASES)
+CASES_BY_ID.update({c.id: c for c in CONV_RECURRENT_CASES})
+CONV_RECURRENT_CASE_IDS = [c.id for c in CONV_RECURRENT_CASES]

@@ -17,7 +17,15 @@ from tb_gradmom.core import moments as _moments
 from tb_gradmom.core import plan as _plan
 from tb_gradmom.core.rules import recurrent
 from tests import reference
-from tests.cases import CASES_BY_ID, RECURRENT_CASE_IDS, Case, SinCell, _xy, squared_error
+from tests.cases import (
+    CASES_BY_ID,
+    CONV_RECURRENT_CASE_IDS,
+    RECURRENT_CASE_IDS,
+    Case,
+    SinCell,
+    _xy,
+    squared_error,
+)
 from tests.test_core import ORDERS, TOLERANCE, _assert_close, _run
 
 
@@ -45,6 +53,26 @@ def test_recurrent_layers_take_the_rule_exactly(case_id):
     _check(CASES_BY_ID[case_id])
 
 
+@pytest.mark.parametrize("case_id", CONV_RECURRENT_CASE_IDS)
+def test_convolutions_inside_the_loop_take_the_rule_exactly(case_id):
+    """ConvLSTM1D/2D: the input and recurrent convolutions' filters read at every step (the
+    conv rule's per-example filter gradient of each step's input and delta, summed over the
+    steps per example), float64, orders 1-4, ``fallback="error"``. Before: every kernel on the
+    fallback ("the variable is used by Conv2D op ... inside the loop")."""
+    _check(CASES_BY_ID[case_id])
+
+
+@pytest.mark.parametrize("case_id", CONV_RECURRENT_CASE_IDS[:1])
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_convolutions_inside_the_loop_float32(case_id, dtype):
+    _check(CASES_BY_ID[case_id], dtype)
+
+
+@pytest.mark.parametrize("case_id", CONV_RECURRENT_CASE_IDS[:2])
+def test_convolutions_inside_the_loop_dynamic_batch_small_chunks(case_id):
+    _check(CASES_BY_ID[case_id], dynamic_batch=True, chunk_size=2)
+
+
 @pytest.mark.parametrize("case_id", ["lstm-classifier", "gru-reset-before-last", "lstm-stacked"])
 def test_recurrent_layers_float32(case_id):
     _check(CASES_BY_ID[case_id], "float32")
@@ -64,7 +92,7 @@ def test_chunks_of_examples(case_id):
 
 
 @pytest.mark.parametrize("chunk", [1, 2])
-@pytest.mark.parametrize("case_id", RECURRENT_CASE_IDS)
+@pytest.mark.parametrize("case_id", RECURRENT_CASE_IDS + CONV_RECURRENT_CASE_IDS[:2])
 def test_copy_on_chunks_of_examples(case_id, chunk, monkeypatch):
     """The copy of the loop run on chunks of ``chunk`` examples (one after the other in a
     while loop), for every case whose loop inputs and seeds can be sliced; the others keep the

@@ -59,6 +59,7 @@ from tb_gradmom.core.rules.base import (
     static_chunks_only,
     sum_over_chunks,
 )
+from tb_gradmom.core.rules.conv import ConvSpec, conv_contribution, conv_spec
 
 __all__ = ["LOOP_OPS", "LoopGrads", "loop_outputs", "recurrent_rule"]
 
@@ -121,6 +122,9 @@ _VIEWS = frozenset(
     }
 )
 _ADDS = frozenset({"AddV2", "Add", "BiasAdd", "Sub"})
+# Convolutions whose filter the body may read (Keras' ConvLSTM1D/2D/3D; Conv1D is ExpandDims ->
+# Conv2D): the conv rule's per-example filter gradients (`tb_gradmom.core.rules.conv`).
+_CONVS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
 _NO_GRADIENT = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape"})
 
 
@@ -192,6 +196,7 @@ class _Use:
     transpose_out: bool = False  # matmul: the rows-form gradient is the view's transpose
     sign: float = 1.0  # bias: -1 for the subtrahend of a Sub
     keep: tuple = ()  # bias: the tap's axes (besides the examples') that the view spans
+    conv: ConvSpec | None = None  # conv: the convolution (the view is its filter)
 
 
 def _dims(t: tf.Tensor, axis: int, what: str) -> tuple:
@@ -1017,6 +1022,8 @@ def _uses(site: Site, loop: _Loop) -> list[_Use]:
             view_shape = tuple(int(d) for d in t.shape) if positions is not None else shape
             if c.type == "MatMul":
                 uses.append(_matmul_use(c, i, view_shape, positions, sub, body, what))
+            elif c.type in _CONVS:
+                uses.append(_conv_use(c, i, view_shape, positions, sub, body, what))
             elif c.type in _ADDS:
                 uses.append(_bias_use(c, i, view_shape, positions, sub, body, what))
             else:
@@ -1050,6 +1057,29 @@ def _matmul_use(c, i, view_shape, positions, sub, body, what) -> _Use:
         positions=positions,
         record=_Record(other.name, other.dtype, _dims(other, a_axis, "an operand"), a_axis),
         transpose_out=transpose_out,
+    )
+
+
+def _conv_use(c, i, view_shape, positions, sub, body, what) -> _Use:
+    """A convolution ``z_t = conv(x_t, F)`` with ``F`` (a view of) the variable: example ``j``'s
+    gradient is ``sum_t`` of the conv rule's filter gradient of ``(x_{t,j}, delta_{t,j})``."""
+    if i != 1:
+        raise RuleError(f"the variable is the input of {what}, not its filter")
+    spec = conv_spec(c, tf.TensorShape(view_shape))
+    x, z = c.inputs[0], c.outputs[0]
+    if _pure_axis(sub, x, f"the input of {what}") != 0:
+        raise RuleError(f"the examples are not on the batch axis of the input of {what}")
+    if _pure_axis(sub, z, f"the output of {what}") != 0:
+        raise RuleError(f"the examples are not on the batch axis of the output of {what}")
+    tap = _tap_of(z, sub, body.outputs)
+    t_axis = _pure_axis(sub, tap, "a tapped tensor")
+    return _Use(
+        kind="conv",
+        tap=_Tap(tap.name, tap.dtype, _dims(tap, t_axis, "a tapped tensor"), t_axis),
+        shape=view_shape,
+        positions=positions,
+        record=_Record(x.name, x.dtype, _dims(x, 0, "an operand"), 0),
+        conv=spec,
     )
 
 
@@ -1119,6 +1149,8 @@ def _use_gradients(u: _Use, stacks: dict, start, size, dtype) -> tf.Tensor:
         # measured 1.5-2x faster for LSTM(128) at T = 50)
         g = tf.matmul(a, d, transpose_a=True)
         return tf.linalg.matrix_transpose(g) if u.transpose_out else g
+    if u.kind == "conv":
+        return _conv_gradients(u, stacks, start, size, dtype)
     # a bias: the sum over the steps (and the tap's other axes the view does not span), in the
     # time-major layout; then the examples first
     d = tf.cast(_slice_examples(d_stack, d_axis, start, size), dtype)  # [T, *tap dims]
@@ -1129,6 +1161,29 @@ def _use_gradients(u: _Use, stacks: dict, start, size, dtype) -> tf.Tensor:
         g = tf.transpose(g, [at] + [k for k in range(len(u.keep) + 1) if k != at])
     g = tf.reshape(g, [-1, *u.shape])
     return -g if u.sign < 0 else g
+
+
+def _conv_gradients(u: _Use, stacks: dict, start, size, dtype) -> tf.Tensor:
+    """``[size, *u.shape]``: a convolution's per-example filter gradients, the conv rule's
+    (`tb_gradmom.core.rules.conv.conv_contribution`) for every (example, step) row of the
+    stacks, then summed over the steps per example (before any power)."""
+    record, spec = u.record, u.conv
+    assert record is not None and spec is not None, "a conv use records its input"
+    x = tf.cast(_chunk_of(stacks[record.name], record.axis, start, size), dtype)  # [size, T, ..]
+    d = tf.cast(_chunk_of(stacks[u.tap.name], u.tap.axis, start, size), dtype)
+    x_dims = [v for k, v in enumerate(record.dims) if k != record.axis]
+    d_dims = [v for k, v in enumerate(u.tap.dims) if k != u.tap.axis]
+    x = tf.reshape(x, [-1, *x_dims])  # rows: example-major (example, step)
+    d = tf.reshape(d, [-1, *d_dims])
+    positions = int(np.prod(d_dims[:-1])) if d_dims else 1
+    rows = conv_contribution(
+        spec, lambda *_: (x, d), dtype, examples=0, evidence=spec.what, positions=positions
+    ).per_example(None, 0, 0, 0)  # [size * T, *filter]
+    if isinstance(size, int):
+        g = tf.reshape(rows, [size, -1, *u.shape])
+    else:
+        g = tf.reshape(rows, tf.concat([tf.reshape(size, [1]), [-1], list(u.shape)], 0))
+    return tf.reduce_sum(g, axis=1)
 
 
 def _scatter(u: _Use, g: tf.Tensor, size: int) -> tf.Tensor:
