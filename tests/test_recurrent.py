@@ -218,6 +218,43 @@ def test_raw_while_loop_capturing_a_value():
     _check(case)
 
 
+class DepthwiseRecurrence(tf.Module):
+    """A hand-written loop over images: ``h_t = tanh(depthwise(h_{t-1}, D) + conv(x_t, K) + b)``
+    (a depthwise and an ordinary 2-D convolution inside the body, same padding)."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(5)
+        self.k = tf.Variable(rng.normal(size=(2, 2, 2, 3)).astype(dtype), name="k")
+        self.d = tf.Variable(0.5 * rng.normal(size=(3, 3, 3, 1)).astype(dtype), name="d")
+        self.b = tf.Variable(rng.normal(size=(3,)).astype(dtype), name="b")
+
+    def __call__(self, x):  # x: [n, T, 4, 4, 2]
+        steps = tf.TensorArray(x.dtype, size=x.shape[1]).unstack(tf.transpose(x, [1, 0, 2, 3, 4]))
+        h0 = tf.zeros([tf.shape(x)[0], 4, 4, 3], x.dtype)
+
+        def body(t, h):
+            z = tf.nn.depthwise_conv2d(h, self.d, [1, 1, 1, 1], "SAME")
+            z = z + tf.nn.conv2d(steps.read(t), self.k, 1, "SAME")
+            return t + 1, tf.tanh(tf.nn.bias_add(z, self.b))
+
+        _, h = tf.while_loop(lambda t, h: t < x.shape[1], body, (0, h0))
+        return tf.reshape(h, [-1, 48])
+
+
+def _depthwise_recurrence(dtype):
+    m = DepthwiseRecurrence(dtype)
+    return m, [m.k, m.d, m.b]
+
+
+def test_a_depthwise_and_a_plain_convolution_in_a_raw_loop_take_the_rule():
+    case = Case("raw-while-loop-depthwise", _depthwise_recurrence, _xy((3, 3, 4, 4, 2), (3, 48)))
+    x, y = case.inputs(np.random.default_rng(0), "float64")
+    paths = _rule_paths(case.build, x, y)
+    assert all(p == "While" for p in paths.values()), paths
+    _check(case)
+
+
 def _sin_rnn(dtype):
     keras.utils.set_random_seed(12)
     model = keras.Sequential(
