@@ -263,9 +263,35 @@ ROWS = [
         (spec(N, D),),
         UNKNOWN,
     ),
+    # a slice that takes back exactly one part of a union: that part's examples again (entry j
+    # is a function of x's entry j), so it meets x row by row
     Row(
-        "union-meets-its-parts",
+        "union-part-meets-its-batch",
         lambda x: tf.concat([x, x], 0)[:N] + x,
+        (spec(N, D),),
+        Axis(0),
+    ),
+    Row(
+        "union-taken-back-past-a-dense-layer",
+        lambda x: tf.tanh(tf.concat([x, tf.ones([2, D])], 0) @ W)[:N],
+        (spec(N, D),),
+        Axis(0),
+    ),
+    Row(
+        "union-second-part-taken-back",
+        lambda x: tf.slice(tf.concat([tf.ones([2, D]), x], 0), [2, 0], [-1, -1]),
+        (spec(N, D),),
+        Axis(0),
+    ),
+    Row(
+        "union-rows-of-parameters-taken-back",
+        lambda x: tf.concat([x, tf.ones([2, D])], 0)[N:],
+        (spec(N, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "union-taken-back-at-the-wrong-rows",
+        lambda x: tf.concat([x, tf.ones([2, D])], 0)[1 : N + 1],
         (spec(N, D),),
         UNKNOWN,
     ),

@@ -435,7 +435,10 @@ def h_slice(ex, op, states):
             return UNKNOWN
         b, s = begin[st.axis], size[st.axis]
         full = b == 0 and (s == -1 or (s is not None and s == dims[st.axis]))
-        return st if full else UNKNOWN
+        if full:
+            return st
+        part = _union_part(ex, st, b, None if s == -1 else add(b, s))
+        return part if part is not None else UNKNOWN
     # StridedSlice: only the example axis's entries of begin, end and strides must be known
     begin, end, strides = (_values(ex, t) for t in op.inputs[1:4])
     if begin is None or end is None or strides is None:
@@ -476,7 +479,13 @@ def h_slice(ex, op, states):
                 and not shrink & bit
             )
             if not full:
-                return UNKNOWN
+                if strides[i] != 1 or shrink & bit:
+                    return UNKNOWN
+                b = 0 if bmask & bit else begin[i]
+                part = _union_part(ex, st, b, None if emask & bit else end[i])
+                if part is None:
+                    return UNKNOWN
+                st = part
             target = out_dim
         in_dim += 1
         if not shrink & bit:
@@ -484,6 +493,40 @@ def h_slice(ex, op, states):
     if target is None:  # the example axis is past the spec: untouched
         target = out_dim + (st.axis - in_dim)
     return st.moved(target)
+
+
+def _union_part(ex, st, begin, end):
+    """The examples' `Axis` of the input of a union (`Examples.union`: ``concat([x, rows])``
+    along the examples' axis) whose entries are exactly ``[begin, end)`` of the union's axis
+    (``end`` None: to its end), when that input holds one example per entry (``h[:n]`` of
+    ``concat([x, rows])`` is ``x``'s examples again); else None. Entry ``j`` there is a
+    function of that input's entry ``j`` and of tensors that hold no example."""
+    op = ex.union_op(st.batch)
+    if op is None or not st.pure or op.graph is not ex.graph:
+        return None
+    axis = static(op.inputs[-1])
+    if axis is None or begin is None:
+        return None
+    offset = 0
+    for x in op.inputs[:-1]:
+        dims = ex.sym_shape(x)
+        if dims is None or x.shape.rank is None:
+            return None
+        size = dims[int(axis) % x.shape.rank]
+        stop = add(offset, size)
+        if (
+            offset == begin
+            and stop is not None
+            and (stop == end or (end is None and x is op.inputs[-2]))
+        ):
+            found = ex.of(x)
+            return (
+                Axis(st.axis, batch=found.batch) if isinstance(found, Axis) and found.pure else None
+            )
+        offset = stop
+        if offset is None:
+            return None
+    return None
 
 
 def _end_is_full(end, dim) -> bool:
