@@ -1479,6 +1479,8 @@ class LearnedInitialState(keras.Model):
             return tf.repeat(v[None], self.batch, axis=0)
         if self.how == "broadcast":
             return tf.broadcast_to(v, [self.batch, 3])
+        if self.how == "broadcast-shape":  # the batch size read from x: static or not
+            return tf.broadcast_to(v, [tf.shape(x)[0], 3])
         return tf.tile(v[None], [tf.shape(x)[0], 1])
 
     def build(self, shape):
@@ -1515,6 +1517,15 @@ ISSUE26_STATIC_TILED_CASES = [
     )
     for how in ("number", "repeat", "broadcast")
 ]
+# broadcast to the batch size read from x: a parameter (no Tile to read the batch from) whether
+# the batch is static or not, on the loop's rule either way
+ISSUE26_STATIC_TILED_CASES.append(
+    Case(
+        "lstm-learned-initial-state-broadcast-shape",
+        _learned_initial_state("broadcast-shape"),
+        _xy((4, 4, 2), (4, 2)),
+    )
+)
 ISSUE26_TILED_CASES += ISSUE26_STATIC_TILED_CASES
 CASES.extend(ISSUE26_TILED_CASES)
 CASES_BY_ID.update({c.id: c for c in ISSUE26_TILED_CASES})
@@ -1575,7 +1586,7 @@ CASES_BY_ID.update({c.id: c for c in ISSUE26_FIXED_ROWS_CASES})
 
 
 def conv_lstm(kind, filters, kernel, **kw):
-    cls = {1: keras.layers.ConvLSTM1D, 2: keras.layers.ConvLSTM2D}[kind]
+    cls = {1: keras.layers.ConvLSTM1D, 2: keras.layers.ConvLSTM2D, 3: keras.layers.ConvLSTM3D}[kind]
     return lambda dtype: cls(filters, kernel, dtype=dtype, **kw)
 
 
@@ -1596,6 +1607,11 @@ CONV_RECURRENT_CASES = [
             input_shape=(3, 4, 4, 2),
         ),
         _xy((3, 3, 4, 4, 2), (3, 2)),
+    ),
+    Case(
+        "convlstm3d-valid",
+        _keras(conv_lstm(3, 2, 2), flatten(), dense(2), input_shape=(2, 3, 3, 3, 1)),
+        _xy((3, 2, 3, 3, 3, 1), (3, 2)),
     ),
     Case(
         "convlstm2d-strided-batch-eq-steps",

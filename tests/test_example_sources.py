@@ -261,7 +261,9 @@ def test_a_static_tile_into_a_loop_with_a_dynamic_batch_names_the_loop_variable(
     assert "examples' axis inside the loop is not proven" in msg, msg
 
 
-@pytest.mark.parametrize("case_id", [ISSUE26_TILED_CASES[0].id])
+@pytest.mark.parametrize(
+    "case_id", [ISSUE26_TILED_CASES[0].id, "lstm-learned-initial-state-broadcast-shape"]
+)
 def test_tiled_states_with_a_dynamic_batch_match_brute_force(case_id):
     case = CASES_BY_ID[case_id]
     forward, variables = case.build("float64")

@@ -92,7 +92,10 @@ def test_chunks_of_examples(case_id):
 
 
 @pytest.mark.parametrize("chunk", [1, 2])
-@pytest.mark.parametrize("case_id", RECURRENT_CASE_IDS + CONV_RECURRENT_CASE_IDS[:2])
+@pytest.mark.parametrize(
+    "case_id",
+    RECURRENT_CASE_IDS + CONV_RECURRENT_CASE_IDS[:2] + ["lstm-learned-initial-state-number-static"],
+)
 def test_copy_on_chunks_of_examples(case_id, chunk, monkeypatch):
     """The copy of the loop run on chunks of ``chunk`` examples (one after the other in a
     while loop), for every case whose loop inputs and seeds can be sliced; the others keep the
