@@ -11,6 +11,10 @@ A use ``z_t = a_t D`` of a loop-invariant parameter ``D`` gives example ``j`` th
 gradient ``g_j = sum_t delta_{t,j}``: the positions (here the steps) are summed before any power,
 as for Dense on sequences (`tb_gradmom.core.rules.matmul`). ``D`` may be a slice, a split or an unstacked
 part of the variable (GRU); its per-example gradient is scattered back into the variable's shape.
+A convolution ``z_t = conv(x_t, F)`` (ConvLSTM1D/2D/3D) gives ``g_j(F) = sum_t`` of the conv
+rule's per-example filter gradient of ``(x_{t,j}, delta_{t,j})`` (`tb_gradmom.core.rules.conv`).
+A parameter as the initial value of a loop variable (a learned state tiled to the batch) is
+`_init_rule`'s.
 
 The ``a_t`` and ``delta_t`` live inside the loop. They are read from a *copy* of the loop, built
 where the moments are computed (inside the ``tf.cond`` of a step that records them, so a step
@@ -35,8 +39,8 @@ input holds them on axis 1; a zero initial state takes the examples' axis of its
 use is accepted only where the examples' axis of ``a_t`` and ``z_t`` is proven. Anything else, a
 nested loop or call, a stateful op other than a variable read (random numbers, assignments), a
 statistic over the batch inside the body (the examples coupled from step to step), a use other
-than a matmul or an added bias, a float16 loop (mixed precision), raises `RuleError` and the core
-takes the exact fallback.
+than a matmul, a convolution's filter or an added bias, a float16 loop (mixed precision), raises
+`RuleError` and the core takes the exact fallback.
 """
 
 from __future__ import annotations
