@@ -245,6 +245,18 @@ ROWS = [
         (spec(None, D),),
         UNKNOWN,
     ),
+    Row(  # every row with every row: the examples meet
+        "padded-times-its-transpose",
+        lambda x: tf.matmul(p := tf.concat([x, tf.ones([2, D])], 0), p, transpose_b=True),
+        (spec(None, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "padded-times-itself-element-wise",
+        lambda x: tf.square(p := tf.concat([x, tf.ones([2, D])], 0)) * p,
+        (spec(None, D),),
+        Padded(0, 0, 2, "concat"),
+    ),
     Row(
         "padded-reshaped",
         lambda x: tf.reshape(tf.concat([x, tf.ones([2, D])], 0), [-1]),

@@ -752,6 +752,8 @@ def h_padded(ex, op, states, handler):
         return stop()
     if handler is h_unary:
         return st
+    if len(padded) > 1 and handler is not h_broadcast:  # two operands' rows would meet
+        return stop()
     if handler is h_broadcast and (op.type != "BiasAdd" or isinstance(states[0], Padded)):
         found = None
         for x, s in zip(op.inputs, states):
