@@ -1459,33 +1459,166 @@ CASES_BY_ID.update({c.id: c for c in ISSUE26_SOURCE_CASES})
 
 class LearnedInitialState(keras.Model):
     """An LSTM whose initial states are variables tiled to the batch,
-    ``tf.tile(h0[None], [tf.shape(x)[0], 1])``: each example's copy is its own row."""
+    ``tf.tile(h0[None], [tf.shape(x)[0], 1])``: each example's copy is its own row.
 
-    def __init__(self, **kwargs):
+    ``how``: ``"shape"`` (the multiples read from ``tf.shape(x)``, a constant when the batch is
+    static), ``"number"`` (``tf.tile(h0[None], [4, 1])``, the batch size as a Python number),
+    ``"repeat"`` (``tf.repeat(h0[None], 4, axis=0)``) or ``"broadcast"``
+    (``tf.broadcast_to(h0, [4, 3])``)."""
+
+    def __init__(self, how="shape", batch=4, **kwargs):
         super().__init__(**kwargs)
+        self.how, self.batch = how, batch
         self.lstm = keras.layers.LSTM(3)
         self.head = keras.layers.Dense(2)
+
+    def _to_batch(self, v, x):
+        if self.how == "number":
+            return tf.tile(v[None], [self.batch, 1])
+        if self.how == "repeat":
+            return tf.repeat(v[None], self.batch, axis=0)
+        if self.how == "broadcast":
+            return tf.broadcast_to(v, [self.batch, 3])
+        if self.how == "broadcast-shape":  # the batch size read from x: static or not
+            return tf.broadcast_to(v, [tf.shape(x)[0], 3])
+        return tf.tile(v[None], [tf.shape(x)[0], 1])
 
     def build(self, shape):
         self.h0 = self.add_weight(shape=(3,), initializer="random_normal", name="h0")
         self.c0 = self.add_weight(shape=(3,), initializer="random_normal", name="c0")
 
     def call(self, x):
-        b = tf.shape(x)[0]
-        states = [tf.tile(self.h0[None], [b, 1]), tf.tile(self.c0[None], [b, 1])]
+        states = [self._to_batch(self.h0, x), self._to_batch(self.c0, x)]
         return self.head(self.lstm(x, initial_state=states))
 
 
-def _learned_initial_state(dtype):
-    keras.utils.set_random_seed(48)
-    with _floatx(dtype):
-        model = LearnedInitialState()
-        model(np.zeros((2, 4, 2), dtype))
-    return model, model.trainable_variables
+def _learned_initial_state(how="shape"):
+    def build(dtype):
+        keras.utils.set_random_seed(48)
+        with _floatx(dtype):
+            model = LearnedInitialState(how)
+            model(np.zeros((4, 4, 2), dtype))
+        return model, model.trainable_variables
+
+    return build
 
 
 ISSUE26_TILED_CASES = [
-    Case("lstm-learned-initial-state-tiled", _learned_initial_state, _xy((4, 4, 2), (4, 2))),
+    Case("lstm-learned-initial-state-tiled", _learned_initial_state(), _xy((4, 4, 2), (4, 2))),
 ]
+# Tiled to a static batch (a Python number, as ``tf.shape(x)[0]`` of a static shape is folded
+# into): the copies hold no examples by themselves; the loop proves its state's rows are the
+# examples' and the loop's rule takes the gradient of its initial value (rule: While).
+ISSUE26_STATIC_TILED_CASES = [
+    Case(
+        f"lstm-learned-initial-state-{how}-static",
+        _learned_initial_state(how),
+        _xy((4, 4, 2), (4, 2)),
+    )
+    for how in ("number", "repeat", "broadcast")
+]
+# broadcast to the batch size read from x: a parameter (no Tile to read the batch from) whether
+# the batch is static or not, on the loop's rule either way
+ISSUE26_STATIC_TILED_CASES.append(
+    Case(
+        "lstm-learned-initial-state-broadcast-shape",
+        _learned_initial_state("broadcast-shape"),
+        _xy((4, 4, 2), (4, 2)),
+    )
+)
+ISSUE26_TILED_CASES += ISSUE26_STATIC_TILED_CASES
 CASES.extend(ISSUE26_TILED_CASES)
 CASES_BY_ID.update({c.id: c for c in ISSUE26_TILED_CASES})
+
+
+class FixedRows(keras.Model):
+    """A fixed number of rows joined to the batch along its axis: ``learned`` (a ``[2, d]``
+    variable, as memory tokens) or ``padding`` (two rows of zeros), then a shared MLP row by
+    row. ``back``: the examples' rows are taken back before the loss (``h[:tf.shape(x)[0]]``);
+    otherwise the loss is over every row."""
+
+    def __init__(self, rows="learned", back=True, **kwargs):
+        super().__init__(**kwargs)
+        self.rows, self.back = rows, back
+        self.hidden = keras.layers.Dense(4, activation="tanh")
+        self.out = keras.layers.Dense(2)
+
+    def build(self, shape):
+        self.extra = self.add_weight(shape=(2, 3), initializer="random_normal", name="extra")
+
+    def call(self, x):
+        extra = self.extra if self.rows == "learned" else tf.zeros([2, 3], x.dtype)
+        h = self.out(self.hidden(tf.concat([x, extra], axis=0)))
+        return h[: tf.shape(x)[0]] if self.back else h
+
+
+def _fixed_rows(rows, back):
+    def build(dtype):
+        keras.utils.set_random_seed(49)
+        with _floatx(dtype):
+            model = FixedRows(rows, back)
+            model(np.zeros((4, 3), dtype))
+        # the padding's `extra` is not used
+        return model, [
+            v for v in model.trainable_variables if rows == "learned" or "extra" not in v.path
+        ]
+
+    return build
+
+
+# Fixed rows joined to the examples (issue 26): with the batch size unknown at trace time the
+# rows are not examples; taken back before the loss, the loss is proven per example
+# (`tests/test_example_sources.py` runs these with a dynamic batch against brute force), and a
+# loss over every row is refused. With a static batch they are rows of a union (each an example).
+ISSUE26_FIXED_ROWS_CASES = [
+    Case("concat-learned-rows-taken-back", _fixed_rows("learned", True), _xy((4, 3), (4, 2))),
+    Case("concat-padding-rows-taken-back", _fixed_rows("padding", True), _xy((4, 3), (4, 2))),
+    Case(
+        "concat-learned-rows-in-the-loss",
+        _fixed_rows("learned", False),
+        _xy((4, 3), (4, 2)),
+        per_example_loss=half_square,
+        reference="rows",
+    ),
+]
+CASES.extend(ISSUE26_FIXED_ROWS_CASES)
+CASES_BY_ID.update({c.id: c for c in ISSUE26_FIXED_ROWS_CASES})
+
+
+def conv_lstm(kind, filters, kernel, **kw):
+    cls = {1: keras.layers.ConvLSTM1D, 2: keras.layers.ConvLSTM2D, 3: keras.layers.ConvLSTM3D}[kind]
+    return lambda dtype: cls(filters, kernel, dtype=dtype, **kw)
+
+
+# Convolutions inside a while loop (Keras' ConvLSTM1D/2D: the input and the recurrent
+# convolution at every step), on the loop rule (`tests/test_recurrent.py`, fallback="error").
+CONV_RECURRENT_CASES = [
+    Case(
+        "convlstm1d-valid",
+        _keras(conv_lstm(1, 3, 3), flatten(), dense(2), input_shape=(3, 6, 2)),
+        _xy((4, 3, 6, 2), (4, 2)),
+    ),
+    Case(
+        "convlstm2d-same-sequences",
+        _keras(
+            conv_lstm(2, 2, 3, padding="same", return_sequences=True),
+            flatten(),
+            dense(2),
+            input_shape=(3, 4, 4, 2),
+        ),
+        _xy((3, 3, 4, 4, 2), (3, 2)),
+    ),
+    Case(
+        "convlstm3d-valid",
+        _keras(conv_lstm(3, 2, 2), flatten(), dense(2), input_shape=(2, 3, 3, 3, 1)),
+        _xy((3, 2, 3, 3, 3, 1), (3, 2)),
+    ),
+    Case(
+        "convlstm2d-strided-batch-eq-steps",
+        _keras(conv_lstm(2, 2, 2, strides=2), flatten(), dense(2), input_shape=(3, 5, 5, 1)),
+        _xy((3, 3, 5, 5, 1), (3, 2)),
+    ),
+]
+CASES.extend(CONV_RECURRENT_CASES)
+CASES_BY_ID.update({c.id: c for c in CONV_RECURRENT_CASES})
+CONV_RECURRENT_CASE_IDS = [c.id for c in CONV_RECURRENT_CASES]

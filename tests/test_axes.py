@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tb_gradmom.core import axes
-from tb_gradmom.core.axes import FREE, REDUCED, UNKNOWN, Axis, Elements, join, registry
+from tb_gradmom.core.axes import FREE, REDUCED, UNKNOWN, Axis, Elements, Padded, join, registry
 
 N, T, D = 3, 4, 5
 
@@ -195,10 +195,77 @@ ROWS = [
         (spec(N, D),),
         Axis(0, batch=1),
     ),
-    # (n + 2 rows with n unknown at trace time: a size the symbolic sizes do not hold)
+    # n + 2 rows with n unknown at trace time: the two rows are not examples (`Padded`) until a
+    # slice takes the examples' rows back
     Row(
         "concat-dynamic-batch-and-rows-of-parameters",
         lambda x: tf.concat([x, tf.ones([2, D])], 0),
+        (spec(None, D),),
+        Padded(0, 0, 2, "concat"),
+    ),
+    Row(
+        "padded-through-a-dense-layer",
+        lambda x: tf.tanh(tf.concat([x, tf.ones([2, D])], 0) @ W + 1.0),
+        (spec(None, D),),
+        Padded(0, 0, 2, "concat"),
+    ),
+    Row(
+        "padded-taken-back",
+        lambda x: tf.tanh(tf.concat([x, tf.ones([2, D])], 0) @ W)[: tf.shape(x)[0]],
+        (spec(None, D),),
+        Axis(0),
+    ),
+    Row(
+        "padded-before-taken-back",
+        lambda x: tf.concat([tf.ones([2, D]), x], 0)[2:, 1:],
+        (spec(None, D),),
+        Axis(0),
+    ),
+    Row(
+        "padded-sliced-on-another-axis",
+        lambda x: tf.concat([x, tf.ones([2, D])], 0)[:, 1:],
+        (spec(None, D),),
+        Padded(0, 0, 2, "concat"),
+    ),
+    Row(  # off by one: a fixed row and all but one example
+        "padded-taken-back-at-the-wrong-rows",
+        lambda x: tf.concat([x, tf.ones([2, D])], 0)[1 : tf.shape(x)[0] + 1],
+        (spec(None, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "padded-summed-over-its-rows",
+        lambda x: tf.reduce_sum(tf.concat([x, tf.ones([2, D])], 0), 0),
+        (spec(None, D),),
+        REDUCED,
+    ),
+    Row(
+        "padded-meets-a-batch-statistic",
+        lambda x: tf.concat([x, tf.ones([2, D])], 0) - tf.reduce_mean(x, 0),
+        (spec(None, D),),
+        UNKNOWN,
+    ),
+    Row(  # every row with every row: the examples meet
+        "padded-times-its-transpose",
+        lambda x: tf.matmul(p := tf.concat([x, tf.ones([2, D])], 0), p, transpose_b=True),
+        (spec(None, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "padded-times-itself-element-wise",
+        lambda x: tf.square(p := tf.concat([x, tf.ones([2, D])], 0)) * p,
+        (spec(None, D),),
+        Padded(0, 0, 2, "concat"),
+    ),
+    Row(
+        "padded-reshaped",
+        lambda x: tf.reshape(tf.concat([x, tf.ones([2, D])], 0), [-1]),
+        (spec(None, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "concat-dynamic-two-batches-and-rows",
+        lambda x: tf.concat([x, x, tf.ones([2, D])], 0),
         (spec(None, D),),
         UNKNOWN,
     ),
@@ -208,9 +275,35 @@ ROWS = [
         (spec(N, D),),
         UNKNOWN,
     ),
+    # a slice that takes back exactly one part of a union: that part's examples again (entry j
+    # is a function of x's entry j), so it meets x row by row
     Row(
-        "union-meets-its-parts",
+        "union-part-meets-its-batch",
         lambda x: tf.concat([x, x], 0)[:N] + x,
+        (spec(N, D),),
+        Axis(0),
+    ),
+    Row(
+        "union-taken-back-past-a-dense-layer",
+        lambda x: tf.tanh(tf.concat([x, tf.ones([2, D])], 0) @ W)[:N],
+        (spec(N, D),),
+        Axis(0),
+    ),
+    Row(
+        "union-second-part-taken-back",
+        lambda x: tf.slice(tf.concat([tf.ones([2, D]), x], 0), [2, 0], [-1, -1]),
+        (spec(N, D),),
+        Axis(0),
+    ),
+    Row(
+        "union-rows-of-parameters-taken-back",
+        lambda x: tf.concat([x, tf.ones([2, D])], 0)[N:],
+        (spec(N, D),),
+        UNKNOWN,
+    ),
+    Row(
+        "union-taken-back-at-the-wrong-rows",
+        lambda x: tf.concat([x, tf.ones([2, D])], 0)[1 : N + 1],
         (spec(N, D),),
         UNKNOWN,
     ),
@@ -491,7 +584,7 @@ def test_loop_at_the_bound_is_proven():
 # --- the lattice ------------------------------------------------------------------------------
 
 STATES = [FREE, REDUCED, UNKNOWN, Axis(0), Axis(1), Axis(0, 1, 4), Elements(FREE)]
-STATES += [Elements(Axis(0)), Elements(Axis(1))]
+STATES += [Elements(Axis(0)), Elements(Axis(1)), Padded(0, 0, 2, "concat")]
 
 JOINS = [
     (FREE, Axis(0), Axis(0)),

@@ -7,6 +7,7 @@ whose rows only look like the batch.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -15,7 +16,14 @@ import tensorflow as tf
 
 import tb_gradmom as gradmom
 from tests import reference
-from tests.cases import CASES_BY_ID, ISSUE26_SOURCE_CASES, ISSUE26_TILED_CASES, squared_error
+from tests.cases import (
+    CASES_BY_ID,
+    ISSUE26_FIXED_ROWS_CASES,
+    ISSUE26_SOURCE_CASES,
+    ISSUE26_STATIC_TILED_CASES,
+    ISSUE26_TILED_CASES,
+    squared_error,
+)
 
 ORDERS = (1, 2, 3, 4)
 
@@ -193,15 +201,69 @@ def test_a_learned_initial_state_tiled_to_the_batch_keeps_the_rules():
     """``tf.tile(h0[None], [tf.shape(x)[0], 1])`` into an LSTM, the batch size unknown at trace
     time: each example's copy is its row (``rule: Tile``: the copy's gradient), the LSTM keeps
     the loop rule. Before: the fallback, "the variable's value changes from step to step". With
-    a static batch ``tf.shape(x)[0]`` is a constant and the state stays shared (the fallback,
-    exact: `tests/test_core.py`)."""
-    (case,) = ISSUE26_TILED_CASES
+    a static batch: the next test."""
+    case = ISSUE26_TILED_CASES[0]
     paths = _paths(case.id, dynamic=True, fallback="error")
     assert paths.count("rule: Tile") == 2, paths
     assert all(p.startswith("rule") for p in paths), paths
 
 
 @pytest.mark.parametrize("case_id", [c.id for c in ISSUE26_TILED_CASES])
+def test_a_learned_initial_state_tiled_to_a_static_batch_keeps_the_rules(case_id):
+    """Tiled, repeated or broadcast to a static batch (a constant first multiple, as
+    ``tf.shape(x)[0]`` of a static shape is folded into): the copies are a parameter derived
+    from ``h0``, and the loop's state holds the examples on axis 0 (its fixed point), so the
+    loop's rule takes example ``j``'s gradient of the initial state as row ``j`` of its
+    gradient, pulled back through the tile (``rule: While``). Before: the fallback, "the
+    variable's value changes from step to step". The numbers: `tests/test_core.py` (case rows,
+    float64 and float32) and the next test."""
+    paths = _paths(case_id, fallback="error")
+    assert all(p.startswith("rule") for p in paths), paths
+    if case_id in {c.id for c in ISSUE26_STATIC_TILED_CASES}:
+        assert paths[:2] == ["rule: While", "rule: While"], paths  # h0 and c0
+
+
+@pytest.mark.parametrize("case_id", [c.id for c in ISSUE26_TILED_CASES])
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_tiled_states_with_a_static_batch_match_brute_force(case_id, chunk_size):
+    case = CASES_BY_ID[case_id]
+    forward, variables = case.build("float64")
+    x, y = case.inputs(np.random.default_rng(1), "float64")
+
+    @tf.function
+    def step(x, y):
+        total = tf.reduce_mean(squared_error(forward(x), y))
+        return gradmom.gradients_and_moments(
+            total, variables, ORDERS, fallback="error", chunk_size=chunk_size
+        )
+
+    grads, moments = step(tf.constant(x), tf.constant(y))
+    ref = reference.per_example_gradients(forward, variables, squared_error, x, y)
+    for g, m, per_ex in zip(grads, moments, ref):
+        want = reference.moments(per_ex, ORDERS)
+        np.testing.assert_allclose(g, want[1], rtol=1e-10, atol=1e-14)
+        for p in ORDERS:
+            scale = max(float(np.max(np.abs(want[p]))), 1e-30)
+            assert float(np.max(np.abs(np.asarray(m[p]) - want[p]))) <= 1e-10 * scale, (case_id, p)
+
+
+def test_a_static_tile_into_a_loop_with_a_dynamic_batch_names_the_loop_variable():
+    """``tf.tile(h0[None], [4, 1])`` while the batch is unknown at trace time: the loop's state
+    (4 rows) and the inputs (n rows) are not proven to be the same examples. The reason names
+    the loop variable whose initial value the variable is, not "the variable's value changes
+    from step to step"."""
+    case = CASES_BY_ID["lstm-learned-initial-state-number-static"]
+    with pytest.raises(gradmom.UnsupportedOpError) as info:
+        _paths(case.id, dynamic=True, fallback="error")
+    msg = str(info.value)
+    assert "changes from step to step" not in msg
+    assert re.search(r"initial value of loop variable \d+ of While op '.*while'", msg), msg
+    assert "examples' axis inside the loop is not proven" in msg, msg
+
+
+@pytest.mark.parametrize(
+    "case_id", [ISSUE26_TILED_CASES[0].id, "lstm-learned-initial-state-broadcast-shape"]
+)
 def test_tiled_states_with_a_dynamic_batch_match_brute_force(case_id):
     case = CASES_BY_ID[case_id]
     forward, variables = case.build("float64")
@@ -220,3 +282,71 @@ def test_tiled_states_with_a_dynamic_batch_match_brute_force(case_id):
         for p in ORDERS:
             scale = max(float(np.max(np.abs(want[p]))), 1e-30)
             assert float(np.max(np.abs(np.asarray(m[p]) - want[p]))) <= 1e-10 * scale, (case_id, p)
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
+@pytest.mark.parametrize("case_id", [c.id for c in ISSUE26_FIXED_ROWS_CASES[:2]])
+def test_fixed_rows_taken_back_match_brute_force(case_id, dynamic):
+    """``concat([x, rows])`` along the batch with the batch size unknown at trace time, a
+    shared MLP, then ``h[:tf.shape(x)[0]]``: the two rows hold no example, and the slice takes
+    the examples' rows back, so the per-example losses are proven (before: "cannot prove where
+    the examples are", every variable on the fallback with a hedging warning). The variables
+    used on the joined rows take the exact fallback (named reason), the learned rows' variable
+    too; all against one gradient per example, float64, orders 1-4. With a static batch the
+    concat is a union (each row an example) and the slice takes its first part back: the
+    examples of the input batch again (before: "cannot prove where the examples are"); the
+    variables used on the union's rows take the fallback."""
+    case = CASES_BY_ID[case_id]
+    forward, variables = case.build("float64")
+    x, y = case.inputs(np.random.default_rng(2), "float64")
+    sig = [
+        tf.TensorSpec([None if dynamic else t.shape[0], *t.shape[1:]], tf.float64) for t in (x, y)
+    ]
+    seen = {}
+
+    @tf.function(input_signature=sig)
+    def step(x, y):
+        total = tf.reduce_mean(squared_error(forward(x), y))
+        seen["plan"] = gradmom.plan_moments(total, variables, ORDERS)
+        return gradmom.gradients_and_moments(total, variables, ORDERS)[1]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        moments = step(tf.constant(x), tf.constant(y))
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "cannot prove where the examples are" in m], messages
+    paths = [v.path for v in seen["plan"].variables]
+    if dynamic:
+        assert all("rows that hold no example" in p for p in paths), paths
+        assert all("(appended by ConcatV2 op " in p for p in paths if "extra" not in p), paths
+    else:
+        assert all(p.startswith("fallback") and "ConcatV2 op" in p for p in paths), paths
+    ref = reference.per_example_gradients(forward, variables, squared_error, x, y)
+    for m, g in zip(moments, ref):
+        want = reference.moments(g, ORDERS)
+        for p in ORDERS:
+            scale = max(float(np.max(np.abs(want[p]))), 1e-30)
+            assert float(np.max(np.abs(np.asarray(m[p]) - want[p]))) <= 1e-10 * scale, (case_id, p)
+
+
+def test_a_loss_over_fixed_rows_with_a_dynamic_batch_is_refused():
+    """The same rows left in the loss (``mean`` over ``n + 2`` rows) with the batch size unknown
+    at trace time: whether the two rows are examples (a union, as the static batch reads them:
+    `tests/test_core.py`, against one gradient per row) or padding cannot be told; the loss is
+    refused, the concat named and the fixes given. Before: a warning, and the rows taken as
+    examples."""
+    case = CASES_BY_ID["concat-learned-rows-in-the-loss"]
+    forward, variables = case.build("float64")
+    x, y = case.inputs(np.random.default_rng(2), "float64")
+    sig = [tf.TensorSpec([None, *t.shape[1:]], tf.float64) for t in (x, y)]
+
+    @tf.function(input_signature=sig)
+    def step(x, y):
+        total = tf.reduce_mean(case.per_example_loss(forward(x), y))
+        return gradmom.gradients_and_moments(total, variables, ORDERS)[1]
+
+    with pytest.raises(gradmom.PerExampleLossError) as info:
+        step(tf.constant(x), tf.constant(y))
+    msg = str(info.value)
+    assert re.search(r"2 more rows that ConcatV2 op '[^']*concat[^']*' joins", msg), msg
+    assert "h[:tf.shape(x)[0]]" in msg and "static size" in msg, msg

@@ -17,7 +17,15 @@ from tb_gradmom.core import moments as _moments
 from tb_gradmom.core import plan as _plan
 from tb_gradmom.core.rules import recurrent
 from tests import reference
-from tests.cases import CASES_BY_ID, RECURRENT_CASE_IDS, Case, SinCell, _xy, squared_error
+from tests.cases import (
+    CASES_BY_ID,
+    CONV_RECURRENT_CASE_IDS,
+    RECURRENT_CASE_IDS,
+    Case,
+    SinCell,
+    _xy,
+    squared_error,
+)
 from tests.test_core import ORDERS, TOLERANCE, _assert_close, _run
 
 
@@ -45,6 +53,26 @@ def test_recurrent_layers_take_the_rule_exactly(case_id):
     _check(CASES_BY_ID[case_id])
 
 
+@pytest.mark.parametrize("case_id", CONV_RECURRENT_CASE_IDS)
+def test_convolutions_inside_the_loop_take_the_rule_exactly(case_id):
+    """ConvLSTM1D/2D: the input and recurrent convolutions' filters read at every step (the
+    conv rule's per-example filter gradient of each step's input and delta, summed over the
+    steps per example), float64, orders 1-4, ``fallback="error"``. Before: every kernel on the
+    fallback ("the variable is used by Conv2D op ... inside the loop")."""
+    _check(CASES_BY_ID[case_id])
+
+
+@pytest.mark.parametrize("case_id", CONV_RECURRENT_CASE_IDS[:1])
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_convolutions_inside_the_loop_float32(case_id, dtype):
+    _check(CASES_BY_ID[case_id], dtype)
+
+
+@pytest.mark.parametrize("case_id", CONV_RECURRENT_CASE_IDS[:2])
+def test_convolutions_inside_the_loop_dynamic_batch_small_chunks(case_id):
+    _check(CASES_BY_ID[case_id], dynamic_batch=True, chunk_size=2)
+
+
 @pytest.mark.parametrize("case_id", ["lstm-classifier", "gru-reset-before-last", "lstm-stacked"])
 def test_recurrent_layers_float32(case_id):
     _check(CASES_BY_ID[case_id], "float32")
@@ -64,7 +92,10 @@ def test_chunks_of_examples(case_id):
 
 
 @pytest.mark.parametrize("chunk", [1, 2])
-@pytest.mark.parametrize("case_id", RECURRENT_CASE_IDS)
+@pytest.mark.parametrize(
+    "case_id",
+    RECURRENT_CASE_IDS + CONV_RECURRENT_CASE_IDS[:2] + ["lstm-learned-initial-state-number-static"],
+)
 def test_copy_on_chunks_of_examples(case_id, chunk, monkeypatch):
     """The copy of the loop run on chunks of ``chunk`` examples (one after the other in a
     while loop), for every case whose loop inputs and seeds can be sliced; the others keep the
@@ -190,6 +221,43 @@ def test_raw_while_loop_capturing_a_value():
     _check(case)
 
 
+class DepthwiseRecurrence(tf.Module):
+    """A hand-written loop over images: ``h_t = tanh(depthwise(h_{t-1}, D) + conv(x_t, K) + b)``
+    (a depthwise and an ordinary 2-D convolution inside the body, same padding)."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(5)
+        self.k = tf.Variable(rng.normal(size=(2, 2, 2, 3)).astype(dtype), name="k")
+        self.d = tf.Variable(0.5 * rng.normal(size=(3, 3, 3, 1)).astype(dtype), name="d")
+        self.b = tf.Variable(rng.normal(size=(3,)).astype(dtype), name="b")
+
+    def __call__(self, x):  # x: [n, T, 4, 4, 2]
+        steps = tf.TensorArray(x.dtype, size=x.shape[1]).unstack(tf.transpose(x, [1, 0, 2, 3, 4]))
+        h0 = tf.zeros([tf.shape(x)[0], 4, 4, 3], x.dtype)
+
+        def body(t, h):
+            z = tf.nn.depthwise_conv2d(h, self.d, [1, 1, 1, 1], "SAME")
+            z = z + tf.nn.conv2d(steps.read(t), self.k, 1, "SAME")
+            return t + 1, tf.tanh(tf.nn.bias_add(z, self.b))
+
+        _, h = tf.while_loop(lambda t, h: t < x.shape[1], body, (0, h0))
+        return tf.reshape(h, [-1, 48])
+
+
+def _depthwise_recurrence(dtype):
+    m = DepthwiseRecurrence(dtype)
+    return m, [m.k, m.d, m.b]
+
+
+def test_a_depthwise_and_a_plain_convolution_in_a_raw_loop_take_the_rule():
+    case = Case("raw-while-loop-depthwise", _depthwise_recurrence, _xy((3, 3, 4, 4, 2), (3, 48)))
+    x, y = case.inputs(np.random.default_rng(0), "float64")
+    paths = _rule_paths(case.build, x, y)
+    assert all(p == "While" for p in paths.values()), paths
+    _check(case)
+
+
 def _sin_rnn(dtype):
     keras.utils.set_random_seed(12)
     model = keras.Sequential(
@@ -281,8 +349,8 @@ def test_skipped_steps_run_no_copy_of_the_loop(tmp_path, monkeypatch):
     built = []
     original = recurrent._Loop._build
 
-    def build(self, *args):
-        out = original(self, *args)
+    def build(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
         built.append(self.op.name)
         check = tf.debugging.Assert(False, ["the copy of the loop ran"])
         with tf.control_dependencies([check]):

@@ -954,6 +954,42 @@ LAYER_ENTRIES = [
         "recurrent",
         _sequential(_rnn("SimpleRNN"), (5, 3), _normal(4, 5, 3), sparse_ce_logits, _labels(3)),
     ),
+    # convolutions inside the loop (issue 26: every kernel on the fallback before, trace + first
+    # call 22 s against 3 s for a ConvLSTM2D classifier)
+    Entry(
+        "convlstm2d-classifier",
+        "recurrent",
+        _sequential(
+            lambda dtype: [
+                keras.layers.ConvLSTM2D(3, 3, padding="same", return_sequences=True),
+                keras.layers.ConvLSTM2D(2, 2, strides=2),
+                keras.layers.Flatten(),
+                keras.layers.Dense(3),
+            ],
+            (3, 6, 6, 2),
+            _normal(4, 3, 6, 6, 2),
+            sparse_ce_logits,
+            _labels(3),
+        ),
+        note="two ConvLSTM2D layers (same padding with sequences, then strided), every kernel "
+        "on the loop rule",
+    ),
+    Entry(
+        "convlstm1d-classifier",
+        "recurrent",
+        _sequential(
+            lambda dtype: [
+                keras.layers.ConvLSTM1D(3, 3),
+                keras.layers.Flatten(),
+                keras.layers.Dense(3),
+            ],
+            (4, 7, 2),
+            _normal(4, 4, 7, 2),
+            sparse_ce_logits,
+            _labels(3),
+        ),
+        note="ConvLSTM1D (ExpandDims -> Conv2D inside the loop), every kernel on the loop rule",
+    ),
 ]
 
 

@@ -31,6 +31,7 @@ import tensorflow as tf
 from tb_gradmom.core import axes as _axes
 from tb_gradmom.core import graph as _graph
 from tb_gradmom.core.errors import PerExampleLossError
+from tb_gradmom.core.rules.base import examples_first
 
 __all__ = [
     "LossForm",
@@ -366,6 +367,8 @@ def _term(
             return Term(values, factors, st, _exponent(count + (1 if mean else 0)), divisors)
         if st == _axes.FREE:
             return None
+        if isinstance(st, _axes.Padded):
+            raise _padded_rows(scalar, values, st)
         if st == _axes.UNKNOWN:
             n_power = _exponent(count + (1 if mean else 0))
             return Term(values, factors, _axes.Axis(0), n_power, divisors, proven=False)
@@ -387,6 +390,21 @@ def _term(
             addend,
         )
     raise _fail(scalar, op, "reductions too deep to follow", addend)
+
+
+def _padded_rows(scalar: tf.Tensor, values: tf.Tensor, st: _axes.Padded) -> PerExampleLossError:
+    """The error for a loss over examples and rows that hold none (`tb_gradmom.core.axes.Padded`)."""
+    rows = st.before + st.after
+    return PerExampleLossError(
+        f"the scalar loss '{scalar.name}' sums values ('{values.name}') over the examples and "
+        f"{rows} more rows that ConcatV2 op '{st.op}' joins to them along their axis, while the "
+        "batch size is unknown at trace time: those rows hold no example, and whether each is "
+        "an example of its own (learned or generated samples) or no example (padding) cannot be "
+        f"told, so the loss has no one per-example split. Take the examples' rows back before "
+        "the loss (h[:tf.shape(x)[0]]) and add the other rows' terms, if any, as a separate "
+        "term (held by every example, as a penalty is), or give the batch a static size (the "
+        "rows are then examples of their own: a union of the batches)."
+    )
 
 
 def _ratio(big: tf.Tensor, small: tf.Tensor) -> tf.Tensor:
@@ -471,7 +489,7 @@ def per_example_losses(form: LossForm, n: int | tf.Tensor, mode: str | None = No
     mode = mode or form.mode
     total: tf.Tensor | None = None
     for term in form.terms:
-        v = _axes.examples_first(term.values, term.axis, n)
+        v = examples_first(term.values, term.axis, n)
         rank = v.shape.rank
         s = tf.reduce_sum(v, axis=list(range(1, rank))) if rank and rank > 1 else v
         for f in term.factors:

@@ -52,6 +52,7 @@ from tb_gradmom.core.axes.lattice import (
     UNKNOWN,
     Axis,
     Elements,
+    Padded,
     State,
     describe,
     join,
@@ -61,6 +62,7 @@ from tb_gradmom.core.axes.symbolic import Sym
 __all__ = [
     "Axis",
     "Elements",
+    "Padded",
     "State",
     "FREE",
     "REDUCED",
@@ -75,13 +77,3 @@ __all__ = [
     "call_body",
     "function_graph",
 ]
-
-
-def __getattr__(name: str):
-    # `examples_first` and `per_example_masked` build ops for the rules and moved to
-    # `tb_gradmom.core.rules.base`; this keeps ``axes.examples_first`` (`core.loss`) working.
-    if name in ("examples_first", "per_example_masked"):
-        from tb_gradmom.core.rules import base
-
-        return getattr(base, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from tb_gradmom._compat import PrivateAPIError, tf_private
 from tb_gradmom.core.axes import registry
-from tb_gradmom.core.axes.lattice import FREE, REDUCED, UNKNOWN, Axis, Elements
+from tb_gradmom.core.axes.handlers import h_padded
+from tb_gradmom.core.axes.lattice import FREE, REDUCED, UNKNOWN, Axis, Elements, Padded
 from tb_gradmom.core.axes.symbolic import Sym, mul, sym_value
 
 __all__ = ["Examples"]
@@ -268,6 +269,9 @@ class Examples:
             return [FREE] * len(outs)
         if self._inherit_unknown(op):
             return [UNKNOWN] * len(outs)
+        if any(isinstance(s, Padded) for s in states):
+            result = h_padded(self, op, states, registry.HANDLERS.get(ty))
+            return self._stopped(op, result if isinstance(result, list) else [result] * len(outs))
         data = [s for s in states if isinstance(s, Axis | Elements)]
         if not data:  # only FREE and REDUCED inputs: batch statistics stay batch statistics
             return [REDUCED] * len(outs)

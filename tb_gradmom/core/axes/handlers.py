@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_gradmom.core.axes.lattice import FREE, REDUCED, UNKNOWN, Axis, Elements
+from tb_gradmom.core.axes.lattice import FREE, REDUCED, UNKNOWN, Axis, Elements, Padded
 from tb_gradmom.core.axes.symbolic import Sym, add, div, mul, prod, static, sym_value
 
 
@@ -305,6 +305,7 @@ def _union(ex, op, states, axis):
     that axis (a pure axis), or none (rows that are parameters or draws: examples too, each
     its own); a batch statistic, a folded axis or an unknown size is not proven."""
     size = 0
+    sizes = []
     for x, st in zip(op.inputs[:-1], states[:-1]):
         if isinstance(st, Axis):
             if st.axis != axis or not st.pure:
@@ -314,10 +315,29 @@ def _union(ex, op, states, axis):
         dims = ex.sym_shape(x)
         if dims is None or len(dims) <= axis or dims[axis] is None:
             return UNKNOWN
+        sizes.append(dims[axis])
         size = add(size, dims[axis])
-        if size is None:
-            return UNKNOWN
+    if size is None:  # a batch size unknown at trace time plus a fixed number of rows
+        return _padded(ex, op, states[:-1], sizes, axis)
     return Axis(axis, batch=ex.union(size, op))
+
+
+def _padded(ex, op, states, sizes, axis):
+    """``concat([x, rows])`` along the examples' axis with the batch size unknown at trace time
+    and a fixed number of rows that hold no example: `Padded` (the rows are not examples), or
+    `UNKNOWN` with the reason when more than one input holds examples."""
+    held = [i for i, st in enumerate(states) if isinstance(st, Axis)]
+    if len(held) != 1 or any(
+        not isinstance(sizes[i], int) for i in range(len(sizes)) if i != held[0]
+    ):
+        return ex.refuse(
+            op,
+            f"ConcatV2 op '{op.name}' joins example batches and rows that hold no example along "
+            "the examples' axis, with the batch size unknown at trace time",
+        )
+    k = held[0]
+    st = states[k]
+    return Padded(axis, sum(sizes[:k]), sum(sizes[k + 1 :]), op.name, st.batch)
 
 
 def h_pack(ex, op, states):
@@ -415,7 +435,10 @@ def h_slice(ex, op, states):
             return UNKNOWN
         b, s = begin[st.axis], size[st.axis]
         full = b == 0 and (s == -1 or (s is not None and s == dims[st.axis]))
-        return st if full else UNKNOWN
+        if full:
+            return st
+        part = _union_part(ex, st, b, None if s == -1 else add(b, s))
+        return part if part is not None else UNKNOWN
     # StridedSlice: only the example axis's entries of begin, end and strides must be known
     begin, end, strides = (_values(ex, t) for t in op.inputs[1:4])
     if begin is None or end is None or strides is None:
@@ -456,7 +479,13 @@ def h_slice(ex, op, states):
                 and not shrink & bit
             )
             if not full:
-                return UNKNOWN
+                if strides[i] != 1 or shrink & bit:
+                    return UNKNOWN
+                b = 0 if bmask & bit else begin[i]
+                part = _union_part(ex, st, b, None if emask & bit else end[i])
+                if part is None:
+                    return UNKNOWN
+                st = part
             target = out_dim
         in_dim += 1
         if not shrink & bit:
@@ -464,6 +493,40 @@ def h_slice(ex, op, states):
     if target is None:  # the example axis is past the spec: untouched
         target = out_dim + (st.axis - in_dim)
     return st.moved(target)
+
+
+def _union_part(ex, st, begin, end):
+    """The examples' `Axis` of the input of a union (`Examples.union`: ``concat([x, rows])``
+    along the examples' axis) whose entries are exactly ``[begin, end)`` of the union's axis
+    (``end`` None: to its end), when that input holds one example per entry (``h[:n]`` of
+    ``concat([x, rows])`` is ``x``'s examples again); else None. Entry ``j`` there is a
+    function of that input's entry ``j`` and of tensors that hold no example."""
+    op = ex.union_op(st.batch)
+    if op is None or not st.pure or op.graph is not ex.graph:
+        return None
+    axis = static(op.inputs[-1])
+    if axis is None or begin is None:
+        return None
+    offset = 0
+    for x in op.inputs[:-1]:
+        dims = ex.sym_shape(x)
+        if dims is None or x.shape.rank is None:
+            return None
+        size = dims[int(axis) % x.shape.rank]
+        stop = add(offset, size)
+        if (
+            offset == begin
+            and stop is not None
+            and (stop == end or (end is None and x is op.inputs[-2]))
+        ):
+            found = ex.of(x)
+            return (
+                Axis(st.axis, batch=found.batch) if isinstance(found, Axis) and found.pure else None
+            )
+        offset = stop
+        if offset is None:
+            return None
+    return None
 
 
 def _end_is_full(end, dim) -> bool:
@@ -662,3 +725,91 @@ def h_cross_entropy(ex, op, states):
 
 def h_identity_n(ex, op, states):
     return list(states)
+
+
+# --- rows that hold no example beside the examples (`Padded`) -------------------------------
+
+
+def h_padded(ex, op, states, handler):
+    """The state of ``op``'s outputs when an input is `Padded` (examples and rows that hold no
+    example on one axis): element-wise ops with operands that hold no example, products that
+    keep the axis, reductions, and slices (a slice that takes back exactly the examples' rows,
+    ``h[:tf.shape(x)[0]]``, gives their `Axis` again). ``handler``: the op type's handler in
+    the registry, which names its family. Anything else stops the proof, the concat named."""
+    padded = [s for s in states if isinstance(s, Padded)]
+    st = padded[0]
+
+    def stop():
+        return ex.refuse(
+            op,
+            f"{op.type} op '{op.name}' on examples with {st.before + st.after} rows that hold "
+            f"no example beside them (ConcatV2 op '{st.op}', the batch size unknown at trace "
+            "time); element-wise ops, products and slices are followed there",
+        )
+
+    rank = op.outputs[0].shape.rank if op.outputs else None
+    if rank is None or any(s != FREE for s in states if not isinstance(s, Padded)):
+        return stop()
+    if handler is h_unary:
+        return st
+    if len(padded) > 1 and handler is not h_broadcast:  # two operands' rows would meet
+        return stop()
+    if handler is h_broadcast and (op.type != "BiasAdd" or isinstance(states[0], Padded)):
+        found = None
+        for x, s in zip(op.inputs, states):
+            if isinstance(s, Padded):
+                cand = s.moved(s.axis + rank - x.shape.rank)
+                if found is not None and found != cand:
+                    return stop()
+                found = cand
+        return found
+    if handler is h_reduce:
+        axes = _axes_of(op, op.inputs[0].shape.rank)
+        if axes is None or not isinstance(states[0], Padded):
+            return stop()
+        if st.axis in axes:
+            return REDUCED
+        if op.type not in ("ArgMax", "ArgMin") and op.get_attr("keep_dims"):
+            return st
+        return st.moved(st.axis - sum(1 for a in axes if a < st.axis))
+    if handler is h_matmul:
+        a, b = states
+        ta, tb = op.get_attr("transpose_a"), op.get_attr("transpose_b")
+        if isinstance(a, Padded):
+            return a.moved(0) if a.axis == (1 if ta else 0) else REDUCED
+        return b.moved(1) if b.axis == (0 if tb else 1) else REDUCED
+    if handler is h_slice and isinstance(states[0], Padded):
+        return _slice_padded(ex, op, st, stop)
+    return stop()
+
+
+def _slice_padded(ex, op, st, stop):
+    """A slice of a `Padded` tensor: the examples' rows alone (their `Axis`), or every row of
+    that axis (still `Padded`)."""
+    n = ex.n_value(st.batch)
+    if op.type == "Slice":
+        begin, size = _values(ex, op.inputs[1]), _values(ex, op.inputs[2])
+        if begin is None or size is None or len(begin) <= st.axis or len(size) <= st.axis:
+            return stop()
+        b, s = begin[st.axis], size[st.axis]
+        if b == st.before and s is not None and s == n:
+            return Axis(st.axis, batch=st.batch)
+        return st if b == 0 and s == -1 else stop()
+    begin, end, strides = (_values(ex, t) for t in op.inputs[1:4])
+    if begin is None or end is None or strides is None or len(begin) <= st.axis:
+        return stop()
+    if op.get_attr("ellipsis_mask") or op.get_attr("new_axis_mask"):
+        return stop()
+    shrink = op.get_attr("shrink_axis_mask")
+    bit = 1 << st.axis
+    if shrink & bit or strides[st.axis] != 1:
+        return stop()
+    axis = st.axis - sum(1 for i in range(st.axis) if shrink >> i & 1)
+    b = 0 if op.get_attr("begin_mask") & bit else begin[st.axis]
+    e = None if op.get_attr("end_mask") & bit else end[st.axis]
+    if b == 0 and (e is None or (isinstance(e, int) and e >= 2**31 - 1)):
+        return st.moved(axis)
+    last = add(st.before, n)
+    if b == st.before and ((e is not None and e == last) or (e is None and st.after == 0)):
+        return Axis(axis, batch=st.batch)
+    return stop()

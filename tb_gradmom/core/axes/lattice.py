@@ -23,7 +23,18 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["State", "FREE", "REDUCED", "UNKNOWN", "Axis", "Elements", "join", "describe", "HEIGHT"]
+__all__ = [
+    "State",
+    "FREE",
+    "REDUCED",
+    "UNKNOWN",
+    "Axis",
+    "Elements",
+    "Padded",
+    "join",
+    "describe",
+    "HEIGHT",
+]
 
 
 class State(enum.Enum):
@@ -86,6 +97,33 @@ class Elements:
     of: object
 
 
+@dataclass(frozen=True)
+class Padded:
+    """Examples on axis ``axis`` of batch ``batch`` (one per entry, a pure axis) with ``before``
+    entries before them and ``after`` entries after them that hold no example: rows of a
+    parameter or constant padding appended to a batch whose size is unknown at trace time
+    (``concat([x, pad])`` along the examples' axis, ConcatV2 op ``op``). Such rows are not
+    examples; the state lasts until a slice takes the examples' rows back
+    (``h[:tf.shape(x)[0]]``), and a loss that still holds the extra rows is refused
+    (`tb_gradmom.core.loss`): with the batch size unknown, whether they are examples of their
+    own (a union, as with a static batch) or not (padding) cannot be told."""
+
+    axis: int
+    before: int
+    after: int
+    op: str
+    batch: int = 0
+
+    def moved(self, axis: int) -> Padded:
+        return Padded(axis, self.before, self.after, self.op, self.batch)
+
+    def __str__(self) -> str:
+        return (
+            f"axis {self.axis} with {self.before + self.after} rows that hold no example "
+            f"(appended by ConcatV2 op '{self.op}')"
+        )
+
+
 def join(a, b):
     """The least upper bound of ``a`` and ``b``: the state of a loop variable that is ``a`` on
     entry and ``b`` after an iteration."""
@@ -105,6 +143,6 @@ def join(a, b):
 
 def describe(st) -> str:
     """``st`` in words, for messages."""
-    if isinstance(st, Axis):
+    if isinstance(st, Axis | Padded):
         return str(st)
     return {FREE: "no examples", REDUCED: "batch statistics", UNKNOWN: "unknown"}.get(st, str(st))

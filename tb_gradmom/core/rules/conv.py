@@ -55,7 +55,7 @@ from tb_gradmom.core.rules.base import (
     sum_over_chunks,
 )
 
-__all__ = ["conv_rule", "ConvSpec", "conv_contribution", "attr_str"]
+__all__ = ["conv_rule", "conv_spec", "ConvSpec", "conv_contribution", "attr_str"]
 
 # Kernel offsets whose per-example work may be in flight at once in `power_sums`: offset k waits
 # for the sums of offset k - _IN_FLIGHT. Bounds memory (a few slices and [n, c_in, c_out] blocks)
@@ -609,12 +609,13 @@ def conv_contribution(
     )
 
 
-def conv_rule(site: Site) -> Contribution:
-    """The rule for ``Conv2D``, ``Conv3D`` and ``DepthwiseConv2dNative`` filters."""
-    op = site.op
+def conv_spec(op: tf.Operation, kshape: tf.TensorShape, blocks: int = 1) -> ConvSpec:
+    """The `ConvSpec` of ``Conv2D``, ``Conv3D``, ``DepthwiseConv2dNative`` or a transposed
+    convolution ``op`` whose filter has the static shape ``kshape`` (``blocks`` rows per
+    example); `RuleError` for what the rule does not cover (channels-first, a strided batch,
+    channels that do not form groups). Shared with the loop rule
+    (`tb_gradmom.core.rules.recurrent`: a convolution inside a ``while`` loop)."""
     what = f"{op.type} op '{op.name}'"
-    if site.index != 1:
-        raise RuleError("the variable is the convolution's input, not its filter")
     # A transposed convolution z = conv_transpose(x, W) (Conv2DBackpropInput: input sizes,
     # filter, x) is the input-gradient of the conv x = conv(z, W): its filter gradient pairs
     # the patches of dL/dz with x, exactly as a conv pairs the patches of its input with dL/dx.
@@ -622,9 +623,6 @@ def conv_rule(site: Site) -> Contribution:
     fmt = attr_str(op, "data_format")
     if fmt not in ("NHWC", "NDHWC"):
         raise RuleError(f"data_format {fmt} is not supported (only channels-last)")
-    kshape = site.view.shape
-    if not kshape.is_fully_defined():
-        raise RuleError("the filter shape is not static")
     nd = kshape.rank - 2
     # Filter [*kernel, c_in, c_out], or for a depthwise conv [*kernel, c_in, multiplier] with
     # c_in * multiplier output channels (channel c's m-th output is channel c * mult + m).
@@ -662,19 +660,7 @@ def conv_rule(site: Site) -> Contribution:
     if padding == "EXPLICIT":
         flat = list(op.get_attr("explicit_paddings"))
         explicit = tuple((flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2))[1 : 1 + nd]
-    # Dilated convolutions on CPU arrive as SpaceToBatchND -> conv -> BatchToSpaceND: the conv's
-    # batch holds `blocks` rows per example, block-major (row b * n + j belongs to example j).
-    blocks, batch_source = 1, x_in
-    src = op.inputs[0]
-    while src.op.type in ("ExpandDims", "Identity"):
-        src = src.op.inputs[0]
-    if src.op.type == "SpaceToBatchND":
-        block_shape = tf.get_static_value(src.op.inputs[1])
-        if block_shape is None:
-            raise RuleError("the SpaceToBatchND block shape before the convolution is not static")
-        blocks = int(np.prod(block_shape))
-        batch_source = src.op.inputs[0]
-    spec = ConvSpec(
+    return ConvSpec(
         kernel_sizes=tuple(int(k) for k in kshape[:nd]),
         filter_shape=tuple(int(k) for k in kshape),
         groups=groups,
@@ -687,6 +673,35 @@ def conv_rule(site: Site) -> Contribution:
         blocks=blocks,
         what=what,
     )
+
+
+def conv_rule(site: Site) -> Contribution:
+    """The rule for ``Conv2D``, ``Conv3D`` and ``DepthwiseConv2dNative`` filters."""
+    op = site.op
+    what = f"{op.type} op '{op.name}'"
+    if site.index != 1:
+        raise RuleError("the variable is the convolution's input, not its filter")
+    transposed = op.type in ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
+    fmt = attr_str(op, "data_format")
+    if fmt not in ("NHWC", "NDHWC"):
+        raise RuleError(f"data_format {fmt} is not supported (only channels-last)")
+    kshape = site.view.shape
+    if not kshape.is_fully_defined():
+        raise RuleError("the filter shape is not static")
+    x_in = op.inputs[2 if transposed else 0]
+    # Dilated convolutions on CPU arrive as SpaceToBatchND -> conv -> BatchToSpaceND: the conv's
+    # batch holds `blocks` rows per example, block-major (row b * n + j belongs to example j).
+    blocks, batch_source = 1, x_in
+    src = op.inputs[0]
+    while src.op.type in ("ExpandDims", "Identity"):
+        src = src.op.inputs[0]
+    if src.op.type == "SpaceToBatchND":
+        block_shape = tf.get_static_value(src.op.inputs[1])
+        if block_shape is None:
+            raise RuleError("the SpaceToBatchND block shape before the convolution is not static")
+        blocks = int(np.prod(block_shape))
+        batch_source = src.op.inputs[0]
+    spec = conv_spec(op, kshape, blocks)
 
     def rows(t, n, start, size):
         if blocks == 1:

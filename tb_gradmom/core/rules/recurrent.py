@@ -11,6 +11,10 @@ A use ``z_t = a_t D`` of a loop-invariant parameter ``D`` gives example ``j`` th
 gradient ``g_j = sum_t delta_{t,j}``: the positions (here the steps) are summed before any power,
 as for Dense on sequences (`tb_gradmom.core.rules.matmul`). ``D`` may be a slice, a split or an unstacked
 part of the variable (GRU); its per-example gradient is scattered back into the variable's shape.
+A convolution ``z_t = conv(x_t, F)`` (ConvLSTM1D/2D/3D) gives ``g_j(F) = sum_t`` of the conv
+rule's per-example filter gradient of ``(x_{t,j}, delta_{t,j})`` (`tb_gradmom.core.rules.conv`).
+A parameter as the initial value of a loop variable (a learned state tiled to the batch) is
+`_init_rule`'s.
 
 The ``a_t`` and ``delta_t`` live inside the loop. They are read from a *copy* of the loop, built
 where the moments are computed (inside the ``tf.cond`` of a step that records them, so a step
@@ -35,8 +39,8 @@ input holds them on axis 1; a zero initial state takes the examples' axis of its
 use is accepted only where the examples' axis of ``a_t`` and ``z_t`` is proven. Anything else, a
 nested loop or call, a stateful op other than a variable read (random numbers, assignments), a
 statistic over the batch inside the body (the examples coupled from step to step), a use other
-than a matmul or an added bias, a float16 loop (mixed precision), raises `RuleError` and the core
-takes the exact fallback.
+than a matmul, a convolution's filter or an added bias, a float16 loop (mixed precision), raises
+`RuleError` and the core takes the exact fallback.
 """
 
 from __future__ import annotations
@@ -54,10 +58,12 @@ from tb_gradmom.core.rules.base import (
     RuleError,
     Site,
     example_count,
+    per_example_masked,
     power_sums_of,
     static_chunks_only,
     sum_over_chunks,
 )
+from tb_gradmom.core.rules.conv import ConvSpec, conv_contribution, conv_spec
 
 __all__ = ["LOOP_OPS", "LoopGrads", "loop_outputs", "recurrent_rule"]
 
@@ -120,6 +126,9 @@ _VIEWS = frozenset(
     }
 )
 _ADDS = frozenset({"AddV2", "Add", "BiasAdd", "Sub"})
+# Convolutions whose filter the body may read (Keras' ConvLSTM1D/2D/3D; Conv1D is ExpandDims ->
+# Conv2D): the conv rule's per-example filter gradients (`tb_gradmom.core.rules.conv`).
+_CONVS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative"})
 _NO_GRADIENT = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape"})
 
 
@@ -191,6 +200,7 @@ class _Use:
     transpose_out: bool = False  # matmul: the rows-form gradient is the view's transpose
     sign: float = 1.0  # bias: -1 for the subtrahend of a Sub
     keep: tuple = ()  # bias: the tap's axes (besides the examples') that the view spans
+    conv: ConvSpec | None = None  # conv: the convolution (the view is its filter)
 
 
 def _dims(t: tf.Tensor, axis: int, what: str) -> tuple:
@@ -331,6 +341,9 @@ class _Loop:
     steps_static: int | None = None  # the number of steps, if an input shows it statically
     # the registered variables: key -> (uses, shape, size)
     variables: dict = field(default_factory=dict)
+    # carried loop variables whose initial value is a parameter (`_init_rule`): input index ->
+    # the examples' axis of the loop variable inside the body
+    inits: dict = field(default_factory=dict)
 
     def register(self, uses, key=None, shape=(), size=0, dtype=tf.float32) -> None:
         for u in uses:
@@ -519,11 +532,11 @@ class _Loop:
         graph and seeds). Chunks of examples are sliced from them (`_chunk_of`)."""
         graph = tf.compat.v1.get_default_graph()
         key: tuple = (id(graph), tuple(None if g is None else id(g) for g in grads))
-        key += (tuple(sorted(self.taps)), tuple(sorted(self.records)))
+        key += (tuple(sorted(self.taps)), tuple(sorted(self.records)), tuple(sorted(self.inits)))
         hit = self.built.get(key)
         if hit is not None and hit[0] is graph:
             return hit[1]
-        out = self._build(grads, outputs, n)
+        out = self._build(grads, outputs, n, inits=tuple(sorted(self.inits)))
         self.built[key] = (graph, out)
         return out
 
@@ -541,9 +554,11 @@ class _Loop:
         dims[st.axis] = size if isinstance(size, int) and size > 1 else None
         return tf.TensorShape(dims)
 
-    def _build(self, grads, outputs, n, inputs=None) -> dict:
+    def _build(self, grads, outputs, n, inputs=None, inits=()) -> dict:
         """The copy's stacks; ``inputs``: the loop's inputs to run it on (default: the loop's
-        own; `chunk_sums` passes a chunk of the examples of each)."""
+        own; `chunk_sums` passes a chunk of the examples of each). ``inits``: carried loop
+        variables whose initial value's gradient is wanted too (``init:<index>``: the gradient
+        of the loss with respect to that input of the loop, shaped like it)."""
         if inputs is None:
             inputs = self.inputs
         gdef = tf.compat.v1.GraphDef.FromString(self.body_def)
@@ -616,6 +631,9 @@ class _Loop:
                 for t in taps
             ]
             tape.watch(tap_lists)
+            init_values = [tf.identity(inputs[i]) for i in inits]
+            tape.watch(init_values)
+            initial = dict(zip(inits, init_values))
             # Under XLA the records are kept as integers of the same width (a bitcast, no
             # copy): a list of floats carried by a loop is differentiable, and the loop's
             # gradient then takes zeros like it at every step, which needs the list itself at
@@ -679,7 +697,7 @@ class _Loop:
                 ]
                 return new + list(t_lists) + new_records
 
-            loop_vars = [inputs[i] for i in self.carried] + tap_lists + rec_lists
+            loop_vars = [initial.get(i, inputs[i]) for i in self.carried] + tap_lists + rec_lists
             invariants = [self._invariant(i, n) for i in self.carried]
             invariants += [tf.TensorShape([])] * (len(tap_lists) + len(rec_lists))
             result = tf.while_loop(
@@ -699,8 +717,14 @@ class _Loop:
             seeds_y.append(tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g)
         out = {}
         lists = [None] * len(taps)
+        init_grads: list = [None] * len(inits)
         if ys:
-            lists = tape.gradient(ys, tap_lists, output_gradients=seeds_y)
+            found = tape.gradient(ys, tap_lists + init_values, output_gradients=seeds_y)
+            lists, init_grads = found[: len(taps)], found[len(taps) :]
+        for i, v, g in zip(inits, init_values, init_grads):
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.convert_to_tensor(g)
+            out[f"init:{i}"] = tf.zeros_like(v) if g is None else g
         # One stack after the other: a list's items are freed once it is stacked, so at most
         # one tap is held twice (its list and its stack) instead of all of them.
         deltas: list = []
@@ -942,8 +966,8 @@ def _roots(site: Site, loop: _Loop) -> list:
     op, body, sub = site.op, loop.body, loop.sub
     if sum(1 for x in op.inputs if x is site.view) != 1:
         raise RuleError("the variable enters the loop more than once")
-    if site.index not in loop.invariant:
-        raise RuleError("the variable's value changes from step to step")
+    if site.index not in loop.invariant:  # pragma: no cover - `recurrent_rule` takes it first
+        raise RuleError(f"the variable's value is the initial value of loop variable {site.index}")
     p = body.inputs[site.index]
     if p.dtype != tf.resource:
         if sub.of(p) != _axes.FREE:
@@ -1002,6 +1026,8 @@ def _uses(site: Site, loop: _Loop) -> list[_Use]:
             view_shape = tuple(int(d) for d in t.shape) if positions is not None else shape
             if c.type == "MatMul":
                 uses.append(_matmul_use(c, i, view_shape, positions, sub, body, what))
+            elif c.type in _CONVS:
+                uses.append(_conv_use(c, i, view_shape, positions, sub, body, what))
             elif c.type in _ADDS:
                 uses.append(_bias_use(c, i, view_shape, positions, sub, body, what))
             else:
@@ -1035,6 +1061,29 @@ def _matmul_use(c, i, view_shape, positions, sub, body, what) -> _Use:
         positions=positions,
         record=_Record(other.name, other.dtype, _dims(other, a_axis, "an operand"), a_axis),
         transpose_out=transpose_out,
+    )
+
+
+def _conv_use(c, i, view_shape, positions, sub, body, what) -> _Use:
+    """A convolution ``z_t = conv(x_t, F)`` with ``F`` (a view of) the variable: example ``j``'s
+    gradient is ``sum_t`` of the conv rule's filter gradient of ``(x_{t,j}, delta_{t,j})``."""
+    if i != 1:
+        raise RuleError(f"the variable is the input of {what}, not its filter")
+    spec = conv_spec(c, tf.TensorShape(view_shape))
+    x, z = c.inputs[0], c.outputs[0]
+    if _pure_axis(sub, x, f"the input of {what}") != 0:
+        raise RuleError(f"the examples are not on the batch axis of the input of {what}")
+    if _pure_axis(sub, z, f"the output of {what}") != 0:
+        raise RuleError(f"the examples are not on the batch axis of the output of {what}")
+    tap = _tap_of(z, sub, body.outputs)
+    t_axis = _pure_axis(sub, tap, "a tapped tensor")
+    return _Use(
+        kind="conv",
+        tap=_Tap(tap.name, tap.dtype, _dims(tap, t_axis, "a tapped tensor"), t_axis),
+        shape=view_shape,
+        positions=positions,
+        record=_Record(x.name, x.dtype, _dims(x, 0, "an operand"), 0),
+        conv=spec,
     )
 
 
@@ -1104,6 +1153,8 @@ def _use_gradients(u: _Use, stacks: dict, start, size, dtype) -> tf.Tensor:
         # measured 1.5-2x faster for LSTM(128) at T = 50)
         g = tf.matmul(a, d, transpose_a=True)
         return tf.linalg.matrix_transpose(g) if u.transpose_out else g
+    if u.kind == "conv":
+        return _conv_gradients(u, stacks, start, size, dtype)
     # a bias: the sum over the steps (and the tap's other axes the view does not span), in the
     # time-major layout; then the examples first
     d = tf.cast(_slice_examples(d_stack, d_axis, start, size), dtype)  # [T, *tap dims]
@@ -1114,6 +1165,29 @@ def _use_gradients(u: _Use, stacks: dict, start, size, dtype) -> tf.Tensor:
         g = tf.transpose(g, [at] + [k for k in range(len(u.keep) + 1) if k != at])
     g = tf.reshape(g, [-1, *u.shape])
     return -g if u.sign < 0 else g
+
+
+def _conv_gradients(u: _Use, stacks: dict, start, size, dtype) -> tf.Tensor:
+    """``[size, *u.shape]``: a convolution's per-example filter gradients, the conv rule's
+    (`tb_gradmom.core.rules.conv.conv_contribution`) for every (example, step) row of the
+    stacks, then summed over the steps per example (before any power)."""
+    record, spec = u.record, u.conv
+    assert record is not None and spec is not None, "a conv use records its input"
+    x = tf.cast(_chunk_of(stacks[record.name], record.axis, start, size), dtype)  # [size, T, ..]
+    d = tf.cast(_chunk_of(stacks[u.tap.name], u.tap.axis, start, size), dtype)
+    x_dims = [v for k, v in enumerate(record.dims) if k != record.axis]
+    d_dims = [v for k, v in enumerate(u.tap.dims) if k != u.tap.axis]
+    x = tf.reshape(x, [-1, *x_dims])  # rows: example-major (example, step)
+    d = tf.reshape(d, [-1, *d_dims])
+    positions = int(np.prod(d_dims[:-1])) if d_dims else 1
+    rows = conv_contribution(
+        spec, lambda *_: (x, d), dtype, examples=0, evidence=spec.what, positions=positions
+    ).per_example(None, 0, 0, 0)  # [size * T, *filter]
+    if isinstance(size, int):
+        g = tf.reshape(rows, [size, -1, *u.shape])
+    else:
+        g = tf.reshape(rows, tf.concat([tf.reshape(size, [1]), [-1], list(u.shape)], 0))
+    return tf.reduce_sum(g, axis=1)
 
 
 def _scatter(u: _Use, g: tf.Tensor, size: int) -> tf.Tensor:
@@ -1141,6 +1215,8 @@ def recurrent_rule(site: Site) -> Contribution:
             "inside an XLA-compiled function the copy of the loop needs its number of steps "
             "at trace time (a static sequence length), which no input of the loop shows"
         )
+    if site.index not in loop.invariant:
+        return _init_rule(site, loop, outputs)
     uses = _uses(site, loop)
     for u in uses:
         if u.positions is not None and np.unique(u.positions).size != u.positions.size:
@@ -1152,17 +1228,7 @@ def recurrent_rule(site: Site) -> Contribution:
     var_key = (site.view.ref(), site.index)
     loop.register(uses, var_key, var_shape, int(np.prod(var_shape)), site.dtype)
 
-    # the examples: a carried floating-point output whose examples' axis is proven
-    evidence = None
-    for i in loop.carried:
-        t = op.outputs[i]
-        st = loop.sub.of(loop.body.inputs[i])
-        if t.dtype.is_floating and isinstance(st, _axes.Axis) and st.pure:
-            evidence = (t, st.axis)
-            break
-    if evidence is None:
-        raise RuleError("no output of the loop holds the examples on a proven axis")
-    ev_t, ev_axis = evidence
+    ev_t, ev_axis = _evidence(loop)
     if site.view.dtype == tf.resource:
         shape = tuple(int(d) for d in tf.TensorShape(site.var_shape))
     else:
@@ -1216,4 +1282,68 @@ def recurrent_rule(site: Site) -> Contribution:
         power_sums=power_sums,
         power_sums_elements=size,
         gradient_from_sums=True,
+    )
+
+
+def _evidence(loop: _Loop) -> tuple[tf.Tensor, int]:
+    """A carried floating-point output of the loop and its proven examples' axis."""
+    for i in loop.carried:
+        t = loop.op.outputs[i]
+        st = loop.sub.of(loop.body.inputs[i])
+        if t.dtype.is_floating and isinstance(st, _axes.Axis) and st.pure:
+            return t, st.axis
+    raise RuleError("no output of the loop holds the examples on a proven axis")
+
+
+def _init_rule(site: Site, loop: _Loop, outputs: tuple) -> Contribution:
+    """A parameter (the variable's value, or a value derived from it that holds no examples:
+    a learned state tiled or broadcast to the batch) as the initial value ``s_0`` of a carried
+    loop variable whose examples' axis ``a`` inside the body is proven.
+
+    The proof holds with ``s_0``'s slices along ``a`` as the examples' (the fixed point joins
+    the free entry state with the state after an iteration): example ``j``'s loss depends on
+    ``s_0`` only through slice ``j``, so ``g_j(s_0)`` is slice ``j`` of ``dL/ds_0`` (times the
+    loss's scale, as the taps' deltas), every other slice zero. ``dL/ds_0`` is the copy's
+    gradient with respect to its initial value, from the same backward pass as the taps'
+    deltas. Whatever computed ``s_0`` from the variable (a ``Tile``) is a derived region that
+    the core pulls back through (`tb_gradmom.core.rules.derived.region_contribution`)."""
+    op, i = site.op, site.index
+    where = f"the initial value of loop variable {i} of {op.type} op '{op.name}'"
+    if op.inputs[i].dtype == tf.resource:
+        raise RuleError(f"the variable's handle is {where}, which the loop replaces")
+    if not site.view.dtype.is_floating or site.view.dtype != site.dtype:
+        raise RuleError(f"the variable's value is {where}, not in {site.dtype.name}")
+    if site.axes.of(site.view) != _axes.FREE:  # pragma: no cover - a site's view holds none
+        raise RuleError(f"{where} holds examples")
+    body_input = loop.body.inputs[i]
+    st = loop.sub.of(body_input)
+    if not isinstance(st, _axes.Axis) or not st.pure or st.batch:
+        why = f" (stopped at {loop.sub.why(body_input)})" if st == _axes.UNKNOWN else ""
+        raise RuleError(
+            f"the variable's value is {where}, which the loop updates at every step; that loop "
+            f"variable's examples' axis inside the loop is not proven: {_axes.describe(st)}{why}"
+        )
+    if site.view.shape.rank is None or site.view.shape.rank <= st.axis:
+        raise RuleError(f"the rank of {where} is not static")
+    ev_t, ev_axis = _evidence(loop)
+    loop.inits[i] = st.axis
+    ax = _axes.Axis(st.axis)
+    dtype = site.dtype
+
+    def per_example(delta, n, start, count):
+        g = loop.stacks(delta.grads, outputs, n)[f"init:{i}"]  # dL/ds_0, unscaled
+        factor = delta.factor
+        if not (isinstance(factor, float) and factor == 1.0):
+            g = g * tf.cast(factor, g.dtype)
+        return tf.cast(per_example_masked(g, ax, n, start, count), dtype)
+
+    elements = 1
+    for d in site.view.shape:
+        elements *= d if d is not None else 1024
+    return Contribution(
+        examples=example_count(ev_t, ev_axis),
+        evidence=f"the examples' axis {ev_axis} of '{ev_t.name}', an output of {op.type} op "
+        f"'{op.name}', and {st} of loop variable {i} inside it",
+        per_example=per_example,
+        per_example_elements=int(elements) + loop.copy_elements(),
     )
