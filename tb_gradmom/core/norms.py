@@ -24,6 +24,7 @@ variable the cheapest exact form:
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 import tensorflow as tf
@@ -325,3 +326,244 @@ def _fallback_norms(
         backward.inv_scale,
         gate,
     )
+
+
+# ------------------------------------------------------- the noise statistics' sums of a step
+
+
+@tf.autograph.experimental.do_not_convert
+def compute_sums_logged(
+    plan: _plan.Plan,
+    indices: Sequence[int],
+    *,
+    gate: tf.Tensor | None,
+    record: tf.Tensor | None,
+    write: Any,
+    norms: bool,
+    ids: tf.Tensor | None,
+    mode: str,
+) -> Any:
+    """`tb_gradmom.core.moments.compute_logged` for ``mode="norms"`` and ``"replicas"``: the
+    gradients and a `Logged` record whose `Logged.sums` hold, per variable, the statistics'
+    sums ``sum_m2 = |M_1|^2``, ``sum_var`` (unbiased ``tr(Sigma)``) and ``sum_m2_raw``,
+    computed without any element-wise second moment (docs/math.md, "The noise scale at the
+    cost of a norm"):
+
+    - ``"norms"``: ``sum_m2_raw = (1/n) sum_j ||g_j||^2`` from the per-example squared norms
+      (`sq_norms`, each rule's cheapest exact form), ``sum_var = n/(n-1) (sum_m2_raw -
+      sum_m2)``: the same numbers as the element-wise ``sum_i M_2,i`` and ``sum_i s2_i``, up to
+      rounding. Under ``tf.distribute`` each replica sums its examples' norms and one
+      all-reduce adds them to the gradient's.
+    - ``"replicas"`` (several replicas in sync): each replica's mean gradient ``m_r`` over its
+      ``b_r`` examples and the global one ``m`` over ``N = sum_r b_r`` give
+      ``sum_var = (sum_r b_r |m_r|^2 - N |m|^2) / (R - 1)`` over the ``R`` replicas with
+      examples (McCandlish et al. 2018, App. A.1, for any split) and ``sum_m2_raw = sum_m2 +
+      (N-1)/N sum_var``. No per-example work: one norm per replica and variable.
+
+    Where ``gate`` is False nothing of it runs (under ``tf.distribute`` the all-reduce does,
+    on zeros). ``norms`` (log the per-example norms too, ``log_examples``) reuses the norms of
+    ``"norms"`` mode; not under ``tf.distribute``.
+    """
+    from tb_gradmom.core.moments import Computed
+
+    replica = plan.replica
+    if mode == "replicas" and replica is None:
+        raise ValueError(
+            "mode='replicas' estimates the noise from the gradients of several tf.distribute "
+            "replicas (McCandlish et al. 2018, App. A.1): call it inside strategy.run of a "
+            "strategy with at least 2 replicas in sync (MirroredStrategy, "
+            "MultiWorkerMirroredStrategy). On one device use mode='norms' (exact, from the "
+            "per-example gradient norms)."
+        )
+    if norms and replica is not None:
+        raise NotImplementedError(
+            "logging per-example norms inside a tf.distribute replica context with several "
+            "replicas is not supported yet: log them on one replica (or outside the "
+            "strategy), or leave log_examples off (mode='norms' alone works under "
+            "tf.distribute)"
+        )
+    static = None if gate is None else tf.get_static_value(gate)
+    if static is not None and not bool(static):
+        return Computed(plan, list(run_backward(plan).grads), None, None)
+    dynamic = gate is not None and static is None
+    backward = run_backward(plan, gate=gate if dynamic else None)
+    shifts: dict[int, tf.Tensor] = {}
+    if replica is not None:
+        # no shift in the per-example work: the example-free terms' gradient is taken into
+        # the sums after the all-reduce, from the global shift (`_reduced_sums`)
+        shifts = dict(backward.shifts)
+        backward = replace(backward, shifts={})
+    per_example = mode == "norms" or norms
+    fallback = (
+        fallback_sq_norms(backward, indices, gate if dynamic else None) if per_example else {}
+    )
+    reduced = None
+    if replica is not None:
+        reduced = _reduced_sums(
+            backward, indices, mode, fallback, gate if dynamic else None, shifts
+        )
+    elif gate is not None and tf.get_static_value(plan.n) is None:
+        # an empty batch has no statistics: nothing is written for it
+        record = tf.logical_and(gate if record is None else record, tf.cast(plan.n, tf.int64) > 0)
+
+    def logged():
+        if reduced is not None:
+            m1s, sums, n = reduced
+            extra: dict[str, Any] = {}
+        else:
+            sq, _ = sq_norms(backward, indices, fallback_norms=fallback)
+            m1s = [m[1] for m in backward.moments((1,), indices).values]
+            n = plan.n
+            sums = [_sums_from_norms(m1, s, n) for m1, s in zip(m1s, sq)]
+            extra = {}
+            if norms:
+                extra = {"sq_norms": sq, "losses": per_example_losses(backward), "ids": ids}
+        loss = tf.cast(plan.loss, tf.float64)
+        if backward.inv_scale is not None:
+            loss = loss * tf.cast(backward.inv_scale, tf.float64)
+        from tb_gradmom.core.moments import Logged
+
+        return Logged(
+            variables=[plan.variables[i].variable for i in indices],
+            names=[plan.names[i] for i in indices],
+            op_types=[plan.op_type(i) for i in indices],
+            moments=[{1: m1} for m1 in m1s],
+            n=n,
+            loss=loss,
+            mode=mode,
+            sums=sums,
+            **extra,
+        )
+
+    if gate is None:
+        record_ = logged()
+        written = write(record_) if write is not None else None
+        return Computed(plan, list(backward.grads), record_, written)
+
+    def logged_branch():
+        out = write(logged()) if write is not None else []
+        ops = [t for t in tf.nest.flatten(out) if t is not None]
+        with tf.control_dependencies(ops):
+            return tf.constant(True)
+
+    out = tf.cond(
+        gate if record is None else record,
+        logged_branch,
+        lambda: tf.constant(False),
+        name="gradmom_record",
+    )
+    return Computed(plan, list(backward.grads), None, out)
+
+
+def _sums_from_norms(m1: tf.Tensor, sq: tf.Tensor, n: Count) -> dict[str, tf.Tensor]:
+    """The three sums of one variable from ``M_1`` and its ``[n]`` squared norms (float64)."""
+    nf = tf.cast(n, tf.float64)
+    raw = tf.reduce_sum(tf.cast(sq, tf.float64)) / nf
+    m2 = tf.reduce_sum(tf.square(tf.cast(m1, tf.float64)))
+    return {"sum_m2": m2, "sum_var": _unbiased(raw - m2, nf), "sum_m2_raw": raw}
+
+
+def _unbiased(biased: tf.Tensor, nf: tf.Tensor) -> tf.Tensor:
+    """``n/(n-1) * biased``; NaN for ``n <= 1`` (as the element-wise variance)."""
+    return tf.where(
+        nf > 1.0, biased * nf / tf.maximum(nf - 1.0, 1.0), tf.constant(float("nan"), tf.float64)
+    )
+
+
+def _reduced_sums(
+    backward: Backward,
+    indices: Sequence[int],
+    mode: str,
+    fallback: dict[int, tf.Tensor],
+    gate: tf.Tensor | None,
+    shifts: dict[int, tf.Tensor],
+) -> tuple[list[tf.Tensor], list[dict[str, tf.Tensor]], tf.Tensor]:
+    """Under ``tf.distribute``: ``(M_1 per variable, sums per variable, N)`` over the global
+    batch, from each replica's local quantities and ONE all-reduce (SUM) of them all.
+
+    Per replica ``r`` with ``b_r`` examples and variable: ``s_r`` its order-1 sum
+    (`Backward._local_sums`: the replica's gradient for a scalar loss), ``c_r`` its share of
+    the example-free terms' gradient, and the scalar ``q_r``:
+
+    - ``"norms"``: ``sum_{j in r} ||a_j||^2`` of the per-example part ``a_j`` (divided by
+      ``N^2`` for a scalar mean loss, whose replica share is ``sum_{j in r} l_j / N``);
+    - ``"replicas"``: ``|s_r - c_r|^2 / b_r`` (``b_r |m_r|^2`` up to the same ``N^2``).
+
+    ``shifts``: the replica's ``c_r`` per variable (`Backward.shifts`, which ``backward`` no
+    longer holds: its per-example work is of the ``a_j`` alone).
+
+    After the reduction ``M_1`` and ``c = sum_r c_r`` (over ``N`` for a sum) are global and
+    ``g_j = a_j + c``: ``sum_j ||g_j||^2 = sum_j ||a_j||^2 + 2 N <M_1, c> - N ||c||^2``.
+    """
+    plan = backward.plan
+    replica = plan.replica
+    scalar_mean = plan.mode == "mean" and not backward.vector
+    shifted = [i for i in indices if i in shifts]
+
+    def local() -> list[tf.Tensor]:
+        nf = tf.cast(plan.n, tf.float64)
+        with tf.name_scope(plan.scope.rstrip("/") + "_sums"):
+            asserts = batch_asserts(plan.checks, plan.n)
+        with tf.control_dependencies(asserts), static_chunks(plan.xla):
+            firsts = [backward._local_sums(i, (1,), None)[1] for i in indices]
+            if mode == "norms":
+                sq, _ = sq_norms(backward, indices, fallback_norms=fallback)
+                scale = 1.0 / tf.maximum(nf * nf, 1.0) if scalar_mean else 1.0
+                qs = [tf.reduce_sum(tf.cast(s, tf.float64)) * scale for s in sq]
+            else:
+                qs = []
+                for i, s in zip(indices, firsts):
+                    a = tf.cast(s, tf.float64)
+                    if i in shifts:
+                        a = a - tf.cast(shifts[i], tf.float64)
+                    qs.append(tf.reduce_sum(tf.square(a)) / tf.maximum(nf, 1.0))
+            present = tf.cast(nf > 0, tf.float64)
+            return [*firsts, *(shifts[i] for i in shifted), tf.stack([*qs, nf, present])]
+
+    if gate is None:
+        flat = local()
+    else:
+
+        def zeros() -> list[tf.Tensor]:
+            out = [
+                tf.zeros(plan.variables[i].variable.shape, plan.variables[i].dtype) for i in indices
+            ]
+            out += [tf.zeros_like(shifts[i]) for i in shifted]
+            return out + [tf.zeros([len(indices) + 2], tf.float64)]
+
+        flat = tf.cond(gate, local, zeros, name="gradmom_local_sums")
+    from tb_gradmom.core.moments import _all_reduce_sum
+
+    reduced = _all_reduce_sum(replica, list(flat))
+    firsts = reduced[: len(indices)]
+    cs = dict(zip(shifted, reduced[len(indices) : len(indices) + len(shifted)]))
+    tail = reduced[-1]
+    total, replicas = tail[len(indices)], tail[len(indices) + 1]
+    nf = tf.maximum(total, 1.0)
+    m1s, sums = [], []
+    for k, (i, first) in enumerate(zip(indices, firsts)):
+        t = tf.cast(first, tf.float64)
+        m1 = t if scalar_mean else t / nf
+        m1s.append(tf.reshape(tf.cast(m1, first.dtype), plan.variables[i].variable.shape))
+        m2 = tf.reduce_sum(tf.square(m1))
+        q = tail[k] * (nf * nf if scalar_mean else 1.0)
+        if mode == "norms":
+            total_sq = q
+            if i in cs:
+                c = tf.cast(cs[i], tf.float64)
+                c = tf.reshape(c if plan.mode == "mean" else c / nf, m1.shape)
+                total_sq = q + 2.0 * nf * tf.reduce_sum(m1 * c) - nf * tf.reduce_sum(c * c)
+            raw = total_sq / nf
+            sums.append({"sum_m2": m2, "sum_var": _unbiased(raw - m2, total), "sum_m2_raw": raw})
+        else:
+            a = t if i not in cs else t - tf.cast(cs[i], tf.float64)
+            big = a * nf if scalar_mean else a  # sum_j a_j over the global batch
+            with tf.name_scope("replicas"):
+                var = tf.where(
+                    replicas > 1.0,
+                    (q - tf.reduce_sum(tf.square(big)) / nf) / tf.maximum(replicas - 1.0, 1.0),
+                    tf.constant(float("nan"), tf.float64),
+                )
+            raw = m2 + (total - 1.0) / nf * var
+            sums.append({"sum_m2": m2, "sum_var": var, "sum_m2_raw": raw})
+    return m1s, sums, tf.cast(total, tf.int32)

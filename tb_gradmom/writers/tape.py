@@ -268,6 +268,7 @@ _SUMMARY_KWARGS = frozenset(
         "example_ids",
         "max_examples",
         "per_variable_norms",
+        "mode",
     }
 )
 

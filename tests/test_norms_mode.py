@@ -1,0 +1,364 @@
+"""The norms logging mode (``summary.moments(..., mode="norms")``) against the moments mode and
+brute force.
+
+The norms mode logs the noise statistics' sums from the batch gradient and the per-example
+squared norms, never ``g_j**2`` element-wise. Its sums must be those of the element-wise
+moments: ``sum_m2 = |M_1|^2``, ``sum_m2_raw = sum_i M_2,i = (1/n) sum_j ||g_j||^2`` and
+``sum_var = n/(n-1) (sum_m2_raw - sum_m2)``. Each case is checked in float64 three ways:
+
+- in the graph (the core's `Logged.sums`, float64) against the moments mode's sums of the same
+  step (`stats.sums_from_moments` of its ``M_1``, ``M_2``) and against numpy sums of brute-force
+  per-example gradients (`tests.reference`), at 1e-12 relative;
+- in the event files (the stats tensors are float32 on disk): the norms run's values equal the
+  moments run's to float32 rounding, read with `gradmom.data.load` and with TensorBoard's own
+  `EventAccumulator`, and the derived statistics (`stats.derived`) agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+
+import tb_gradmom as gradmom
+from tb_gradmom import metadata
+from tb_gradmom.analysis import data, stats
+from tb_gradmom.core import moments as core_moments
+from tb_gradmom.core import plan as core_plan
+from tests import reference
+from tests.cases import SinCell, sparse_ce
+
+TOL = 1e-12
+# The stats tensors are stored as float32: two float64 values that agree to 1e-12 round to the
+# same float32 or to neighbours (when they straddle a rounding boundary).
+F32 = 2.0**-23
+SUMS = ("sum_m2", "sum_var", "sum_m2_raw")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    build: object  # () -> keras.Model (float64)
+    x_shape: tuple
+    reduction: str = "mean"  # "mean", "sum" or "vector" (the [n] per-example losses)
+    penalty: float = 0.0  # a weight penalty lam * sum |W|^2 added to the loss
+    n: int = 6
+    x_kind: str = "normal"  # or "ids" (integer inputs for an embedding)
+
+
+def _mlp():
+    return keras.Sequential(
+        [
+            keras.Input((5,), dtype="float64"),
+            keras.layers.Dense(7, activation="tanh", dtype="float64", name="hidden"),
+            keras.layers.Dense(3, dtype="float64", name="out"),
+        ]
+    )
+
+
+def _conv():
+    return keras.Sequential(
+        [
+            keras.Input((6, 6, 2), dtype="float64"),
+            keras.layers.Conv2D(4, 3, activation="tanh", dtype="float64", name="conv"),
+            keras.layers.Conv2D(3, 2, strides=2, dtype="float64", name="conv2"),
+            keras.layers.Flatten(dtype="float64"),
+            keras.layers.Dense(3, dtype="float64", name="out"),
+        ]
+    )
+
+
+def _sequence():  # Dense on [n, T, d]: the Gram or materialised norm form
+    return keras.Sequential(
+        [
+            keras.Input((4, 5), dtype="float64"),
+            keras.layers.Dense(6, activation="tanh", dtype="float64", name="proj"),
+            keras.layers.LayerNormalization(dtype="float64", name="norm"),
+            keras.layers.GlobalAveragePooling1D(dtype="float64"),
+            keras.layers.Dense(3, dtype="float64", name="out"),
+        ]
+    )
+
+
+def _embedding():
+    return keras.Sequential(
+        [
+            keras.Input((5,), dtype="int32"),
+            keras.layers.Embedding(9, 4, dtype="float64", name="emb"),
+            keras.layers.GlobalAveragePooling1D(dtype="float64"),
+            keras.layers.Dense(3, dtype="float64", name="out"),
+        ]
+    )
+
+
+def _rnn_fallback():  # SinCell's kernel takes the exact fallback (jacobian rows)
+    return keras.Sequential(
+        [
+            keras.Input((4, 3), dtype="float64"),
+            keras.layers.RNN(SinCell(3, dtype="float64"), dtype="float64", name="rnn"),
+            keras.layers.Dense(3, dtype="float64", name="out"),
+        ]
+    )
+
+
+def _lstm():  # the loop rule
+    return keras.Sequential(
+        [
+            keras.Input((4, 3), dtype="float64"),
+            keras.layers.LSTM(3, dtype="float64", name="lstm"),
+            keras.layers.Dense(3, dtype="float64", name="out"),
+        ]
+    )
+
+
+CASES = [
+    Case("mlp-mean", _mlp, (5,)),
+    Case("mlp-sum", _mlp, (5,), reduction="sum"),
+    Case("mlp-vector", _mlp, (5,), reduction="vector"),
+    Case("mlp-mean-penalty", _mlp, (5,), penalty=0.03),
+    Case("mlp-sum-penalty", _mlp, (5,), reduction="sum", penalty=0.03),
+    Case("mlp-n1", _mlp, (5,), n=1),
+    Case("conv-mean", _conv, (6, 6, 2)),
+    Case("conv-sum-penalty", _conv, (6, 6, 2), reduction="sum", penalty=0.02),
+    Case("dense-on-sequence-layernorm", _sequence, (4, 5)),
+    Case("embedding-repeated-ids", _embedding, (5,), x_kind="ids"),
+    Case("rnn-exact-fallback", _rnn_fallback, (4, 3)),
+    Case("lstm-loop-rule", _lstm, (4, 3), reduction="sum"),
+]
+
+
+def _inputs(case: Case, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    if case.x_kind == "ids":
+        x = rng.integers(0, 9, size=(case.n, *case.x_shape)).astype(np.int32)
+    else:
+        x = rng.normal(size=(case.n, *case.x_shape))
+    return x, rng.integers(0, 3, size=case.n)
+
+
+def _built(case: Case):
+    keras.utils.set_random_seed(7)
+    return case.build()
+
+
+def _loss_of(case: Case, model, x, y):
+    losses = sparse_ce(model(x), y)
+    if case.reduction == "vector":
+        return losses
+    loss = tf.reduce_sum(losses) if case.reduction == "sum" else tf.reduce_mean(losses)
+    if case.penalty:
+        loss += case.penalty * tf.add_n(
+            [tf.reduce_sum(tf.square(v)) for v in model.trainable_variables]
+        )
+    return loss
+
+
+def _brute_sums(case: Case, model, x, y) -> list[dict[str, float]]:
+    """Per variable, the three sums from one gradient per example (numpy, float64).
+
+    A weight penalty ``R`` is part of every example's loss: ``l_j + R`` for a mean,
+    ``l_j + R / n`` for a sum (docs/math.md)."""
+    share = 0.0
+    if case.penalty:
+        share = case.penalty * (1.0 if case.reduction == "mean" else 1.0 / case.n)
+
+    def loss_fn(out, yy):
+        base = sparse_ce(out, yy)
+        if share:
+            base += share * tf.add_n(
+                [tf.reduce_sum(tf.square(v)) for v in model.trainable_variables]
+            )
+        return base
+
+    per_ex = reference.per_example_gradients(model, model.trainable_variables, loss_fn, x, y)
+    out = []
+    n = case.n
+    for g in per_ex:
+        g = g.reshape(n, -1).astype(np.float64)
+        m1 = g.mean(0)
+        raw = float(np.sum(g * g) / n)
+        m2 = float(m1 @ m1)
+        var = n / (n - 1) * (raw - m2) if n > 1 else math.nan
+        out.append({"sum_m2": m2, "sum_var": var, "sum_m2_raw": raw})
+    return out
+
+
+def _core(case: Case, model, x, y, mode: str):
+    """The core's `Logged` of one step (float64 tensors), as numpy: (sums per variable, M_1)."""
+    variables = model.trainable_variables
+    orders = (1,) if mode == "norms" else (1, 2)
+    reduction = None if case.reduction == "vector" else case.reduction
+
+    @tf.function
+    def step(x, y):
+        loss = _loss_of(case, model, x, y)
+        options = core_plan.Options.check(orders, reduction, None, None, "exact", None)
+        plan = core_plan.make_plan(loss, variables, options, name="test")
+        logged = core_moments.compute_logged(plan, mode=mode).logged
+        return logged.moments, logged.sums
+
+    moms, sums = step(tf.constant(x), tf.constant(y))
+    m = [{p: np.asarray(t) for p, t in d.items()} for d in moms]
+    if sums is None:
+        return None, m
+    return [{k: float(v) for k, v in s.items()} for s in sums], m
+
+
+def _close(a, b, what, tol=TOL):
+    assert math.isnan(a) == math.isnan(b), f"{what}: {a} vs {b}"
+    if not math.isnan(a):
+        assert abs(a - b) <= tol * max(abs(b), 1e-300), f"{what}: {a!r} vs {b!r}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_norms_sums_equal_moments_sums_and_brute_force(case):
+    model = _built(case)
+    x, y = _inputs(case)
+    norms_sums, norms_m = _core(case, model, x, y, "norms")
+    _, moments_m = _core(case, model, x, y, "moments")
+    brute = _brute_sums(case, model, x, y)
+    for v, got, m, mm, want in zip(
+        model.trainable_variables, norms_sums, norms_m, moments_m, brute
+    ):
+        assert set(m) == {1}  # no element-wise second moment in the norms mode
+        np.testing.assert_allclose(m[1], mm[1], rtol=0, atol=1e-15 * np.abs(mm[1]).max())
+        ref = stats.sums_from_moments(mm[1], mm[2], case.n)
+        for key in SUMS:
+            _close(got[key], want[key], f"{v.path} {key} (brute force)")
+            # the moments mode's element-wise sums: the same numbers up to rounding (its
+            # variance is clipped at 0 per element, where M_2 - M_1^2 is rounding)
+            _close(got[key], ref[key], f"{v.path} {key} (moments mode)", tol=1e-11)
+
+
+def _write_both(tmp_path, case: Case, model, x, y, **kwargs):
+    """Logs the same step in both modes to two runs; returns their directories."""
+    variables = model.trainable_variables
+    reduction = None if case.reduction == "vector" else case.reduction
+    dirs = {}
+    for mode in ("moments", "norms"):
+        logdir = tmp_path / mode
+        writer = tf.summary.create_file_writer(str(logdir))
+
+        @tf.function
+        def step(x, y, mode=mode, writer=writer):
+            loss = _loss_of(case, model, x, y)
+            with writer.as_default(step=4):
+                return gradmom.summary.moments(
+                    loss,
+                    variables,
+                    reduction=reduction,
+                    learning_rate=0.1,
+                    mode=mode,
+                    **kwargs,
+                )
+
+        step(tf.constant(x), tf.constant(y))
+        writer.flush()
+        dirs[mode] = logdir
+    return dirs
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[6], CASES[10]], ids=lambda c: c.id)
+def test_logged_norms_run_reads_like_the_moments_run(tmp_path, case):
+    model = _built(case)
+    x, y = _inputs(case)
+    dirs = _write_both(tmp_path, case, model, x, y)
+    runs = {mode: data.load(str(d))["."] for mode, d in dirs.items()}
+    norms, moms = runs["norms"], runs["moments"]
+    # the same stats tags; the norms run has no moments (maps) at all
+    assert set(norms) == set(moms)
+    brute = _brute_sums(case, model, x, y)
+    model_want = {k: sum(b[k] for b in brute) for k in SUMS}
+    for tag in moms:
+        (a,), (b,) = norms[tag], moms[tag]
+        assert a.moments == {} and a.content.source == "norms"
+        assert getattr(b.content, "source", "moments") == "moments"
+        if not metadata.is_model_tag(tag):
+            assert b.moments  # a variable's maps in the moments run only
+        for key in ("batch_size", "num_elements", *SUMS, "loss", "learning_rate"):
+            _close(a.stats[key], b.stats[key], f"{tag} {key}", tol=2 * F32)
+        assert math.isnan(a.stats["sum_gsnr"]) and math.isnan(a.stats["gsnr_count"])
+        assert np.isnan(a.hist).all() and np.isfinite(b.hist).all()
+        da, db = stats.derived(a.stats), stats.derived(b.stats)
+        for key in ("total_variance", "grad_norm_sq_unbiased", "noise_scale", "norm_test"):
+            _close(da[key], db[key], f"{tag} {key}", tol=1e-5)
+        assert math.isnan(da["gsnr_mean"]) and math.isnan(da["eb_criterion"])
+    for key in SUMS:  # the model's sums against brute force (float32 on disk)
+        _close(norms["_model"][0].stats[key], model_want[key], f"_model {key}", tol=2 * F32)
+
+    # TensorBoard's own reader sees the same tensors and scalars
+    acc = {}
+    for mode, d in dirs.items():
+        ea = event_accumulator.EventAccumulator(str(d), size_guidance={"tensors": 0})
+        ea.Reload()
+        acc[mode] = ea
+    tensors_n = set(acc["norms"].Tags()["tensors"])
+    tensors_m = set(acc["moments"].Tags()["tensors"])
+    stats_tags = {t for t in tensors_m if t.endswith(metadata.STATS_SUFFIX)}
+    assert {t for t in tensors_n if t.startswith(("gradmom/",)) is False} == stats_tags
+    for tag in stats_tags:
+        (en,) = acc["norms"].Tensors(tag)
+        (em,) = acc["moments"].Tensors(tag)
+        vn = tf.make_ndarray(en.tensor_proto)
+        vm = tf.make_ndarray(em.tensor_proto)
+        content = metadata.parse_plugin_content(
+            acc["norms"].SummaryMetadata(tag).plugin_data.content
+        )
+        assert content.source == "norms"
+        for i, key in enumerate(metadata.STATS_FIELDS):
+            if key in ("sum_gsnr", "gsnr_count"):
+                assert np.isnan(vn[i])
+            else:
+                _close(float(vn[i]), float(vm[i]), f"{tag} {key}", tol=2 * F32)
+    scalars_n = {t for t in tensors_n if t.startswith("gradmom/")}
+    scalars_m = {t for t in tensors_m if t.startswith("gradmom/")}
+    dropped = {t for t in scalars_m if t.endswith(("/gsnr_mean", "/eb_criterion"))}
+    assert dropped and scalars_n == scalars_m - dropped
+    for tag in scalars_n:
+        (en,) = acc["norms"].Tensors(tag)
+        (em,) = acc["moments"].Tensors(tag)
+        _close(
+            float(tf.make_ndarray(en.tensor_proto)),
+            float(tf.make_ndarray(em.tensor_proto)),
+            tag,
+            tol=1e-5,
+        )
+
+
+def test_norms_mode_with_log_examples_reuses_the_norms(tmp_path):
+    case = CASES[0]
+    model = _built(case)
+    x, y = _inputs(case)
+    dirs = _write_both(tmp_path, case, model, x, y, log_examples=True)
+    (rec,) = data.load_examples(str(dirs["norms"]))["."]["_examples"]
+    brute = _brute_sums(case, model, x, y)
+    model_raw = sum(b["sum_m2_raw"] for b in brute)
+    np.testing.assert_allclose(rec.model.mean(), model_raw, rtol=1e-12)
+
+
+def test_mode_errors_name_the_fix(tmp_path):
+    model = _mlp()
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    def step(mode, orders=(1, 2)):
+        @tf.function
+        def f(x, y):
+            with writer.as_default(step=0):
+                loss = tf.reduce_mean(sparse_ce(model(x), y))
+                return gradmom.summary.moments(
+                    loss, model.trainable_variables, mode=mode, orders=orders
+                )
+
+        return f(tf.zeros([2, 5], tf.float64), tf.zeros([2], tf.int32))
+
+    with pytest.raises(ValueError, match="mode must be one of 'moments', 'norms', 'replicas'"):
+        step("variance")
+    with pytest.raises(ValueError, match="orders=\\(1, 2, 3\\) needs the element-wise moments"):
+        step("norms", (1, 2, 3))
+    with pytest.raises(ValueError, match="mode='replicas' estimates the noise .* use mode='norms'"):
+        step("replicas")
