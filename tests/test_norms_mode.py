@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -362,3 +365,28 @@ def test_mode_errors_name_the_fix(tmp_path):
         step("norms", (1, 2, 3))
     with pytest.raises(ValueError, match="mode='replicas' estimates the noise .* use mode='norms'"):
         step("replicas")
+
+
+@pytest.mark.slow
+def test_norms_and_replicas_modes_under_mirrored_strategy(tmp_path):
+    """`tests/norms_distributed_check.py` in a fresh process (2 logical CPUs): the norms mode's
+    sums over the global batch and the replicas estimator's algebra against brute force, the
+    replicas estimator equal to the exact one with one example per replica and agreeing with
+    it in the mean over 300 batches, and `summary.moments(mode="replicas")` read back."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.norms_distributed_check", str(tmp_path)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
+    assert len(lines) == 10, proc.stdout
+    assert "ok mlp sum+penalty n=7 split [4, 3]" in lines
+    assert "ok sin_rnn sum n=7 split [4, 3]" in lines
+    assert "ok replicas == norms with one example per replica" in lines
+    assert "ok summary replicas" in lines
