@@ -390,3 +390,68 @@ def test_norms_and_replicas_modes_under_mirrored_strategy(tmp_path):
     assert "ok sin_rnn sum n=7 split [4, 3]" in lines
     assert "ok replicas == norms with one example per replica" in lines
     assert "ok summary replicas" in lines
+
+
+def _sums_of_model(model, x, y):
+    """The model's three sums from brute force (the mean loss, no penalty)."""
+    case = Case("callback", _mlp, (5,), n=len(x))
+    return {k: sum(v[k] for v in _brute_sums(case, model, x, y)) for k in SUMS}
+
+
+@pytest.mark.parametrize("accumulation", [1, 2], ids=["one-batch", "two-micro-batches"])
+def test_callback_norms_mode_equals_brute_force(tmp_path, accumulation):
+    """`GradMoments(mode="norms")` under `fit` (Keras' own train_step, the dry run): the
+    logged model sums are those of the update's examples at the update's starting weights;
+    with gradient accumulation, over both micro-batches (their sums added, as the moments)."""
+    keras.utils.set_random_seed(7)
+    model = _mlp()
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.05, gradient_accumulation_steps=accumulation)
+        if accumulation > 1
+        else keras.optimizers.SGD(0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64"),
+    )
+    rng = np.random.default_rng(9)
+    x, y = rng.normal(size=(16, 5)), rng.integers(0, 3, size=16)
+    initial = [v.numpy().copy() for v in model.trainable_variables]
+    cb = gradmom.keras.GradMoments(tmp_path, every_n_steps=2, mode="norms")
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4), verbose=0, callbacks=[cb])
+
+    run = data.load(str(tmp_path))["."]
+    recs = run["_model"]
+    assert recs[0].step == 0 and recs[0].content.source == "norms"
+    assert all(not r.moments for rs in run.values() for r in rs)
+    fresh = _mlp()
+    for v, value in zip(fresh.trainable_variables, initial):
+        v.assign(value)
+    n = 4 * accumulation
+    want = _sums_of_model(fresh, x[:n], y[:n])
+    assert recs[0].batch_size == n
+    for key in SUMS:
+        _close(recs[0].stats[key], want[key], f"_model {key}", tol=4 * F32)
+
+
+def test_tape_norms_mode_and_source_check(tmp_path):
+    """`gradmom.GradientTape(mode="norms")` logs as `summary.moments` does; a content message
+    with an unknown `source` is refused by the parser, naming the field."""
+    model = _built(CASES[0])
+    x, y = _inputs(CASES[0])
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function
+    def step(x, y):
+        with writer.as_default(step=1):
+            with gradmom.GradientTape(mode="norms") as tape:
+                loss = tf.reduce_mean(sparse_ce(model(x), y))
+            return tape.gradient(loss, model.trainable_variables)
+
+    step(tf.constant(x), tf.constant(y))
+    writer.flush()
+    (rec,) = data.load(str(tmp_path))["."]["_model"]
+    want = _sums_of_model(model, x, y)
+    for key in SUMS:
+        _close(rec.stats[key], want[key], f"_model {key}", tol=2 * F32)
+    content = metadata.create_summary_metadata(metadata.StatsContent(variable="v", source="norms"))
+    raw = content.plugin_data.content.replace(b'"norms"', b'"bogus"')
+    with pytest.raises(metadata.FormatError, match="`source` must be one of moments, norms"):
+        metadata.parse_plugin_content(raw)

@@ -420,6 +420,17 @@ def write(
         var_list, n, moments = logged.variables, logged.n, logged.moments
         if loss is None:
             loss = logged.loss
+        if logged.sums is not None:  # the norms or replicas mode: sums, no maps
+            return _write_sums(
+                logged,
+                loss,
+                step,
+                learning_rate,
+                name,
+                per_variable_scalars,
+                max_examples,
+                per_variable_norms,
+            )
     if var_list is None or n is None:
         raise TypeError(
             "gradmom.summary.write(moments, var_list, n, ...) needs var_list and n with the "
@@ -500,6 +511,45 @@ def write(
         max_examples,
         per_variable_norms,
         map_dtype=map_dtype,
+    )
+    return _write_logged(writer, record, step)
+
+
+def _write_sums(
+    logged: _moments.Logged,
+    loss,
+    step,
+    learning_rate,
+    name,
+    per_variable_scalars,
+    max_examples,
+    per_variable_norms,
+):
+    """`write` of a `Logged` record of the norms or replicas mode (`Logged.sums`)."""
+    per_variable_scalars = _validate.boolean("per_variable_scalars", per_variable_scalars)
+    step = _validate.int_tensor_or_int("step", step)
+    learning_rate = _validate.positive_float("learning_rate", learning_rate)
+    if step is None:
+        step = tf.summary.experimental.get_step()
+        if step is None:
+            raise ValueError(
+                "gradmom.summary.write needs a step: pass step= or use "
+                "writer.as_default(step=...) / tf.summary.experimental.set_step(...)"
+            )
+    variables = [_plan.tf_variable(v, i) for i, v in enumerate(logged.variables)]
+    group = _group(name, logged.variables, tf.inside_function())
+    tags = _unique_tags(_tag_names(list(logged.names), group))
+    _claim(tags, variables, logged.names)
+    record = dataclasses.replace(logged, loss=None if loss is None else tf.cast(loss, tf.float64))
+    lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
+    writer = _Writer(
+        tags,
+        group,
+        None,
+        per_variable_scalars,
+        lr,
+        _validate.positive_int("max_examples", max_examples),
+        _validate.boolean("per_variable_norms", per_variable_norms),
     )
     return _write_logged(writer, record, step)
 
