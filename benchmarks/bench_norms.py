@@ -35,7 +35,10 @@ batch and size); for them only plain, moments-log and norms-log are timed.
 ``tf.distribute.MirroredStrategy`` step (``strategy.run`` of forward, ``tf.gradients`` and the
 update through a Keras SGD optimizer, which all-reduces the gradients) against the same step
 with ``summary.moments(..., mode="replicas")`` logging every step (McCandlish et al.'s
-per-replica estimator: one squared norm per replica and variable, one all-reduce).
+per-replica estimator: one squared norm per replica and variable, one all-reduce), the
+estimator alone (`compute_logged(mode="replicas")`, its sums consumed, nothing written), and
+the floor of any estimator that needs the all-reduced gradient inside the step: the plain step
+plus one more all-reduce of the gradients (Keras' optimizer all-reduces its own copy).
 """
 
 from __future__ import annotations
@@ -236,6 +239,10 @@ def replicas_child(name: str, rounds: int, quick: bool) -> dict:
                     )
                 else:
                     grads = tf.gradients(loss, variables)
+                    if variant == "allreduce":  # the floor: one more all-reduce of the grads
+                        ctx = tf.distribute.get_replica_context()
+                        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+                        loss = loss + 0.0 * tf.add_n([tf.reduce_sum(g) for g in reduced])
                 optimizer.apply_gradients(zip(grads, variables))
                 return loss
 
@@ -244,7 +251,8 @@ def replicas_child(name: str, rounds: int, quick: bool) -> dict:
 
         return lambda _x, _y: step(dist)
 
-    steps = {k: make(k) for k in ("plain", "replicas", "replicas-log")}
+    variants = ("plain", "allreduce", "replicas", "replicas-log")
+    steps = {k: make(k) for k in variants}
     per = (PER_ROUND_QUICK if quick else PER_ROUND)[name]
     times = bench_core.time_interleaved(steps, x, y, rounds, dict.fromkeys(steps, per))
     per_round = {k: [statistics.median(r) for r in v] for k, v in times.items()}
@@ -255,7 +263,7 @@ def replicas_child(name: str, rounds: int, quick: bool) -> dict:
             f"{k}/plain": statistics.median(
                 [p / q for p, q in zip(per_round[k], per_round["plain"])]
             )
-            for k in ("replicas", "replicas-log")
+            for k in variants[1:]
         },
     }
 
@@ -342,7 +350,7 @@ def main(argv=None) -> int:
     if args.replicas:
         print(
             f"\n{'model':<12} {'plain ms':>9} {'replicas ms':>12} {'replicas-log ms':>16} "
-            f"{'replicas/plain':>15} {'replicas-log/plain':>19}"
+            f"{'replicas/plain':>15} {'replicas-log/plain':>19} {'allreduce/plain':>16}"
         )
         for r in run_replicas(args.replicas.split(","), rounds, args.quick):
             results.append(r)
@@ -350,7 +358,7 @@ def main(argv=None) -> int:
             print(
                 f"{r['model']:<12} {ms['plain']:>9.1f} {ms['replicas']:>12.1f} "
                 f"{ms['replicas-log']:>16.1f} {r['replicas/plain']:>15.3f} "
-                f"{r['replicas-log/plain']:>19.3f}",
+                f"{r['replicas-log/plain']:>19.3f} {r['allreduce/plain']:>16.3f}",
                 flush=True,
             )
     for r in results:
