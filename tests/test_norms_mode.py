@@ -455,3 +455,46 @@ def test_tape_norms_mode_and_source_check(tmp_path):
     raw = content.plugin_data.content.replace(b'"norms"', b'"bogus"')
     with pytest.raises(metadata.FormatError, match="`source` must be one of moments, norms"):
         metadata.parse_plugin_content(raw)
+
+
+def test_plugin_serves_a_norms_run_without_maps(tmp_path):
+    """A real TensorBoard app (`tests/test_plugin.py`'s harness, the Python loader) over a
+    norms-mode run: /tags lists its variables with ``maps: false`` and the note the tab shows
+    in place of the heatmap and histograms; /series and /summary serve the same statistics as
+    for the moments run of the same step; /heatmap says there is no moments tag."""
+    import json
+
+    from tests.test_plugin import make_app
+
+    case = CASES[0]
+    model = _built(case)
+    x, y = _inputs(case)
+    _write_both(tmp_path, case, model, x, y)
+    client, _, _ = make_app(str(tmp_path))
+    p = "/data/plugin/gradmom/"
+
+    def get(route):
+        resp = client.get(p + route)
+        return resp.status_code, json.loads(resp.get_data(as_text=True))
+
+    code, tags = get("tags")
+    assert code == 200
+    norms, moms = tags["runs"]["norms"], tags["runs"]["moments"]
+    assert set(norms) == set(moms) and norms
+    for tag, info in norms.items():
+        assert info["maps"] is False and info["source"] == "norms", tag
+        assert "Maps are off in norms mode" in info["maps_note"]
+        assert info["steps"] == moms[tag]["steps"] == [4]
+        assert "maps" not in moms[tag]
+    assert tags["model"]["norms"]["steps"] == [4]
+    tag = "hidden/kernel"
+    series = {run: get(f"series?run={run}&tag={tag}")[1]["values"] for run in ("norms", "moments")}
+    for key in ("total_variance", "grad_norm_sq_unbiased", "noise_scale", "norm_test"):
+        _close(series["norms"][key][0], series["moments"][key][0], key, tol=1e-5)
+    assert series["norms"]["gsnr_mean"][0] == "NaN"  # the encoder's NaN (not JSON's)
+    code, summary = get("summary?run=norms")
+    assert code == 200
+    assert [r["tag"] for r in summary["rows"]] == sorted(norms)
+    resp = client.get(p + f"heatmap?run=norms&tag={tag}")
+    assert resp.status_code == 404
+    assert "has no moments tag" in resp.get_data(as_text=True)
