@@ -274,6 +274,66 @@ def check_summary(logdir):
     print("ok summary replicas")
 
 
+def check_log_examples(logdir, build, x_shape, n, loss_kind, mode):
+    """``log_examples=True`` with integer ids under the strategy: the logged rows are the
+    global batch's examples in order, each norm and loss that of brute force."""
+    s = Setup(build, x_shape, n)
+    x, y = s.batch()
+    ids = np.arange(n, dtype=np.int64) * 7 + 100
+    dataset = tf.data.Dataset.from_tensor_slices((x, y, ids)).batch(n)
+    batch = next(iter(STRATEGY.experimental_distribute_dataset(dataset)))
+    sizes = [int(t.shape[0]) for t in STRATEGY.experimental_local_results(batch[0])]
+    variables = s.model.trainable_variables
+    model = s.model
+    writer = tf.summary.create_file_writer(logdir)
+    group = f"ex_{mode}_{loss_kind.replace('+', '_')}_{build.__name__}"
+
+    @tf.function
+    def step(batch):
+        def replica_fn(x, y, i):
+            losses = sparse_ce(model(x), y)
+            if loss_kind.startswith("sum"):
+                loss = tf.reduce_sum(losses)
+            else:
+                loss = tf.nn.compute_average_loss(losses, global_batch_size=n)
+            if loss_kind.endswith("+penalty"):
+                loss += penalty(variables) / STRATEGY.num_replicas_in_sync
+            reduction = "sum" if loss_kind.startswith("sum") else "mean"
+            with (
+                writer.as_default(step=tf.constant(5, tf.int64)),
+                tf.summary.record_if(tf.constant(True)),
+            ):
+                return gradmom.summary.moments(
+                    loss,
+                    variables,
+                    reduction=reduction,
+                    mode=mode,
+                    example_ids=i,
+                    per_variable_norms=True,
+                    name=group,
+                )
+
+        return STRATEGY.run(replica_fn, args=batch)
+
+    step(batch)
+    writer.flush()
+    (rec,) = data.load_examples(logdir)["."][f"{group}/_examples"]
+    assert rec.batch_size == n and list(rec.positions) == list(range(n)), rec.positions
+    assert list(rec.ids) == list(ids), rec.ids
+    per_ex = s.brute(x, y, loss_kind)
+    norms = [np.sum(g * g, axis=1) for g in per_ex]
+    model_norm = np.sum(norms, axis=0)
+    err = np.max(np.abs(rec.model - model_norm) / np.abs(model_norm))
+    assert err <= 1e-12, (group, err)
+    for v, want in zip(variables, norms):
+        tag = next(t for t in rec.variables if v.path.endswith(t.split("/", 1)[1]))
+        got = rec.variables[tag]
+        assert np.max(np.abs(got - want)) <= 1e-12 * max(np.max(np.abs(want)), 1e-300), tag
+    losses = sparse_ce(s.single(x), y).numpy()
+    assert np.max(np.abs(rec.losses - losses)) <= 1e-12 * np.max(np.abs(losses)), group
+    print(f"ok log_examples {mode} {build.__name__} {loss_kind} n={n} split {sizes}")
+
+
 def main(logdir):
     assert STRATEGY.num_replicas_in_sync == 2
     check_algebra("mlp", mlp, (5,), 6, "mean")
@@ -285,6 +345,10 @@ def main(logdir):
     check_one_example_per_replica()
     check_same_quantity()
     check_summary(logdir)
+    check_log_examples(logdir, mlp, (5,), 7, "mean+penalty", "norms")
+    check_log_examples(logdir, mlp, (5,), 7, "sum+penalty", "moments")
+    check_log_examples(logdir, sin_rnn, (4, 3), 7, "mean", "moments")
+    check_log_examples(logdir, conv, (5, 5, 2), 6, "sum", "norms")
 
 
 if __name__ == "__main__":

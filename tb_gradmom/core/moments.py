@@ -1113,8 +1113,9 @@ def compute_logged(
 
     ``norms``: the record also holds the per-example squared norms of the logged variables
     (`tb_gradmom.core.norms.sq_norms`, from the same backward pass) and the per-example
-    losses; ``ids``, a ``[n]`` tensor of example ids, is carried along. Not under
-    ``tf.distribute`` (each replica holds its own examples).
+    losses; ``ids``, a ``[n]`` tensor of example ids, is carried along. Under
+    ``tf.distribute`` those of the global batch, gathered from every replica
+    (`tb_gradmom.core.norms.gathered_examples`).
 
     ``mode`` (`LOG_MODES`): ``"moments"`` (default) the element-wise moments of the plan's
     orders; ``"norms"`` the statistics' sums from the per-example squared norms and the batch
@@ -1132,12 +1133,6 @@ def compute_logged(
             plan, indices, gate=gate, record=record, write=write, norms=norms, ids=ids, mode=mode
         )
     orders = plan.options.orders
-    if norms and plan.replica is not None:
-        raise NotImplementedError(
-            "logging per-example norms inside a tf.distribute replica context with several "
-            "replicas is not supported yet: log them on one replica (or outside the "
-            "strategy), or leave log_examples off"
-        )
     extras = _Extras(norms, ids)
     if gate is None:
         backward = run_backward(plan, fused=not exact_gradients)
@@ -1198,16 +1193,23 @@ class _Extras:
         self.norms = norms
         self.ids = ids
         self.fallback: dict[int, tf.Tensor] = {}
+        self.gathered: dict[str, Any] | None = None
 
     def prepare(self, backward: Backward, indices: Sequence[int], gate) -> None:
         if self.norms:
             from tb_gradmom.core import norms as _norms
 
+            if backward.plan.replica is not None:
+                # tf.distribute: gathered from every replica, outside the record's cond
+                self.gathered = _norms.gathered_examples(backward, indices, gate, self.ids)
+                return
             self.fallback = _norms.fallback_sq_norms(backward, indices, gate)
 
     def of(self, backward: Backward, indices: Sequence[int]) -> dict[str, Any]:
         if not self.norms:
             return {}
+        if self.gathered is not None:
+            return self.gathered
         from tb_gradmom.core import norms as _norms
 
         sq, _ = _norms.sq_norms(backward, indices, fallback_norms=self.fallback)

@@ -362,7 +362,8 @@ def compute_sums_logged(
 
     Where ``gate`` is False nothing of it runs (under ``tf.distribute`` the all-reduce does,
     on zeros). ``norms`` (log the per-example norms too, ``log_examples``) reuses the norms of
-    ``"norms"`` mode; not under ``tf.distribute``.
+    ``"norms"`` mode; under ``tf.distribute`` they are gathered from every replica
+    (`gathered_examples`).
     """
     from tb_gradmom.core.moments import Computed
 
@@ -375,25 +376,21 @@ def compute_sums_logged(
             "MultiWorkerMirroredStrategy). On one device use mode='norms' (exact, from the "
             "per-example gradient norms)."
         )
-    if norms and replica is not None:
-        raise NotImplementedError(
-            "logging per-example norms inside a tf.distribute replica context with several "
-            "replicas is not supported yet: log them on one replica (or outside the "
-            "strategy), or leave log_examples off (mode='norms' alone works under "
-            "tf.distribute)"
-        )
     static = None if gate is None else tf.get_static_value(gate)
     if static is not None and not bool(static):
         return Computed(plan, list(run_backward(plan).grads), None, None)
     dynamic = gate is not None and static is None
     backward = run_backward(plan, gate=gate if dynamic else None)
     shifts: dict[int, tf.Tensor] = {}
+    gathered = None
+    if replica is not None and norms:  # the global batch's examples, on every replica
+        gathered = gathered_examples(backward, indices, gate if dynamic else None, ids)
     if replica is not None:
         # no shift in the per-example work: the example-free terms' gradient is taken into
         # the sums after the all-reduce, from the global shift (`_reduced_sums`)
         shifts = dict(backward.shifts)
         backward = replace(backward, shifts={})
-    per_example = mode == "norms" or norms
+    per_example = mode == "norms" or (norms and replica is None)
     fallback = (
         fallback_sq_norms(backward, indices, gate if dynamic else None) if per_example else {}
     )
@@ -409,7 +406,7 @@ def compute_sums_logged(
     def logged():
         if reduced is not None:
             m1s, sums, n = reduced
-            extra: dict[str, Any] = {}
+            extra: dict[str, Any] = {} if gathered is None else gathered
         else:
             sq, _ = sq_norms(backward, indices, fallback_norms=fallback)
             m1s = [m[1] for m in backward.moments((1,), indices).values]
@@ -567,3 +564,73 @@ def _reduced_sums(
             raw = m2 + (total - 1.0) / nf * var
             sums.append({"sum_m2": m2, "sum_var": var, "sum_m2_raw": raw})
     return m1s, sums, tf.cast(total, tf.int32)
+
+
+def gathered_examples(
+    backward: Backward,
+    indices: Sequence[int],
+    gate: tf.Tensor | None,
+    ids: tf.Tensor | None,
+) -> dict[str, Any]:
+    """Under ``tf.distribute``: the per-example squared norms (of the variables at
+    ``indices``), losses and ids of the GLOBAL batch, in replica order, on every replica
+    (``{"sq_norms": [[N], ...], "losses": [N], "ids": [N] or None}``).
+
+    One all-reduce of the example-free terms' gradient shares and of the example counts
+    (every step), each replica's norms of ``g_j = a_j + c`` with the global ``c`` (under
+    ``gate``: zeros where it is False), then one all-gather of the ``[b_r]`` vectors (every
+    step: collectives cannot sit in a ``tf.cond`` branch). A scalar mean loss's replica share
+    is ``sum_{j in r} l_j / N``: the rules' norms (``n_r^2 ||g_j / N||^2``) are scaled by
+    ``(N / n_r)^2`` and its per-example losses by ``N / n_r``.
+    """
+    from tb_gradmom.core.moments import _all_reduce_sum
+
+    plan = backward.plan
+    replica = plan.replica
+    if ids is not None and ids.dtype == tf.string:
+        raise NotImplementedError(
+            "string example_ids cannot be gathered across tf.distribute replicas: pass "
+            "integer ids (dataset indices) under a strategy"
+        )
+    scalar_mean = plan.mode == "mean" and not backward.vector
+    shifted = [i for i in indices if i in backward.shifts]
+    local_n = tf.cast(plan.n, tf.float64)
+    reduced = _all_reduce_sum(
+        replica, [*(backward.shifts[i] for i in shifted), tf.reshape(local_n, [1])]
+    )
+    total = reduced[-1][0]
+    nf = tf.maximum(total, 1.0)
+    shifts = {}
+    for i, c in zip(shifted, reduced[:-1]):
+        # the share every example's gradient holds (c), in the scale `_shift` divides by n_r
+        # (a mean: c n_r / N, the G = g_j / N scale; a sum: c is sum_r c_r / N, times n_r)
+        shifts[i] = c * tf.cast(local_n / nf, c.dtype)
+    local_backward = replace(backward, shifts=shifts)
+    fallback = fallback_sq_norms(local_backward, indices, gate)
+
+    def local() -> list[tf.Tensor]:
+        sq, _ = sq_norms(local_backward, indices, fallback_norms=fallback)
+        scale = (nf / tf.maximum(local_n, 1.0)) if scalar_mean else tf.constant(1.0, tf.float64)
+        norms = [tf.cast(s, tf.float64) * scale * scale for s in sq]
+        losses = per_example_losses(local_backward) * scale
+        return [*norms, losses]
+
+    if gate is None:
+        flat = local()
+    else:
+
+        def zeros() -> list[tf.Tensor]:
+            z = tf.zeros(tf.reshape(tf.cast(plan.n, tf.int32), [1]), tf.float64)
+            return [z for _ in indices] + [z]
+
+        flat = tf.cond(gate, local, zeros, name="gradmom_local_examples")
+    stacked = tf.stack(flat, 1)  # [b_r, V + 1]
+    gathered = replica.all_gather(stacked, axis=0)
+    out: dict[str, Any] = {
+        "sq_norms": [gathered[:, k] for k in range(len(indices))],
+        "losses": gathered[:, len(indices)],
+        "ids": None,
+    }
+    if ids is not None:
+        out["ids"] = replica.all_gather(tf.cast(ids, tf.int64), axis=0)
+    return out
