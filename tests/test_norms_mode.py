@@ -372,7 +372,9 @@ def test_norms_and_replicas_modes_under_mirrored_strategy(tmp_path):
     """`tests/norms_distributed_check.py` in a fresh process (2 logical CPUs): the norms mode's
     sums over the global batch and the replicas estimator's algebra against brute force, the
     replicas estimator equal to the exact one with one example per replica and agreeing with
-    it in the mean over 300 batches, and `summary.moments(mode="replicas")` read back."""
+    it in the mean over 300 batches, `summary.moments(mode="replicas")` read back, and
+    ``log_examples`` (moments and norms modes) gathered from both replicas against brute
+    force."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
@@ -385,7 +387,9 @@ def test_norms_and_replicas_modes_under_mirrored_strategy(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
-    assert len(lines) == 10, proc.stdout
+    assert len(lines) == 14, proc.stdout
+    assert "ok log_examples norms mlp mean+penalty n=7 split [4, 3]" in lines
+    assert "ok log_examples moments sin_rnn mean n=7 split [4, 3]" in lines
     assert "ok mlp sum+penalty n=7 split [4, 3]" in lines
     assert "ok sin_rnn sum n=7 split [4, 3]" in lines
     assert "ok replicas == norms with one example per replica" in lines
