@@ -72,7 +72,8 @@ def make_steps(model, logged: bool = False, core: bool = True) -> dict:
 
     def update(grads):
         for v, g in zip(variables, grads):
-            v.assign_sub(LR * g)
+            # an embedding's gradient is IndexedSlices (BERT, GPT-2): applied densely
+            v.assign_sub(LR * tf.convert_to_tensor(g))
 
     def loss_of(x, y):
         return tf.reduce_mean(bench_core.per_example_losses(model(x, training=True), y))
