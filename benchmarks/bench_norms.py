@@ -29,7 +29,8 @@ a summary writer in a temporary directory (event files, statistics and scalars i
   per-example squared norms and the batch gradient; no maps).
 
 Models "resnet50", "bert" and "gpt2" are `bench_zoo.py`'s (`bench_zoo.build`, its default
-batch and size); for them only plain, moments-log and norms-log are timed.
+batch and size); for them only plain, moments-log and norms-log are timed. ``--coupled rules``
+passes ``coupled="rules"`` to the logged steps (ResNet50's training-mode batch normalisation).
 
 ``--replicas MODELS`` runs, in a child process with 2 logical CPUs, a
 ``tf.distribute.MirroredStrategy`` step (``strategy.run`` of forward, ``tf.gradients`` and the
@@ -67,7 +68,7 @@ PER_ROUND = {"mlp": 20, "3c3d": 5, "transformer": 5, "resnet50": 3, "bert": 3, "
 PER_ROUND_QUICK = {"mlp": 8, "3c3d": 2, "transformer": 2, "resnet50": 1, "bert": 1, "gpt2": 1}
 
 
-def make_steps(model, logged: bool = False, core: bool = True) -> dict:
+def make_steps(model, logged: bool = False, core: bool = True, coupled: str = "exact") -> dict:
     variables = list(model.trainable_variables)
 
     def update(grads):
@@ -109,7 +110,7 @@ def make_steps(model, logged: bool = False, core: bool = True) -> dict:
             def log_step(x, y, mode=mode, writer=writer):
                 loss = loss_of(x, y)
                 with writer.as_default(step=0), tf.summary.record_if(True):
-                    grads = gradmom.summary.moments(loss, variables, mode=mode)
+                    grads = gradmom.summary.moments(loss, variables, mode=mode, coupled=coupled)
                 update(grads)
                 return loss
 
@@ -159,7 +160,7 @@ def _positions(site, batch: int) -> int | None:
     return x.shape.num_elements() // (batch * d_in)
 
 
-def run(name: str, rounds: int, quick: bool, logged: bool = False) -> dict:
+def run(name: str, rounds: int, quick: bool, logged: bool = False, coupled: str = "exact") -> dict:
     zoo = name in ZOO
     if zoo:
         import bench_zoo
@@ -170,7 +171,7 @@ def run(name: str, rounds: int, quick: bool, logged: bool = False) -> dict:
         model = bench_core.build_model(name)
         x, y = bench_core.make_data(name)
         batch = bench_core.MODELS[name][0]
-    steps = make_steps(model, logged=logged or zoo, core=not zoo)
+    steps = make_steps(model, logged=logged or zoo, core=not zoo, coupled=coupled)
     per = (PER_ROUND_QUICK if quick else PER_ROUND)[name]
     times = bench_core.time_interleaved(steps, x, y, rounds, dict.fromkeys(steps, per))
     per_round = {k: [statistics.median(r) for r in v] for k, v in times.items()}
@@ -310,6 +311,14 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--replicas-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
+        "--coupled",
+        default="exact",
+        choices=("exact", "rules"),
+        help="summary.moments' coupled= for the logged steps: ResNet50's batch normalisation "
+        "in training couples the examples, and with 'exact' its 210 variables take the exact "
+        "fallback (pfor jacobian rows, ~50x a plain step); 'rules' keeps the rules",
+    )
+    parser.add_argument(
         "--smoke", action="store_true", help="CI: the MLP, one round (checks it runs, not times)"
     )
     args = parser.parse_args(argv)
@@ -338,7 +347,7 @@ def main(argv=None) -> int:
         f"{'moments-log/plain':>18}"
     )
     for name in args.models.split(","):
-        r = run(name, rounds, args.quick, args.logged)
+        r = run(name, rounds, args.quick, args.logged, args.coupled)
         results.append(r)
         print(
             f"{name:<12} {ms_cell(r, 'plain', 9)} {ms_cell(r, 'moments', 11)} "
