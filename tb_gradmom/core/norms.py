@@ -32,7 +32,14 @@ import tensorflow as tf
 from tb_gradmom.core import fallback as _fallback
 from tb_gradmom.core import loss as _loss
 from tb_gradmom.core import plan as _plan
-from tb_gradmom.core.moments import Backward, _chunk, batch_asserts, run_backward, site_deltas
+from tb_gradmom.core.moments import (
+    Backward,
+    _chunk,
+    batch_asserts,
+    run_backward,
+    site_deltas,
+    unscaled,
+)
 from tb_gradmom.core.plan import Options
 from tb_gradmom.core.rules.base import (
     Count,
@@ -452,6 +459,18 @@ def compute_sums_logged(
     return Computed(plan, list(backward.grads), None, out)
 
 
+def _local_first(backward: Backward, i: int) -> tf.Tensor:
+    """`Backward._local_sums`' order 1 without its multiply by 1: the replica's gradient
+    (unscaled) for a scalar loss, ``sum_{j in r} g_j`` for a vector."""
+    plan = backward.plan
+    vplan = plan.variables[i]
+    grad = backward.grads[i]
+    if grad is None:
+        return tf.zeros(vplan.variable.shape, vplan.dtype)
+    g = unscaled(grad, vplan.dtype, backward.inv_scale)
+    return g * tf.cast(plan.n, vplan.dtype) if backward.vector else g
+
+
 def _sums_from_norms(m1: tf.Tensor, sq: tf.Tensor, n: Count) -> dict[str, tf.Tensor]:
     """The three sums of one variable from ``M_1`` and its ``[n]`` squared norms (float64)."""
     nf = tf.cast(n, tf.float64)
@@ -502,7 +521,7 @@ def _reduced_sums(
         with tf.name_scope(plan.scope.rstrip("/") + "_sums"):
             asserts = batch_asserts(plan.checks, plan.n)
         with tf.control_dependencies(asserts), static_chunks(plan.xla):
-            firsts = [backward._local_sums(i, (1,), None)[1] for i in indices]
+            firsts = [_local_first(backward, i) for i in indices]
             if mode == "norms":
                 sq, _ = sq_norms(backward, indices, fallback_norms=fallback)
                 scale = 1.0 / tf.maximum(nf * nf, 1.0) if scalar_mean else 1.0
@@ -542,7 +561,8 @@ def _reduced_sums(
         t = tf.cast(first, tf.float64)
         m1 = t if scalar_mean else t / nf
         m1s.append(tf.reshape(tf.cast(m1, first.dtype), plan.variables[i].variable.shape))
-        m2 = tf.reduce_sum(tf.square(m1))
+        tt = tf.reduce_sum(tf.square(t))  # one pass: |M_1|^2 and, without shift, |sum_j a_j|^2
+        m2 = tt if scalar_mean else tt / (nf * nf)
         q = tail[k] * (nf * nf if scalar_mean else 1.0)
         if mode == "norms":
             total_sq = q
@@ -553,12 +573,18 @@ def _reduced_sums(
             raw = total_sq / nf
             sums.append({"sum_m2": m2, "sum_var": _unbiased(raw - m2, total), "sum_m2_raw": raw})
         else:
-            a = t if i not in cs else t - tf.cast(cs[i], tf.float64)
-            big = a * nf if scalar_mean else a  # sum_j a_j over the global batch
+            # |sum_j a_j|^2 over the global batch (N sum_r s_r for a scalar mean)
+            if i in cs:
+                a = t - tf.cast(tf.reshape(cs[i], tf.shape(t)), tf.float64)
+                big_sq = tf.reduce_sum(tf.square(a))
+            else:
+                big_sq = tt
+            if scalar_mean:
+                big_sq = big_sq * nf * nf
             with tf.name_scope("replicas"):
                 var = tf.where(
                     replicas > 1.0,
-                    (q - tf.reduce_sum(tf.square(big)) / nf) / tf.maximum(replicas - 1.0, 1.0),
+                    (q - big_sq / nf) / tf.maximum(replicas - 1.0, 1.0),
                     tf.constant(float("nan"), tf.float64),
                 )
             raw = m2 + (total - 1.0) / nf * var
