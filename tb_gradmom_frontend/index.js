@@ -485,7 +485,10 @@ class App {
     this.el.tags.replaceChildren(
       ...tags.map((tag) => {
         const t = info[tag];
-        const meta = `[${(t.shape ?? []).join("×")}] ${t.op ?? ""}${t.pooled ? " · pooled" : ""}`;
+        const meta =
+          t.maps === false
+            ? `no maps (${t.source} mode)`
+            : `[${(t.shape ?? []).join("×")}] ${t.op ?? ""}${t.pooled ? " · pooled" : ""}`;
         const button = h(
           "button",
           {

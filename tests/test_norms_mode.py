@@ -502,3 +502,92 @@ def test_plugin_serves_a_norms_run_without_maps(tmp_path):
     resp = client.get(p + f"heatmap?run=norms&tag={tag}")
     assert resp.status_code == 404
     assert "has no moments tag" in resp.get_data(as_text=True)
+
+
+@pytest.mark.slow
+def test_tab_shows_curves_and_says_maps_are_off_in_real_chromium(tmp_path):
+    """A real TensorBoard (subprocess) and Debian's headless Chromium on a log directory with
+    only a norms-mode run: the tab lists its variables, draws the noise curves, and shows the
+    backend's note in place of the heatmap and the histograms; no console error."""
+    from tests import test_frontend_browser as fb
+
+    if not os.path.exists(fb.CHROMIUM):
+        pytest.skip(f"{fb.CHROMIUM} is missing (install Debian's chromium package)")
+    from playwright.sync_api import sync_playwright
+
+    case = CASES[0]
+    model = _built(case)
+    rng = np.random.default_rng(3)
+    writer = tf.summary.create_file_writer(str(tmp_path / "norms"))
+
+    @tf.function
+    def step(x, y, s):
+        loss = _loss_of(case, model, x, y)
+        with writer.as_default(step=s):
+            return gradmom.summary.moments(loss, model.trainable_variables, mode="norms")
+
+    for s in range(0, 50, 10):
+        x, y = rng.normal(size=(16, 5)), rng.integers(0, 3, size=16)
+        step(tf.constant(x), tf.constant(y), tf.constant(s, tf.int64))
+    writer.flush()
+
+    port = fb.free_port()
+    log = (tmp_path / "tensorboard.log").open("w")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        fb._tensorboard_command(tmp_path, port), cwd=root, env=env, stdout=log, stderr=log
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        import time
+
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, f"tensorboard exited: see {log.name}"
+            try:
+                if fb.get_json(base, "tags")["runs"].get("norms"):
+                    break
+            except (OSError, ValueError):
+                pass
+            assert time.time() < deadline, f"tensorboard did not serve gradmom: see {log.name}"
+            time.sleep(1)
+        note = fb.get_json(base, "tags")["runs"]["norms"]["hidden/kernel"]["maps_note"]
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=fb.CHROMIUM, headless=True, args=fb.CHROMIUM_ARGS
+            )
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on(
+                "console",
+                lambda m: (
+                    errors.append(m.text)
+                    if m.type == "error" and "favicon" not in m.location.get("url", "")
+                    else None
+                ),
+            )
+            page.goto(base + "/data/plugin_entry.html?name=gradmom")
+            page.wait_for_function("() => window.gradmom && window.gradmom.pending !== undefined")
+            page.evaluate("() => window.gradmom.pending")
+            page.click('.tag-list button[data-tag="hidden/kernel"]')
+            page.evaluate("() => window.gradmom.pending")
+            page.wait_for_timeout(300)
+            heatmap = page.inner_text("#heatmap-card")
+            histograms = page.inner_text("#histogram-card")
+            assert note in heatmap and note in histograms
+            assert "Could not load" not in heatmap + histograms
+            # the noise curves are drawn: one line per curve view, over the 5 logged steps
+            assert page.locator("path.curve").count() >= 1
+            fb.SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(fb.SHOTS / "norms_mode_tab.png"), full_page=True)
+            browser.close()
+        assert not errors, errors
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

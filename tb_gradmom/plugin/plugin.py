@@ -160,7 +160,7 @@ def maps_note(source: str) -> str:
     return (
         f"Maps are off in {source} mode: this run logged the noise statistics {how}, without "
         "the element-wise moments, so there is no heatmap or histogram (and no GSNR or EB "
-        'criterion). Its curves and table rows are below; log with mode="moments" for maps.'
+        'criterion). The noise curves and the table show its statistics; log with mode="moments" for maps.'
     )
 
 
