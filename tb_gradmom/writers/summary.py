@@ -407,6 +407,10 @@ def write(
       max_examples, per_variable_norms: as for `moments`, for a ``Logged`` record that holds
         per-example norms (written under ``_examples``).
 
+    A ``Logged`` record of the norms or replicas mode (`Logged.sums`, ``compute_logged(...,
+    mode="norms")``) is written as `moments` writes it in that mode: stats tags and scalars,
+    no maps (``max_elements`` and ``map_dtype`` do not apply).
+
     Returns:
       True when the default writer recorded (a bool tensor), as ``tf.summary.write``.
     """
