@@ -334,6 +334,41 @@ def check_log_examples(logdir, build, x_shape, n, loss_kind, mode):
     print(f"ok log_examples {mode} {build.__name__} {loss_kind} n={n} split {sizes}")
 
 
+def check_per_example_norms(build, x_shape, n, loss_kind):
+    """`gradmom.per_example_norms` inside `strategy.run`: each replica's ``[b_r]`` norms are
+    those of its own examples, against brute force on the global batch."""
+    s = Setup(build, x_shape, n)
+    x, y = s.batch()
+    batch, sizes = s.distributed(x, y)
+    variables = s.model.trainable_variables
+    model = s.model
+
+    @tf.function
+    def step(batch):
+        def replica_fn(x, y):
+            losses = sparse_ce(model(x), y)
+            if loss_kind.startswith("sum"):
+                loss = tf.reduce_sum(losses)
+            else:
+                loss = tf.nn.compute_average_loss(losses, global_batch_size=n)
+            if loss_kind.endswith("+penalty"):
+                loss += penalty(variables) / STRATEGY.num_replicas_in_sync
+            reduction = "sum" if loss_kind.startswith("sum") else "mean"
+            return gradmom.per_example_norms(loss, variables, reduction=reduction)[1]
+
+        return STRATEGY.run(replica_fn, args=batch)
+
+    out = per_replica(step(batch))
+    norms = [np.sum(g * g, axis=1) for g in s.brute(x, y, loss_kind)]
+    starts = np.cumsum([0, *sizes])
+    for r, got in enumerate(out):
+        for v, g, want in zip(variables, got, norms):
+            w = want[starts[r] : starts[r + 1]]
+            err = np.max(np.abs(np.asarray(g) - w)) / max(np.max(np.abs(w)), 1e-300)
+            assert err <= 1e-12, (v.path, r, err)
+    print(f"ok per_example_norms {build.__name__} {loss_kind} n={n} split {sizes}")
+
+
 def main(logdir):
     assert STRATEGY.num_replicas_in_sync == 2
     check_algebra("mlp", mlp, (5,), 6, "mean")
@@ -349,6 +384,8 @@ def main(logdir):
     check_log_examples(logdir, mlp, (5,), 7, "sum+penalty", "moments")
     check_log_examples(logdir, sin_rnn, (4, 3), 7, "mean", "moments")
     check_log_examples(logdir, conv, (5, 5, 2), 6, "sum", "norms")
+    check_per_example_norms(mlp, (5,), 7, "mean+penalty")
+    check_per_example_norms(sin_rnn, (4, 3), 7, "sum+penalty")
 
 
 if __name__ == "__main__":

@@ -387,7 +387,8 @@ def test_norms_and_replicas_modes_under_mirrored_strategy(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
-    assert len(lines) == 14, proc.stdout
+    assert len(lines) == 16, proc.stdout
+    assert "ok per_example_norms sin_rnn sum+penalty n=7 split [4, 3]" in lines
     assert "ok log_examples norms mlp mean+penalty n=7 split [4, 3]" in lines
     assert "ok log_examples moments sin_rnn mean n=7 split [4, 3]" in lines
     assert "ok mlp sum+penalty n=7 split [4, 3]" in lines

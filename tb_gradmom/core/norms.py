@@ -106,20 +106,25 @@ def per_example_norms(
       ``[n]`` tensor, float32 (float64 for float64 variables); zeros for a variable the loss
       does not depend on.
 
+    Under ``tf.distribute`` (inside ``strategy.run``, several replicas in sync) each replica
+    gets the norms of its own examples (``[b_r]``), the same ``g_j`` as on one device over the
+    global batch (one all-reduce of the example counts and of the example-free terms' shares);
+    ``grads`` are the replica's own, as ``tf.gradients`` gives them.
+
     Raises:
       RuntimeError: when called eagerly.
       UnsupportedOpError, PerExampleLossError, BatchSizeError: as `gradients_and_moments`.
-      NotImplementedError: inside a ``tf.distribute`` replica context with several replicas.
     """
     options = Options.check(
         (1,), reduction, batch_size, chunk_size, fallback, loss_scale, coupled=coupled
     )
     plan = _plan.make_plan(loss, var_list, options, name=name or "per_example_norms")
     if plan.replica is not None:
-        raise NotImplementedError(
-            "gradmom.per_example_norms inside a tf.distribute replica context with several "
-            "replicas is not supported yet: call it on one replica (or outside the strategy)"
-        )
+        # each replica's own examples; the example-free terms' share from one all-reduce
+        backward = run_backward(plan)
+        local, _ = _replica_local(backward, list(range(len(plan.variables))), None)
+        norms = [tf.cast(t, v.dtype) for t, v in zip(local[: len(plan.variables)], plan.variables)]
+        return list(backward.grads), norms
     # a convolution's gradient is the sum of the per-example filter gradients its norms build
     # (TensorFlow's own filter gradient is not built), as in `gradients_and_moments`
     from_work = [
@@ -609,8 +614,6 @@ def gathered_examples(
     is ``sum_{j in r} l_j / N``: the rules' norms (``n_r^2 ||g_j / N||^2``) are scaled by
     ``(N / n_r)^2`` and its per-example losses by ``N / n_r``.
     """
-    from tb_gradmom.core.moments import _all_reduce_sum
-
     plan = backward.plan
     replica = plan.replica
     if ids is not None and ids.dtype == tf.string:
@@ -618,6 +621,30 @@ def gathered_examples(
             "string example_ids cannot be gathered across tf.distribute replicas: pass "
             "integer ids (dataset indices) under a strategy"
         )
+    flat, _ = _replica_local(backward, indices, gate)
+    stacked = tf.stack(flat, 1)  # [b_r, V + 1]
+    gathered = replica.all_gather(stacked, axis=0)
+    out: dict[str, Any] = {
+        "sq_norms": [gathered[:, k] for k in range(len(indices))],
+        "losses": gathered[:, len(indices)],
+        "ids": None,
+    }
+    if ids is not None:
+        out["ids"] = replica.all_gather(tf.cast(ids, tf.int64), axis=0)
+    return out
+
+
+def _replica_local(
+    backward: Backward, indices: Sequence[int], gate: tf.Tensor | None
+) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """This replica's examples' ``[b_r]`` squared norms ``||g_j||^2`` (float64, one per
+    variable at ``indices``), then their ``[b_r]`` losses, and the global ``N``: one all-reduce
+    of the example-free terms' shares and of the counts (every step), the rest under ``gate``
+    (zeros where it is False). See `gathered_examples`."""
+    from tb_gradmom.core.moments import _all_reduce_sum
+
+    plan = backward.plan
+    replica = plan.replica
     scalar_mean = plan.mode == "mean" and not backward.vector
     shifted = [i for i in indices if i in backward.shifts]
     local_n = tf.cast(plan.n, tf.float64)
@@ -650,13 +677,4 @@ def gathered_examples(
             return [z for _ in indices] + [z]
 
         flat = tf.cond(gate, local, zeros, name="gradmom_local_examples")
-    stacked = tf.stack(flat, 1)  # [b_r, V + 1]
-    gathered = replica.all_gather(stacked, axis=0)
-    out: dict[str, Any] = {
-        "sq_norms": [gathered[:, k] for k in range(len(indices))],
-        "losses": gathered[:, len(indices)],
-        "ids": None,
-    }
-    if ids is not None:
-        out["ids"] = replica.all_gather(tf.cast(ids, tf.int64), axis=0)
-    return out
+    return list(flat), total
