@@ -1,8 +1,10 @@
-"""Cost of `gradmom.per_example_norms` against a plain SGD step and the moments step.
+"""Cost of `gradmom.per_example_norms` and of the norms logging mode against a plain SGD step.
 
     python benchmarks/bench_norms.py                  # MLP, 3C3D, transformer block, ~3 min
     python benchmarks/bench_norms.py --quick          # smoke run
     python benchmarks/bench_norms.py --models transformer --rounds 15
+    python benchmarks/bench_norms.py --models mlp,3c3d,resnet50,bert,gpt2 --logged
+    python benchmarks/bench_norms.py --replicas mlp,3c3d   # MirroredStrategy, 2 logical CPUs
 
 The models, batches and data are `bench_core.py`'s ("mlp": 784-512-512-10, batch 128;
 "3c3d": batch 64, 32x32x3; "transformer": one encoder block, batch 32, sequence 64, width 128).
@@ -18,6 +20,26 @@ interleaved, round after round, the order rotating (`bench_core.time_interleaved
 A variant's time is the median of its steps; a ratio is the median over rounds of the per-round
 ratio of medians. The per-variable form each norm took is printed (Gram or materialised for the
 Dense layers on sequences).
+
+``--logged`` adds the two logging modes of `gradmom.summary.moments`, writing every step to
+a summary writer in a temporary directory (event files, statistics and scalars included):
+
+- moments-log: ``summary.moments(loss, vars)`` (``mode="moments"``: maps, histograms, sums);
+- norms-log:   ``summary.moments(loss, vars, mode="norms")`` (the statistics' sums from the
+  per-example squared norms and the batch gradient; no maps).
+
+Models "resnet50", "bert" and "gpt2" are `bench_zoo.py`'s (`bench_zoo.build`, its default
+batch and size); for them only plain, moments-log and norms-log are timed. ``--coupled rules``
+passes ``coupled="rules"`` to the logged steps (ResNet50's training-mode batch normalisation).
+
+``--replicas MODELS`` runs, in a child process with 2 logical CPUs, a
+``tf.distribute.MirroredStrategy`` step (``strategy.run`` of forward, ``tf.gradients`` and the
+update through a Keras SGD optimizer, which all-reduces the gradients) against the same step
+with ``summary.moments(..., mode="replicas")`` logging every step (McCandlish et al.'s
+per-replica estimator: one squared norm per replica and variable, one all-reduce), the
+estimator alone (`compute_logged(mode="replicas")`, its sums consumed, nothing written), and
+the floor of any estimator that needs the all-reduced gradient inside the step: the plain step
+plus one more all-reduce of the gradients (Keras' optimizer all-reduces its own copy).
 """
 
 from __future__ import annotations
@@ -26,7 +48,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -39,16 +63,18 @@ import tb_gradmom as gradmom  # noqa: E402
 
 LR = bench_core.LR
 MODELS = ("mlp", "3c3d", "transformer")
-PER_ROUND = {"mlp": 20, "3c3d": 5, "transformer": 5}
-PER_ROUND_QUICK = {"mlp": 8, "3c3d": 2, "transformer": 2}
+ZOO = ("resnet50", "bert", "gpt2")
+PER_ROUND = {"mlp": 20, "3c3d": 5, "transformer": 5, "resnet50": 3, "bert": 3, "gpt2": 3}
+PER_ROUND_QUICK = {"mlp": 8, "3c3d": 2, "transformer": 2, "resnet50": 1, "bert": 1, "gpt2": 1}
 
 
-def make_steps(model) -> dict:
+def make_steps(model, logged: bool = False, core: bool = True, coupled: str = "exact") -> dict:
     variables = list(model.trainable_variables)
 
     def update(grads):
         for v, g in zip(variables, grads):
-            v.assign_sub(LR * g)
+            # an embedding's gradient is IndexedSlices (BERT, GPT-2): applied densely
+            v.assign_sub(LR * tf.convert_to_tensor(g))
 
     def loss_of(x, y):
         return tf.reduce_mean(bench_core.per_example_losses(model(x, training=True), y))
@@ -73,7 +99,23 @@ def make_steps(model) -> dict:
         update(grads)
         return loss + 0.0 * tf.reduce_sum(tf.add_n(sq))
 
-    return {"plain": plain, "moments": moments, "norms": norms}
+    steps = {"plain": plain}
+    if core:
+        steps.update(moments=moments, norms=norms)
+    if logged:
+        for mode in ("moments", "norms"):
+            writer = tf.summary.create_file_writer(tempfile.mkdtemp(prefix=f"bench_{mode}_"))
+
+            @tf.function(jit_compile=False)
+            def log_step(x, y, mode=mode, writer=writer):
+                loss = loss_of(x, y)
+                with writer.as_default(step=0), tf.summary.record_if(True):
+                    grads = gradmom.summary.moments(loss, variables, mode=mode, coupled=coupled)
+                update(grads)
+                return loss
+
+            steps[f"{mode}-log"] = log_step
+    return steps
 
 
 def forms(model, x, y, batch: int) -> list[str]:
@@ -118,15 +160,25 @@ def _positions(site, batch: int) -> int | None:
     return x.shape.num_elements() // (batch * d_in)
 
 
-def run(name: str, rounds: int, quick: bool) -> dict:
-    model = bench_core.build_model(name)
-    x, y = bench_core.make_data(name)
-    steps = make_steps(model)
+def run(name: str, rounds: int, quick: bool, logged: bool = False, coupled: str = "exact") -> dict:
+    zoo = name in ZOO
+    if zoo:
+        import bench_zoo
+
+        _, batch, size, _ = bench_zoo.model_spec(name)
+        model, x, y = bench_zoo.build(name, batch, size)
+    else:
+        model = bench_core.build_model(name)
+        x, y = bench_core.make_data(name)
+        batch = bench_core.MODELS[name][0]
+    steps = make_steps(model, logged=logged or zoo, core=not zoo, coupled=coupled)
     per = (PER_ROUND_QUICK if quick else PER_ROUND)[name]
     times = bench_core.time_interleaved(steps, x, y, rounds, dict.fromkeys(steps, per))
     per_round = {k: [statistics.median(r) for r in v] for k, v in times.items()}
 
     def ratio(a, b):
+        if a not in per_round or b not in per_round:
+            return None
         return statistics.median([p / q for p, q in zip(per_round[a], per_round[b])])
 
     return {
@@ -135,8 +187,110 @@ def run(name: str, rounds: int, quick: bool) -> dict:
         "norms/plain": ratio("norms", "plain"),
         "norms/moments": ratio("norms", "moments"),
         "moments/plain": ratio("moments", "plain"),
-        "forms": forms(model, x, y, bench_core.MODELS[name][0]),
+        "norms-log/plain": ratio("norms-log", "plain"),
+        "moments-log/plain": ratio("moments-log", "plain"),
+        "norms-log/moments-log": ratio("norms-log", "moments-log"),
+        "forms": [] if zoo else forms(model, x, y, batch),
     }
+
+
+# ----------------------------------------------------- the replicas estimator, 2 logical CPUs
+
+
+def replicas_child(name: str, rounds: int, quick: bool) -> dict:
+    """In a fresh process: a plain MirroredStrategy step against the same step logging with
+    ``mode="replicas"`` every step (2 logical CPUs, the global batch of `bench_core`)."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = bench_core.build_model(name)
+        optimizer = keras.optimizers.SGD(LR)
+        optimizer.build(model.trainable_variables)
+    variables = list(model.trainable_variables)
+    x, y = bench_core.make_data(name)
+    batch = int(x.shape[0])
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+    dist = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    writer = tf.summary.create_file_writer(tempfile.mkdtemp(prefix="bench_replicas_"))
+
+    def loss_of(x, y):
+        losses = bench_core.per_example_losses(model(x, training=True), y)
+        return tf.nn.compute_average_loss(losses, global_batch_size=batch)
+
+    from tb_gradmom.core import moments as _moments
+    from tb_gradmom.core import plan as _plan
+
+    def make(variant: str):
+        @tf.function(jit_compile=False)
+        def step(dist_xy):
+            def replica_fn(x, y):
+                loss = loss_of(x, y)
+                if variant == "replicas-log":
+                    with writer.as_default(step=0), tf.summary.record_if(True):
+                        grads = gradmom.summary.moments(loss, variables, mode="replicas")
+                elif variant == "replicas":  # the estimator alone, its sums consumed
+                    plan = _plan.make_plan(loss, variables, _plan.Options.check((1,)))
+                    computed = _moments.compute_logged(plan, mode="replicas")
+                    grads = computed.grads
+                    sums = computed.logged.sums
+                    loss = loss + 0.0 * tf.cast(
+                        tf.add_n([s["sum_var"] + s["sum_m2"] for s in sums]), loss.dtype
+                    )
+                else:
+                    grads = tf.gradients(loss, variables)
+                    if variant == "allreduce":  # the floor: one more all-reduce of the grads
+                        ctx = tf.distribute.get_replica_context()
+                        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+                        loss = loss + 0.0 * tf.add_n([tf.reduce_sum(g) for g in reduced])
+                optimizer.apply_gradients(zip(grads, variables))
+                return loss
+
+            out = strategy.run(replica_fn, args=dist_xy)
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, out, axis=None)
+
+        return lambda _x, _y: step(dist)
+
+    variants = ("plain", "allreduce", "replicas", "replicas-log")
+    steps = {k: make(k) for k in variants}
+    per = (PER_ROUND_QUICK if quick else PER_ROUND)[name]
+    times = bench_core.time_interleaved(steps, x, y, rounds, dict.fromkeys(steps, per))
+    per_round = {k: [statistics.median(r) for r in v] for k, v in times.items()}
+    return {
+        "model": name,
+        "ms": {k: 1e3 * statistics.median([t for r in v for t in r]) for k, v in times.items()},
+        **{
+            f"{k}/plain": statistics.median(
+                [p / q for p, q in zip(per_round[k], per_round["plain"])]
+            )
+            for k in variants[1:]
+        },
+    }
+
+
+def run_replicas(names: list[str], rounds: int, quick: bool) -> list[dict]:
+    out = []
+    for name in names:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--replicas-child",
+                name,
+                "--rounds",
+                str(rounds),
+                *(["--quick"] if quick else []),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"the replicas child for {name} failed:\n{proc.stderr[-3000:]}")
+        out.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return out
 
 
 def main(argv=None) -> int:
@@ -146,30 +300,82 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", default=None, help="write the results to this file")
     parser.add_argument(
+        "--logged",
+        action="store_true",
+        help="also time summary.moments logging every step, mode='moments' and mode='norms'",
+    )
+    parser.add_argument(
+        "--replicas",
+        default=None,
+        help="models for the MirroredStrategy replicas-mode benchmark (2 logical CPUs)",
+    )
+    parser.add_argument("--replicas-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--coupled",
+        default="exact",
+        choices=("exact", "rules"),
+        help="summary.moments' coupled= for the logged steps: ResNet50's batch normalisation "
+        "in training couples the examples, and with 'exact' its 210 variables take the exact "
+        "fallback (pfor jacobian rows, ~50x a plain step); 'rules' keeps the rules",
+    )
+    parser.add_argument(
         "--smoke", action="store_true", help="CI: the MLP, one round (checks it runs, not times)"
     )
     args = parser.parse_args(argv)
+    if args.replicas_child:
+        rounds = args.rounds or (3 if args.quick else 11)
+        print(json.dumps(replicas_child(args.replicas_child, rounds, args.quick)))
+        return 0
     if args.smoke:
-        args.models, args.rounds, args.quick = "mlp", 1, True
+        args.models, args.rounds, args.quick, args.logged = "mlp", 1, True, True
+        args.replicas = "mlp"
     rounds = args.rounds or (3 if args.quick else 11)
     results = []
+
+    def cell(r, key, width):
+        v = r[key]
+        return f"{'-':>{width}}" if v is None else f"{v:>{width}.2f}"
+
+    def ms_cell(r, key, width):
+        v = r["ms"].get(key)
+        return f"{'-':>{width}}" if v is None else f"{v:>{width}.1f}"
+
     print(
         f"{'model':<12} {'plain ms':>9} {'moments ms':>11} {'norms ms':>9} "
-        f"{'norms/plain':>12} {'norms/moments':>14} {'moments/plain':>14}"
+        f"{'norms/plain':>12} {'norms/moments':>14} {'moments/plain':>14} "
+        f"{'mom-log ms':>11} {'norm-log ms':>12} {'norms-log/plain':>16} "
+        f"{'moments-log/plain':>18}"
     )
     for name in args.models.split(","):
-        r = run(name, rounds, args.quick)
+        r = run(name, rounds, args.quick, args.logged, args.coupled)
         results.append(r)
-        ms = r["ms"]
         print(
-            f"{name:<12} {ms['plain']:>9.1f} {ms['moments']:>11.1f} {ms['norms']:>9.1f} "
-            f"{r['norms/plain']:>12.2f} {r['norms/moments']:>14.2f} {r['moments/plain']:>14.2f}",
+            f"{name:<12} {ms_cell(r, 'plain', 9)} {ms_cell(r, 'moments', 11)} "
+            f"{ms_cell(r, 'norms', 9)} {cell(r, 'norms/plain', 12)} "
+            f"{cell(r, 'norms/moments', 14)} {cell(r, 'moments/plain', 14)} "
+            f"{ms_cell(r, 'moments-log', 11)} {ms_cell(r, 'norms-log', 12)} "
+            f"{cell(r, 'norms-log/plain', 16)} {cell(r, 'moments-log/plain', 18)}",
             flush=True,
         )
+    if args.replicas:
+        print(
+            f"\n{'model':<12} {'plain ms':>9} {'replicas ms':>12} {'replicas-log ms':>16} "
+            f"{'replicas/plain':>15} {'replicas-log/plain':>19} {'allreduce/plain':>16}"
+        )
+        for r in run_replicas(args.replicas.split(","), rounds, args.quick):
+            results.append(r)
+            ms = r["ms"]
+            print(
+                f"{r['model']:<12} {ms['plain']:>9.1f} {ms['replicas']:>12.1f} "
+                f"{ms['replicas-log']:>16.1f} {r['replicas/plain']:>15.3f} "
+                f"{r['replicas-log/plain']:>19.3f} {r['allreduce/plain']:>16.3f}",
+                flush=True,
+            )
     for r in results:
-        print(f"\n{r['model']}: the form of each variable's norms")
-        for line in r["forms"]:
-            print("  " + line)
+        if r.get("forms"):
+            print(f"\n{r['model']}: the form of each variable's norms")
+            for line in r["forms"]:
+                print("  " + line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

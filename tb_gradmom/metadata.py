@@ -60,6 +60,11 @@ FLOAT16_TOP_LOG2 = 15
 
 KIND_MOMENTS = "moments"
 KIND_STATS = "stats"
+# What a stats tag's sums come from (`StatsContent.source`): the element-wise moments (the
+# default, not written), the per-example norms, or the tf.distribute replicas' gradients. In
+# the last two, `sum_gsnr`, `gsnr_count` and the histogram are NaN and the tags have no maps.
+SOURCE_MOMENTS = "moments"
+SOURCES = (SOURCE_MOMENTS, "norms", "replicas")
 
 STATS_SUFFIX = "/_stats"
 MODEL_TAG = "_model"
@@ -181,6 +186,7 @@ class StatsContent:
     variable: str = ""
     version: int = FORMAT_VERSION
     kind: str = field(default=KIND_STATS)
+    source: str = SOURCE_MOMENTS
 
 
 def to_2d_shape(shape: Sequence[int]) -> tuple[int, int]:
@@ -216,6 +222,8 @@ def pool_block(shape: Sequence[int], max_elements: int) -> tuple[int, int]:
 def _encode(obj: MomentsContent | StatsContent) -> bytes:
     d = {k: list(v) if isinstance(v, tuple) else v for k, v in obj.__dict__.items()}
     if isinstance(obj, StatsContent):
+        if d["source"] == SOURCE_MOMENTS:  # the default: the messages of older writers
+            del d["source"]
         edges = d.pop("hist_edges")
         if tuple(edges) != HIST_EDGES:
             raise ValueError("stats content must use the fixed HIST_EDGES")
@@ -365,8 +373,15 @@ def _parse_stats(d: dict[str, Any], version: int) -> StatsContent:
             b <= a for a, b in zip(edges, edges[1:])
         ):
             raise FormatError("`hist_edges` must be finite and strictly increasing")
+    source = d.get("source", SOURCE_MOMENTS)
+    if source not in SOURCES:
+        raise FormatError(f"`source` must be one of {', '.join(SOURCES)}, got {_show(source)}")
     return StatsContent(
-        fields=tuple(fields), hist_edges=edges, variable=_text(d, "variable"), version=version
+        fields=tuple(fields),
+        hist_edges=edges,
+        variable=_text(d, "variable"),
+        version=version,
+        source=source,
     )
 
 

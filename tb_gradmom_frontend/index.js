@@ -541,7 +541,10 @@ class App {
     this.el.tags.replaceChildren(
       ...tags.map((tag) => {
         const t = info[tag];
-        const meta = `[${(t.shape ?? []).join("×")}] ${t.op ?? ""}${t.pooled ? " · pooled" : ""}`;
+        const meta =
+          t.maps === false
+            ? `no maps (${t.source} mode)`
+            : `[${(t.shape ?? []).join("×")}] ${t.op ?? ""}${t.pooled ? " · pooled" : ""}`;
         const button = h(
           "button",
           {
@@ -848,9 +851,25 @@ class App {
     );
   }
 
+  /**
+   * Whether the selected variable was logged without maps (mode "norms" or "replicas"): then
+   * `view` says so, with the backend's note, instead of a heatmap or histogram.
+   * @param {{showMessage: (text: string, kind?: string) => void}} view
+   */
+  mapsOff(view) {
+    const info = tagInfo(this.state);
+    if (info?.maps !== false) return false;
+    view.showMessage(info.maps_note ?? "Maps are off for this variable.", "info");
+    return true;
+  }
+
   /** The heatmap of the shown statistic, or the comparison's panels. */
   async loadHeatmap() {
     const s = this.state;
+    if (this.mapsOff(this.views.heatmap)) {
+      this.views.compare.clear();
+      return;
+    }
     if (s.compare !== "off") return this.loadComparison();
     this.views.compare.clear();
     const { run, tag, stat } = s;
@@ -941,6 +960,7 @@ class App {
     const s = this.state;
     const { run, tag, stat, histMode } = s;
     if (!run || !tag) return;
+    if (this.mapsOff(this.views.histogram)) return;
     const scale = s.histLog ? "log" : "linear";
     const size = (tagInfo(s)?.shape ?? []).reduce((a, b) => a * b, 1);
     const plan = histogramPlan(size);

@@ -9,7 +9,8 @@ import { availableStats, defaultView, filterTags, groupsOf, nearestStep } from "
 
 /**
  * @typedef {{shape?: number[], op?: string, pooled?: boolean, orders?: number[],
- *   steps?: number[], group?: string, layer?: string}} TagInfo
+ *   steps?: number[], group?: string, layer?: string, maps?: boolean, source?: string,
+ *   maps_note?: string}} TagInfo
  * @typedef {{steps?: number[]}} GroupInfo
  * @typedef {{runs: Record<string, Record<string, TagInfo>>, model: Record<string, any>,
  *   groups: Record<string, Record<string, GroupInfo>>}} TagsData

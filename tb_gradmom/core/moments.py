@@ -989,6 +989,23 @@ def variance(
     return biased * nf / (nf - 1.0)
 
 
+# What a logged step computes (`compute_logged`'s ``mode``, `summary.moments`' ``mode``).
+LOG_MODES = ("moments", "norms", "replicas")
+
+
+def check_log_mode(mode: Any) -> str:
+    """``mode`` checked against `LOG_MODES` (a ValueError saying what each one logs)."""
+    if mode not in LOG_MODES:
+        raise ValueError(
+            f"mode must be one of {', '.join(map(repr, LOG_MODES))}, got {mode!r}: 'moments' "
+            "logs the element-wise moments (maps, histograms, every statistic), 'norms' only "
+            "the noise statistics from per-example gradient norms (no maps; much cheaper on "
+            "convolutions and transformers), 'replicas' the noise statistics from each "
+            "tf.distribute replica's gradient (no per-example work)"
+        )
+    return str(mode)
+
+
 @dataclass(frozen=True)
 class Logged:
     """What one logged call hands to a writer: the moments of the variables it logs, over
@@ -1001,6 +1018,13 @@ class Logged:
     With per-example norms (``compute_logged(norms=True)``): ``sq_norms[k]`` the ``[n]``
     squared norms ``||g_j||^2`` of ``variables[k]``, ``losses`` the ``[n]`` per-example losses
     (float64, unscaled) and ``ids`` the ``[n]`` example ids the caller passed (or None).
+
+    ``mode`` is the logging mode (`LOG_MODES`). In ``"norms"`` and ``"replicas"`` modes no
+    element-wise second moment exists: ``moments[k]`` holds ``M_1`` only, and ``sums[k]`` the
+    float64 scalars ``sum_m2`` (``|M_1|^2``), ``sum_var`` (the unbiased ``tr(Sigma)``
+    estimate) and ``sum_m2_raw`` (``|M_1|^2 + (n-1)/n sum_var``; in ``"norms"`` mode
+    ``(1/n) sum_j ||g_j||^2``) of ``variables[k]``: the `tb_gradmom.metadata.STATS_FIELDS`
+    sums the writers log (docs/math.md, "The noise scale at the cost of a norm").
     """
 
     variables: list
@@ -1012,6 +1036,8 @@ class Logged:
     sq_norms: list | None = None
     losses: Any = None
     ids: Any = None
+    mode: str = "moments"
+    sums: list | None = None
 
     @property
     def orders(self) -> tuple[int, ...]:
@@ -1020,11 +1046,11 @@ class Logged:
     def values(self) -> tuple:
         """The tensors of this record, a nest a ``tf.function`` can return (`with_values`
         rebuilds the record from it outside); ``()`` stands for None."""
-        vals = (self.moments, self.n, self.loss, self.sq_norms, self.losses, self.ids)
+        vals = (self.moments, self.n, self.loss, self.sq_norms, self.losses, self.ids, self.sums)
         return tuple(() if v is None else v for v in vals)
 
     def with_values(self, values: tuple) -> Logged:
-        moments, n, loss, sq_norms, losses, ids = (
+        moments, n, loss, sq_norms, losses, ids, sums = (
             None if isinstance(v, tuple) and not v else v for v in values
         )
         return replace(
@@ -1035,6 +1061,7 @@ class Logged:
             sq_norms=None if sq_norms is None else list(sq_norms),
             losses=losses,
             ids=ids,
+            sums=None if sums is None else list(sums),
         )
 
 
@@ -1062,6 +1089,7 @@ def compute_logged(
     write: Any = None,
     norms: bool = False,
     ids: tf.Tensor | None = None,
+    mode: str = "moments",
 ) -> Computed:
     """The one entry between the core and the writers: the gradients and, from the same
     backward pass, the `Logged` moments of the variables at ``indices`` (default all) for the
@@ -1085,17 +1113,26 @@ def compute_logged(
 
     ``norms``: the record also holds the per-example squared norms of the logged variables
     (`tb_gradmom.core.norms.sq_norms`, from the same backward pass) and the per-example
-    losses; ``ids``, a ``[n]`` tensor of example ids, is carried along. Not under
-    ``tf.distribute`` (each replica holds its own examples).
+    losses; ``ids``, a ``[n]`` tensor of example ids, is carried along. Under
+    ``tf.distribute`` those of the global batch, gathered from every replica
+    (`tb_gradmom.core.norms.gathered_examples`).
+
+    ``mode`` (`LOG_MODES`): ``"moments"`` (default) the element-wise moments of the plan's
+    orders; ``"norms"`` the statistics' sums from the per-example squared norms and the batch
+    gradient, never ``g_j**2`` element-wise; ``"replicas"`` (under ``tf.distribute``, several
+    replicas in sync) McCandlish et al.'s estimator from each replica's gradient and the
+    all-reduced one, no per-example work. Both fill `Logged.sums` (see
+    `tb_gradmom.core.norms.compute_sums_logged`).
     """
     indices = list(range(len(plan.variables)) if indices is None else indices)
-    orders = plan.options.orders
-    if norms and plan.replica is not None:
-        raise NotImplementedError(
-            "logging per-example norms inside a tf.distribute replica context with several "
-            "replicas is not supported yet: log them on one replica (or outside the "
-            "strategy), or leave log_examples off"
+    mode = check_log_mode(mode)
+    if mode != "moments":
+        from tb_gradmom.core import norms as _norms
+
+        return _norms.compute_sums_logged(
+            plan, indices, gate=gate, record=record, write=write, norms=norms, ids=ids, mode=mode
         )
+    orders = plan.options.orders
     extras = _Extras(norms, ids)
     if gate is None:
         backward = run_backward(plan, fused=not exact_gradients)
@@ -1156,16 +1193,23 @@ class _Extras:
         self.norms = norms
         self.ids = ids
         self.fallback: dict[int, tf.Tensor] = {}
+        self.gathered: dict[str, Any] | None = None
 
     def prepare(self, backward: Backward, indices: Sequence[int], gate) -> None:
         if self.norms:
             from tb_gradmom.core import norms as _norms
 
+            if backward.plan.replica is not None:
+                # tf.distribute: gathered from every replica, outside the record's cond
+                self.gathered = _norms.gathered_examples(backward, indices, gate, self.ids)
+                return
             self.fallback = _norms.fallback_sq_norms(backward, indices, gate)
 
     def of(self, backward: Backward, indices: Sequence[int]) -> dict[str, Any]:
         if not self.norms:
             return {}
+        if self.gathered is not None:
+            return self.gathered
         from tb_gradmom.core import norms as _norms
 
         sq, _ = _norms.sq_norms(backward, indices, fallback_norms=self.fallback)

@@ -24,6 +24,7 @@ variable the cheapest exact form:
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 import tensorflow as tf
@@ -31,7 +32,14 @@ import tensorflow as tf
 from tb_gradmom.core import fallback as _fallback
 from tb_gradmom.core import loss as _loss
 from tb_gradmom.core import plan as _plan
-from tb_gradmom.core.moments import Backward, _chunk, batch_asserts, run_backward, site_deltas
+from tb_gradmom.core.moments import (
+    Backward,
+    _chunk,
+    batch_asserts,
+    run_backward,
+    site_deltas,
+    unscaled,
+)
 from tb_gradmom.core.plan import Options
 from tb_gradmom.core.rules.base import (
     Count,
@@ -98,20 +106,25 @@ def per_example_norms(
       ``[n]`` tensor, float32 (float64 for float64 variables); zeros for a variable the loss
       does not depend on.
 
+    Under ``tf.distribute`` (inside ``strategy.run``, several replicas in sync) each replica
+    gets the norms of its own examples (``[b_r]``), the same ``g_j`` as on one device over the
+    global batch (one all-reduce of the example counts and of the example-free terms' shares);
+    ``grads`` are the replica's own, as ``tf.gradients`` gives them.
+
     Raises:
       RuntimeError: when called eagerly.
       UnsupportedOpError, PerExampleLossError, BatchSizeError: as `gradients_and_moments`.
-      NotImplementedError: inside a ``tf.distribute`` replica context with several replicas.
     """
     options = Options.check(
         (1,), reduction, batch_size, chunk_size, fallback, loss_scale, coupled=coupled
     )
     plan = _plan.make_plan(loss, var_list, options, name=name or "per_example_norms")
     if plan.replica is not None:
-        raise NotImplementedError(
-            "gradmom.per_example_norms inside a tf.distribute replica context with several "
-            "replicas is not supported yet: call it on one replica (or outside the strategy)"
-        )
+        # each replica's own examples; the example-free terms' share from one all-reduce
+        backward = run_backward(plan)
+        local, _ = _replica_local(backward, list(range(len(plan.variables))), None)
+        norms = [tf.cast(t, v.dtype) for t, v in zip(local[: len(plan.variables)], plan.variables)]
+        return list(backward.grads), norms
     # a convolution's gradient is the sum of the per-example filter gradients its norms build
     # (TensorFlow's own filter gradient is not built), as in `gradients_and_moments`
     from_work = [
@@ -325,3 +338,343 @@ def _fallback_norms(
         backward.inv_scale,
         gate,
     )
+
+
+# ------------------------------------------------------- the noise statistics' sums of a step
+
+
+@tf.autograph.experimental.do_not_convert
+def compute_sums_logged(
+    plan: _plan.Plan,
+    indices: Sequence[int],
+    *,
+    gate: tf.Tensor | None,
+    record: tf.Tensor | None,
+    write: Any,
+    norms: bool,
+    ids: tf.Tensor | None,
+    mode: str,
+) -> Any:
+    """`tb_gradmom.core.moments.compute_logged` for ``mode="norms"`` and ``"replicas"``: the
+    gradients and a `Logged` record whose `Logged.sums` hold, per variable, the statistics'
+    sums ``sum_m2 = |M_1|^2``, ``sum_var`` (unbiased ``tr(Sigma)``) and ``sum_m2_raw``,
+    computed without any element-wise second moment (docs/math.md, "The noise scale at the
+    cost of a norm"):
+
+    - ``"norms"``: ``sum_m2_raw = (1/n) sum_j ||g_j||^2`` from the per-example squared norms
+      (`sq_norms`, each rule's cheapest exact form), ``sum_var = n/(n-1) (sum_m2_raw -
+      sum_m2)``: the same numbers as the element-wise ``sum_i M_2,i`` and ``sum_i s2_i``, up to
+      rounding. Under ``tf.distribute`` each replica sums its examples' norms and one
+      all-reduce adds them to the gradient's.
+    - ``"replicas"`` (several replicas in sync): each replica's mean gradient ``m_r`` over its
+      ``b_r`` examples and the global one ``m`` over ``N = sum_r b_r`` give
+      ``sum_var = (sum_r b_r |m_r|^2 - N |m|^2) / (R - 1)`` over the ``R`` replicas with
+      examples (McCandlish et al. 2018, App. A.1, for any split) and ``sum_m2_raw = sum_m2 +
+      (N-1)/N sum_var``. No per-example work: one norm per replica and variable.
+
+    Where ``gate`` is False nothing of it runs (under ``tf.distribute`` the all-reduce does,
+    on zeros). ``norms`` (log the per-example norms too, ``log_examples``) reuses the norms of
+    ``"norms"`` mode; under ``tf.distribute`` they are gathered from every replica
+    (`gathered_examples`).
+    """
+    from tb_gradmom.core.moments import Computed
+
+    replica = plan.replica
+    if mode == "replicas" and replica is None:
+        raise ValueError(
+            "mode='replicas' estimates the noise from the gradients of several tf.distribute "
+            "replicas (McCandlish et al. 2018, App. A.1): call it inside strategy.run of a "
+            "strategy with at least 2 replicas in sync (MirroredStrategy, "
+            "MultiWorkerMirroredStrategy). On one device use mode='norms' (exact, from the "
+            "per-example gradient norms)."
+        )
+    static = None if gate is None else tf.get_static_value(gate)
+    if static is not None and not bool(static):
+        return Computed(plan, list(run_backward(plan).grads), None, None)
+    dynamic = gate is not None and static is None
+    backward = run_backward(plan, gate=gate if dynamic else None)
+    shifts: dict[int, tf.Tensor] = {}
+    gathered = None
+    if replica is not None and norms:  # the global batch's examples, on every replica
+        gathered = gathered_examples(backward, indices, gate if dynamic else None, ids)
+    if replica is not None:
+        # no shift in the per-example work: the example-free terms' gradient is taken into
+        # the sums after the all-reduce, from the global shift (`_reduced_sums`)
+        shifts = dict(backward.shifts)
+        backward = replace(backward, shifts={})
+    per_example = mode == "norms" or (norms and replica is None)
+    fallback = (
+        fallback_sq_norms(backward, indices, gate if dynamic else None) if per_example else {}
+    )
+    reduced = None
+    if replica is not None:
+        reduced = _reduced_sums(
+            backward, indices, mode, fallback, gate if dynamic else None, shifts
+        )
+    elif gate is not None and tf.get_static_value(plan.n) is None:
+        # an empty batch has no statistics: nothing is written for it
+        record = tf.logical_and(gate if record is None else record, tf.cast(plan.n, tf.int64) > 0)
+
+    def logged():
+        if reduced is not None:
+            m1s, sums, n = reduced
+            extra: dict[str, Any] = {} if gathered is None else gathered
+        else:
+            sq, _ = sq_norms(backward, indices, fallback_norms=fallback)
+            m1s = [m[1] for m in backward.moments((1,), indices).values]
+            n = plan.n
+            sums = [_sums_from_norms(m1, s, n) for m1, s in zip(m1s, sq)]
+            extra = {}
+            if norms:
+                extra = {"sq_norms": sq, "losses": per_example_losses(backward), "ids": ids}
+        loss = tf.cast(plan.loss, tf.float64)
+        if backward.inv_scale is not None:
+            loss = loss * tf.cast(backward.inv_scale, tf.float64)
+        from tb_gradmom.core.moments import Logged
+
+        return Logged(
+            variables=[plan.variables[i].variable for i in indices],
+            names=[plan.names[i] for i in indices],
+            op_types=[plan.op_type(i) for i in indices],
+            moments=[{1: m1} for m1 in m1s],
+            n=n,
+            loss=loss,
+            mode=mode,
+            sums=sums,
+            **extra,
+        )
+
+    if gate is None:
+        record_ = logged()
+        written = write(record_) if write is not None else None
+        return Computed(plan, list(backward.grads), record_, written)
+
+    def logged_branch():
+        out = write(logged()) if write is not None else []
+        ops = [t for t in tf.nest.flatten(out) if t is not None]
+        with tf.control_dependencies(ops):
+            return tf.constant(True)
+
+    out = tf.cond(
+        gate if record is None else record,
+        logged_branch,
+        lambda: tf.constant(False),
+        name="gradmom_record",
+    )
+    return Computed(plan, list(backward.grads), None, out)
+
+
+def _local_first(backward: Backward, i: int) -> tf.Tensor:
+    """`Backward._local_sums`' order 1 without its multiply by 1: the replica's gradient
+    (unscaled) for a scalar loss, ``sum_{j in r} g_j`` for a vector."""
+    plan = backward.plan
+    vplan = plan.variables[i]
+    grad = backward.grads[i]
+    if grad is None:
+        return tf.zeros(vplan.variable.shape, vplan.dtype)
+    g = unscaled(grad, vplan.dtype, backward.inv_scale)
+    return g * tf.cast(plan.n, vplan.dtype) if backward.vector else g
+
+
+def _sums_from_norms(m1: tf.Tensor, sq: tf.Tensor, n: Count) -> dict[str, tf.Tensor]:
+    """The three sums of one variable from ``M_1`` and its ``[n]`` squared norms (float64)."""
+    nf = tf.cast(n, tf.float64)
+    raw = tf.reduce_sum(tf.cast(sq, tf.float64)) / nf
+    m2 = tf.reduce_sum(tf.square(tf.cast(m1, tf.float64)))
+    return {"sum_m2": m2, "sum_var": _unbiased(raw - m2, nf), "sum_m2_raw": raw}
+
+
+def _unbiased(biased: tf.Tensor, nf: tf.Tensor) -> tf.Tensor:
+    """``n/(n-1) * biased``; NaN for ``n <= 1`` (as the element-wise variance)."""
+    return tf.where(
+        nf > 1.0, biased * nf / tf.maximum(nf - 1.0, 1.0), tf.constant(float("nan"), tf.float64)
+    )
+
+
+def _reduced_sums(
+    backward: Backward,
+    indices: Sequence[int],
+    mode: str,
+    fallback: dict[int, tf.Tensor],
+    gate: tf.Tensor | None,
+    shifts: dict[int, tf.Tensor],
+) -> tuple[list[tf.Tensor], list[dict[str, tf.Tensor]], tf.Tensor]:
+    """Under ``tf.distribute``: ``(M_1 per variable, sums per variable, N)`` over the global
+    batch, from each replica's local quantities and ONE all-reduce (SUM) of them all.
+
+    Per replica ``r`` with ``b_r`` examples and variable: ``s_r`` its order-1 sum
+    (`Backward._local_sums`: the replica's gradient for a scalar loss), ``c_r`` its share of
+    the example-free terms' gradient, and the scalar ``q_r``:
+
+    - ``"norms"``: ``sum_{j in r} ||a_j||^2`` of the per-example part ``a_j`` (divided by
+      ``N^2`` for a scalar mean loss, whose replica share is ``sum_{j in r} l_j / N``);
+    - ``"replicas"``: ``|s_r - c_r|^2 / b_r`` (``b_r |m_r|^2`` up to the same ``N^2``).
+
+    ``shifts``: the replica's ``c_r`` per variable (`Backward.shifts`, which ``backward`` no
+    longer holds: its per-example work is of the ``a_j`` alone).
+
+    After the reduction ``M_1`` and ``c = sum_r c_r`` (over ``N`` for a sum) are global and
+    ``g_j = a_j + c``: ``sum_j ||g_j||^2 = sum_j ||a_j||^2 + 2 N <M_1, c> - N ||c||^2``.
+    """
+    plan = backward.plan
+    replica = plan.replica
+    scalar_mean = plan.mode == "mean" and not backward.vector
+    shifted = [i for i in indices if i in shifts]
+
+    def local() -> list[tf.Tensor]:
+        nf = tf.cast(plan.n, tf.float64)
+        with tf.name_scope(plan.scope.rstrip("/") + "_sums"):
+            asserts = batch_asserts(plan.checks, plan.n)
+        with tf.control_dependencies(asserts), static_chunks(plan.xla):
+            firsts = [_local_first(backward, i) for i in indices]
+            if mode == "norms":
+                sq, _ = sq_norms(backward, indices, fallback_norms=fallback)
+                scale = 1.0 / tf.maximum(nf * nf, 1.0) if scalar_mean else 1.0
+                qs = [tf.reduce_sum(tf.cast(s, tf.float64)) * scale for s in sq]
+            else:
+                qs = []
+                for i, s in zip(indices, firsts):
+                    a = tf.cast(s, tf.float64)
+                    if i in shifts:
+                        a = a - tf.cast(shifts[i], tf.float64)
+                    qs.append(tf.reduce_sum(tf.square(a)) / tf.maximum(nf, 1.0))
+            present = tf.cast(nf > 0, tf.float64)
+            return [*firsts, *(shifts[i] for i in shifted), tf.stack([*qs, nf, present])]
+
+    if gate is None:
+        flat = local()
+    else:
+
+        def zeros() -> list[tf.Tensor]:
+            out = [
+                tf.zeros(plan.variables[i].variable.shape, plan.variables[i].dtype) for i in indices
+            ]
+            out += [tf.zeros_like(shifts[i]) for i in shifted]
+            return out + [tf.zeros([len(indices) + 2], tf.float64)]
+
+        flat = tf.cond(gate, local, zeros, name="gradmom_local_sums")
+    from tb_gradmom.core.moments import _all_reduce_sum
+
+    reduced = _all_reduce_sum(replica, list(flat))
+    firsts = reduced[: len(indices)]
+    cs = dict(zip(shifted, reduced[len(indices) : len(indices) + len(shifted)]))
+    tail = reduced[-1]
+    total, replicas = tail[len(indices)], tail[len(indices) + 1]
+    nf = tf.maximum(total, 1.0)
+    m1s, sums = [], []
+    for k, (i, first) in enumerate(zip(indices, firsts)):
+        t = tf.cast(first, tf.float64)
+        m1 = t if scalar_mean else t / nf
+        m1s.append(tf.reshape(tf.cast(m1, first.dtype), plan.variables[i].variable.shape))
+        tt = tf.reduce_sum(tf.square(t))  # one pass: |M_1|^2 and, without shift, |sum_j a_j|^2
+        m2 = tt if scalar_mean else tt / (nf * nf)
+        q = tail[k] * (nf * nf if scalar_mean else 1.0)
+        if mode == "norms":
+            total_sq = q
+            if i in cs:
+                c = tf.cast(cs[i], tf.float64)
+                c = tf.reshape(c if plan.mode == "mean" else c / nf, m1.shape)
+                total_sq = q + 2.0 * nf * tf.reduce_sum(m1 * c) - nf * tf.reduce_sum(c * c)
+            raw = total_sq / nf
+            sums.append({"sum_m2": m2, "sum_var": _unbiased(raw - m2, total), "sum_m2_raw": raw})
+        else:
+            # |sum_j a_j|^2 over the global batch (N sum_r s_r for a scalar mean)
+            if i in cs:
+                a = t - tf.cast(tf.reshape(cs[i], tf.shape(t)), tf.float64)
+                big_sq = tf.reduce_sum(tf.square(a))
+            else:
+                big_sq = tt
+            if scalar_mean:
+                big_sq = big_sq * nf * nf
+            with tf.name_scope("replicas"):
+                var = tf.where(
+                    replicas > 1.0,
+                    (q - big_sq / nf) / tf.maximum(replicas - 1.0, 1.0),
+                    tf.constant(float("nan"), tf.float64),
+                )
+            raw = m2 + (total - 1.0) / nf * var
+            sums.append({"sum_m2": m2, "sum_var": var, "sum_m2_raw": raw})
+    return m1s, sums, tf.cast(total, tf.int32)
+
+
+def gathered_examples(
+    backward: Backward,
+    indices: Sequence[int],
+    gate: tf.Tensor | None,
+    ids: tf.Tensor | None,
+) -> dict[str, Any]:
+    """Under ``tf.distribute``: the per-example squared norms (of the variables at
+    ``indices``), losses and ids of the GLOBAL batch, in replica order, on every replica
+    (``{"sq_norms": [[N], ...], "losses": [N], "ids": [N] or None}``).
+
+    One all-reduce of the example-free terms' gradient shares and of the example counts
+    (every step), each replica's norms of ``g_j = a_j + c`` with the global ``c`` (under
+    ``gate``: zeros where it is False), then one all-gather of the ``[b_r]`` vectors (every
+    step: collectives cannot sit in a ``tf.cond`` branch). A scalar mean loss's replica share
+    is ``sum_{j in r} l_j / N``: the rules' norms (``n_r^2 ||g_j / N||^2``) are scaled by
+    ``(N / n_r)^2`` and its per-example losses by ``N / n_r``.
+    """
+    plan = backward.plan
+    replica = plan.replica
+    if ids is not None and ids.dtype == tf.string:
+        raise NotImplementedError(
+            "string example_ids cannot be gathered across tf.distribute replicas: pass "
+            "integer ids (dataset indices) under a strategy"
+        )
+    flat, _ = _replica_local(backward, indices, gate)
+    stacked = tf.stack(flat, 1)  # [b_r, V + 1]
+    gathered = replica.all_gather(stacked, axis=0)
+    out: dict[str, Any] = {
+        "sq_norms": [gathered[:, k] for k in range(len(indices))],
+        "losses": gathered[:, len(indices)],
+        "ids": None,
+    }
+    if ids is not None:
+        out["ids"] = replica.all_gather(tf.cast(ids, tf.int64), axis=0)
+    return out
+
+
+def _replica_local(
+    backward: Backward, indices: Sequence[int], gate: tf.Tensor | None
+) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """This replica's examples' ``[b_r]`` squared norms ``||g_j||^2`` (float64, one per
+    variable at ``indices``), then their ``[b_r]`` losses, and the global ``N``: one all-reduce
+    of the example-free terms' shares and of the counts (every step), the rest under ``gate``
+    (zeros where it is False). See `gathered_examples`."""
+    from tb_gradmom.core.moments import _all_reduce_sum
+
+    plan = backward.plan
+    replica = plan.replica
+    scalar_mean = plan.mode == "mean" and not backward.vector
+    shifted = [i for i in indices if i in backward.shifts]
+    local_n = tf.cast(plan.n, tf.float64)
+    reduced = _all_reduce_sum(
+        replica, [*(backward.shifts[i] for i in shifted), tf.reshape(local_n, [1])]
+    )
+    total = reduced[-1][0]
+    nf = tf.maximum(total, 1.0)
+    shifts = {}
+    for i, c in zip(shifted, reduced[:-1]):
+        # the share every example's gradient holds (c), in the scale `_shift` divides by n_r
+        # (a mean: c n_r / N, the G = g_j / N scale; a sum: c is sum_r c_r / N, times n_r)
+        shifts[i] = c * tf.cast(local_n / nf, c.dtype)
+    local_backward = replace(backward, shifts=shifts)
+    fallback = fallback_sq_norms(local_backward, indices, gate)
+
+    def local() -> list[tf.Tensor]:
+        sq, _ = sq_norms(local_backward, indices, fallback_norms=fallback)
+        scale = (nf / tf.maximum(local_n, 1.0)) if scalar_mean else tf.constant(1.0, tf.float64)
+        norms = [tf.cast(s, tf.float64) * scale * scale for s in sq]
+        losses = per_example_losses(local_backward) * scale
+        return [*norms, losses]
+
+    if gate is None:
+        flat = local()
+    else:
+
+        def zeros() -> list[tf.Tensor]:
+            z = tf.zeros(tf.reshape(tf.cast(plan.n, tf.int32), [1]), tf.float64)
+            return [z for _ in indices] + [z]
+
+        flat = tf.cond(gate, local, zeros, name="gradmom_local_examples")
+    return list(flat), total

@@ -135,6 +135,36 @@ def _groups_of(ri) -> list[str]:
     return sorted(names)
 
 
+def _stats_only(ri) -> dict:
+    """``{variable tag: stats entry}`` of the variables logged without maps: the stats tags of
+    a norms- or replicas-mode run (`metadata.SOURCES`) whose base is no moments tag and no
+    whole-model tag."""
+    suffix = metadata.STATS_SUFFIX
+    out = {}
+    for st, entry in ri.stats.items():
+        if not st.endswith(suffix):
+            continue
+        tag = st[: -len(suffix)]
+        if tag in ri.moments or metadata.is_model_tag(tag):
+            continue
+        out[tag] = entry
+    return out
+
+
+def maps_note(source: str) -> str:
+    """What the tab shows in place of a variable's heatmap and histograms when its run was
+    logged without maps (``mode="norms"`` or ``"replicas"``)."""
+    how = {
+        "norms": "from the batch gradient and the per-example squared gradient norms",
+        "replicas": "from each tf.distribute replica's gradient (McCandlish et al. 2018)",
+    }.get(source, "from sums alone")
+    return (
+        f"Maps are off in {source} mode: this run logged the noise statistics {how}, without "
+        "the element-wise moments, so there is no heatmap or histogram (and no GSNR or EB "
+        'criterion). The noise curves and the table show its statistics; log with mode="moments" for maps.'
+    )
+
+
 def _group_of(tag: str, names) -> str:
     """The group a variable tag belongs to: the longest group name that prefixes it, or ``""``."""
     best = ""
@@ -326,7 +356,28 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                     "has_stats": s is not None,
                     "group": _group_of(tag, names),
                 }
-            runs[run] = tags
+            for tag, st in sorted(_stats_only(ri).items()):
+                s = series.get(st.tag)
+                source = getattr(st.content, "source", metadata.SOURCE_MOMENTS)
+                tags[tag] = {
+                    "shape": [],
+                    "stored_shape": [],
+                    "grid_shape": [1, 1],
+                    "pooled": False,
+                    "block": [1, 1],
+                    "orders": [],
+                    "op": "",
+                    "layer": tag.rsplit("/", 1)[0] if "/" in tag else "",
+                    "variable": tag,
+                    "dtype": "",
+                    "steps": s.steps if s is not None else [],
+                    "has_stats": s is not None,
+                    "group": _group_of(tag, names),
+                    "maps": False,
+                    "source": source,
+                    "maps_note": maps_note(source),
+                }
+            runs[run] = dict(sorted(tags.items()))
             ms = series.get(metadata.stats_tag(metadata.MODEL_TAG))
             if ms is not None:
                 model[run] = {"steps": ms.steps}
@@ -917,6 +968,17 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             )
             rows.append(r)
             found = found or ok
+        for tag, st in sorted(_stats_only(ri).items()):  # variables logged without maps
+            if group is not None and _group_of(tag, names) != group:
+                continue
+            s = series.get(st.tag)
+            last = float(s.sums["num_elements"][-1]) if s is not None and s.steps.size else math.nan
+            size = int(last) if math.isfinite(last) and 0 <= last < 2**63 else None
+            layer = tag.rsplit("/", 1)[0] if "/" in tag else ""
+            r, ok = row(tag, s, {"layer": layer, "op": "", "shape": None, "size": size})
+            rows.append(r)
+            found = found or ok
+        rows.sort(key=lambda r: r["tag"])
         model = None
         model_tag = metadata.model_tag(group)
         ms = series.get(metadata.stats_tag(model_tag))

@@ -30,6 +30,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tb_gradmom.core import moments as _moments
 from tb_gradmom.core import validate as _validate
 from tb_gradmom.core.plan import check_orders
 from tb_gradmom.writers import summary as _summary
@@ -72,6 +73,12 @@ class GradMoments(keras.callbacks.Callback):
       max_examples: at most this many examples logged per step (the largest and smallest
         norms always kept).
       per_variable_norms: also log each variable's per-example norms.
+      mode: ``"moments"`` (default) or ``"norms"``: only the noise statistics, from the batch
+        gradient and the per-example squared gradient norms, no element-wise moments and no
+        maps (see `tb_gradmom.writers.summary.moments`). With gradient accumulation the
+        micro-batches' sums are added as the moments are. (``"replicas"``, McCandlish et al.'s
+        per-replica estimator, needs each replica's gradient: use ``summary.moments(...,
+        mode="replicas")`` in a custom ``strategy.run`` loop.)
 
     Under mixed precision the optimizer's loss scale is taken out of the moments; under a
     ``tf.distribute`` strategy the moments are over the global batch, written by replica 0.
@@ -92,6 +99,7 @@ class GradMoments(keras.callbacks.Callback):
         log_examples: bool = False,
         max_examples: int = _summary.DEFAULT_MAX_EXAMPLES,
         per_variable_norms: bool = False,
+        mode: str = "moments",
     ) -> None:
         super().__init__()
         self.every_n_steps = _validate.positive_int("every_n_steps", every_n_steps)
@@ -125,6 +133,20 @@ class GradMoments(keras.callbacks.Callback):
         self.log_examples = _validate.boolean("log_examples", log_examples)
         self.max_examples = _validate.positive_int("max_examples", max_examples)
         self.per_variable_norms = _validate.boolean("per_variable_norms", per_variable_norms)
+        self.mode = _moments.check_log_mode(mode)
+        if self.mode == "replicas":
+            raise ValueError(
+                "GradMoments(mode='replicas') is not supported: the per-replica estimator needs "
+                "each tf.distribute replica's gradient before the all-reduce, which Keras' "
+                "train step does not hand out. Use mode='norms' (exact, from per-example "
+                "norms), or a custom loop calling gradmom.summary.moments(..., "
+                "mode='replicas') inside strategy.run."
+            )
+        if self.mode != "moments" and set(self.orders) - {1, 2}:
+            raise ValueError(
+                f"orders={tuple(self.orders)} needs the element-wise moments: mode="
+                f"{self.mode!r} logs no maps. Pass mode='moments' for higher orders."
+            )
         self._writer: tf.summary.SummaryWriter | None = None  # while training
         self._run_dir = self.log_dir
         self._context: _tape.CallbackContext | None = None
@@ -176,6 +198,7 @@ class GradMoments(keras.callbacks.Callback):
             log_examples=self.log_examples,
             max_examples=self.max_examples,
             per_variable_norms=self.per_variable_norms,
+            mode=self.mode,
         )
         user_step = _user_train_step(model)
         step = _default_train_step(model) if user_step is None else user_step
@@ -258,7 +281,7 @@ class GradMoments(keras.callbacks.Callback):
 
 
 # the values of a `Logged` record kept as the writer's template (no tensors of the trace)
-_EMPTY = ((), (), (), (), (), ())
+_EMPTY = ((), (), (), (), (), (), ())
 
 # model -> the GradMoments attached to it, until its fit ends or the next fit starts
 _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -282,6 +305,8 @@ class _Accumulated:
         self.loss: list[tf.Tensor] = []
         # per tape call, the micro-batches' per-example (sq_norms, losses, ids), or ()
         self.examples: list[list[Any]] = []
+        # per tape call (norms mode), per variable: sum_j ||g_j||^2 over the micro-batches
+        self.raw: list[list[tf.Tensor] | None] = []
 
     def add(self, layout: list[Any], collected: list[Any]) -> None:
         if not self.sums:
@@ -290,10 +315,15 @@ class _Accumulated:
             self.n = [tf.zeros([], tf.int64) for _ in collected]
             self.loss = [tf.zeros([], tf.float64) for _ in collected]
             self.examples = [[] for _ in collected]
+            self.raw = [None for _ in collected]
         for k, (moments, n, loss, *extra) in enumerate(collected):
             if isinstance(extra[0], list):  # per-example norms
-                self.examples[k].append(extra)
+                self.examples[k].append(extra[:3])
             nf = tf.cast(n, tf.float64)
+            if isinstance(extra[3], list):  # the norms mode's sums: add sum_j ||g_j||^2
+                raw = [s["sum_m2_raw"] * nf for s in extra[3]]
+                old = self.raw[k]
+                self.raw[k] = raw if old is None else [a + b for a, b in zip(old, raw)]
             for sums, m in zip(self.sums[k], moments):
                 for p, t in m.items():
                     s = t * tf.cast(nf, t.dtype)
@@ -460,6 +490,7 @@ class _Switch:
                     lr,
                     tf.constant(step, tf.int64),
                     acc.examples_of(k),
+                    () if not acc.raw or acc.raw[k] is None else acc.raw[k],
                 )
                 writer.flush()
                 self.write_failed = False
@@ -509,12 +540,24 @@ def _write_function(writer: Any, ctx: Any, group: str | None, template: Any) -> 
     """A ``tf.function`` writing one group's summed moments at a step (``template``: the
     group's `Logged` record, whose values it fills in)."""
 
-    def write(sums: list, n: Any, loss: Any, lr: Any, step: Any, examples: tuple) -> Any:
+    def write(sums: list, n: Any, loss: Any, lr: Any, step: Any, examples: tuple, raw: Any) -> Any:
         nf = tf.cast(n, tf.float64)
         moments = [{p: t / tf.cast(nf, t.dtype) for p, t in m.items()} for m in sums]
+        stats: Any = ()
+        if template.mode == "norms":  # from the update's M_1 and sum_j ||g_j||^2
+            stats = []
+            for m, total in zip(moments, raw):
+                m2 = tf.reduce_sum(tf.square(tf.cast(m[1], tf.float64)))
+                mean_sq = total / nf
+                var = tf.where(
+                    nf > 1.0,
+                    (mean_sq - m2) * nf / tf.maximum(nf - 1.0, 1.0),
+                    tf.constant(float("nan"), tf.float64),
+                )
+                stats.append({"sum_m2": m2, "sum_var": var, "sum_m2_raw": mean_sq})
         with writer.as_default(step=step):
             return _summary.write(
-                template.with_values((moments, n, loss / nf, *examples)),
+                template.with_values((moments, n, loss / nf, *examples, stats)),
                 learning_rate=lr,
                 name=group,
                 max_elements=ctx.max_elements,

@@ -99,6 +99,7 @@ def moments(
     example_ids=None,
     max_examples: int = DEFAULT_MAX_EXAMPLES,
     per_variable_norms: bool = False,
+    mode: str = "moments",
 ):
     """Computes gradients and logs the moments of the per-example gradients.
 
@@ -172,6 +173,16 @@ def moments(
       max_examples: at most this many examples per logged step: the ``max_examples // 4``
         largest and smallest whole-model norms always, the others evenly spaced in rank.
       per_variable_norms: also log each variable's norms (not only the layers' and model's).
+      mode: what a logged step computes. ``"moments"`` (default): the element-wise moments
+        above. ``"norms"``: only what the noise statistics need, the batch gradient and the
+        per-example squared norms ``||g_j||^2`` (each rule's cheapest exact form, never
+        ``g_j**2`` element-wise): the ``/_stats`` tags hold the same exact ``|m|^2``,
+        ``tr(Sigma)`` and ``sum M_2`` (so the noise scale, ``|G|^2``, the norm test and CABS
+        are the same), with NaN for the GSNR sums and the variance histogram, and no maps (no
+        ``<variable>`` tags). ``"replicas"``: inside ``strategy.run`` of a ``tf.distribute``
+        strategy with several replicas, McCandlish et al.'s (2018, App. A.1) unbiased
+        ``tr(Sigma)`` and ``|G|^2`` from each replica's gradient and the global one (no
+        per-example work; a noisier estimate, docs/math.md). ``orders`` must stay (1, 2).
 
     Returns:
       In a ``tf.function``: the gradients, aligned with ``var_list`` (``None`` where the loss
@@ -179,6 +190,13 @@ def moments(
       ``Summary``.
     """
     orders = tuple(sorted(set(_plan.check_orders(orders)) | {1, 2}))
+    mode = _moments.check_log_mode(mode)
+    if mode != "moments" and orders != (1, 2):
+        raise ValueError(
+            f"orders={tuple(orders)} needs the element-wise moments: mode={mode!r} logs no "
+            "maps, only the noise statistics (orders 1 and 2). Pass mode='moments' for "
+            "higher orders."
+        )
     if not isinstance(exact_gradients, bool):
         raise TypeError(f"exact_gradients must be True or False, got {exact_gradients!r}")
     max_elements = _check_max_elements(max_elements)
@@ -208,8 +226,9 @@ def moments(
     static = None if compute is None else tf.get_static_value(compute)
     off = static is not None and not bool(static)
     options = _plan.Options.check(
-        # off: no writer or recording off at trace time, no moments at all
-        (1,) if off else orders,
+        # off: no writer or recording off at trace time, no moments at all; the norms and
+        # replicas modes need no power sum above 1 (the exact fallback's included)
+        (1,) if off or mode != "moments" else orders,
         reduction,
         batch_size,
         chunk_size,
@@ -236,12 +255,12 @@ def moments(
         per_variable_norms,
         map_dtype=map_dtype,
     )
-    examples = {"norms": log_examples, "ids": example_ids}
+    examples = {"norms": log_examples, "ids": example_ids, "mode": mode}
 
     if not inside:
         return _moments.compute_logged(plan, indices, write=writer.v1_summary, **examples).written
-    if off:
-        return _moments.compute_logged(plan, indices, gate=tf.constant(False)).grads
+    if off:  # (mode="replicas" outside tf.distribute raises here too)
+        return _moments.compute_logged(plan, indices, gate=tf.constant(False), mode=mode).grads
     if step is None:
         step = tf.summary.experimental.get_step()
         if step is None:
@@ -288,6 +307,8 @@ class _Writer:
         self.map_dtype = map_dtype
 
     def _records(self, logged: _moments.Logged):
+        if logged.sums is not None:
+            return _sums_records(logged, self.tags, self.lr, self.group)
         orders = logged.orders
         contents = [
             _content_of(v, nm, tag, orders, op, self.max_elements, self.map_dtype)
@@ -386,6 +407,10 @@ def write(
       max_examples, per_variable_norms: as for `moments`, for a ``Logged`` record that holds
         per-example norms (written under ``_examples``).
 
+    A ``Logged`` record of the norms or replicas mode (`Logged.sums`, ``compute_logged(...,
+    mode="norms")``) is written as `moments` writes it in that mode: stats tags and scalars,
+    no maps (``max_elements`` and ``map_dtype`` do not apply).
+
     Returns:
       True when the default writer recorded (a bool tensor), as ``tf.summary.write``.
     """
@@ -399,6 +424,17 @@ def write(
         var_list, n, moments = logged.variables, logged.n, logged.moments
         if loss is None:
             loss = logged.loss
+        if logged.sums is not None:  # the norms or replicas mode: sums, no maps
+            return _write_sums(
+                logged,
+                loss,
+                step,
+                learning_rate,
+                name,
+                per_variable_scalars,
+                max_examples,
+                per_variable_norms,
+            )
     if var_list is None or n is None:
         raise TypeError(
             "gradmom.summary.write(moments, var_list, n, ...) needs var_list and n with the "
@@ -479,6 +515,45 @@ def write(
         max_examples,
         per_variable_norms,
         map_dtype=map_dtype,
+    )
+    return _write_logged(writer, record, step)
+
+
+def _write_sums(
+    logged: _moments.Logged,
+    loss,
+    step,
+    learning_rate,
+    name,
+    per_variable_scalars,
+    max_examples,
+    per_variable_norms,
+):
+    """`write` of a `Logged` record of the norms or replicas mode (`Logged.sums`)."""
+    per_variable_scalars = _validate.boolean("per_variable_scalars", per_variable_scalars)
+    step = _validate.int_tensor_or_int("step", step)
+    learning_rate = _validate.positive_float("learning_rate", learning_rate)
+    if step is None:
+        step = tf.summary.experimental.get_step()
+        if step is None:
+            raise ValueError(
+                "gradmom.summary.write needs a step: pass step= or use "
+                "writer.as_default(step=...) / tf.summary.experimental.set_step(...)"
+            )
+    variables = [_plan.tf_variable(v, i) for i, v in enumerate(logged.variables)]
+    group = _group(name, logged.variables, tf.inside_function())
+    tags = _unique_tags(_tag_names(list(logged.names), group))
+    _claim(tags, variables, logged.names)
+    record = dataclasses.replace(logged, loss=None if loss is None else tf.cast(loss, tf.float64))
+    lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
+    writer = _Writer(
+        tags,
+        group,
+        None,
+        per_variable_scalars,
+        lr,
+        _validate.positive_int("max_examples", max_examples),
+        _validate.boolean("per_variable_norms", per_variable_norms),
     )
     return _write_logged(writer, record, step)
 
@@ -1169,6 +1244,63 @@ def _records_of(moms, n, loss, tags, contents, orders, lr, group):
     keys = [k for k in SCALARS if not (k == "cabs_batch_size" and lr is None)]
     derived = _derived(fields)
     # the scalars, tag-major: [(V + 1) * len(keys)] float32 values
+    values = tf.unstack(
+        tf.reshape(tf.cast(tf.stack([derived[k] for k in keys], 1), tf.float32), [-1])
+    )
+    scalar_values = [
+        (tag, f"gradmom/{tag}/{key}", values[i * len(keys) + j])
+        for i, tag in enumerate(list(tags) + [model_tag])
+        for j, key in enumerate(keys)
+    ]
+    return tensors, scalar_values
+
+
+# The statistics that need the element-wise variances: not written in the norms and replicas
+# modes (their sums are NaN there).
+ELEMENTWISE_ONLY = ("gsnr_mean", "eb_criterion")
+
+
+def _sums_records(logged: _moments.Logged, tags, lr, group):
+    """`_records_of` for a record of the norms or replicas mode (`Logged.sums`): the stats
+    tags of the variables and the model (``sum_gsnr``, ``gsnr_count`` and the histogram NaN:
+    no element-wise variance exists) and the scalars; no moments tags (no maps)."""
+    assert logged.sums is not None
+    model_tag = metadata.model_tag(group)
+    nf = tf.cast(logged.n, tf.float64)
+    count = len(logged.sums) + 1
+    ones = tf.ones([count], tf.float64)
+    nan = tf.constant(np.nan, tf.float64)
+
+    def column(key):
+        per_var = tf.stack([tf.cast(s[key], tf.float64) for s in logged.sums])
+        return tf.concat([per_var, tf.reduce_sum(per_var, keepdims=True)], 0)
+
+    sizes = np.array([float(np.prod(v.shape.as_list())) for v in logged.variables])
+    loss = logged.loss
+    fields = {
+        "batch_size": nf * ones,
+        "num_elements": tf.constant(np.append(sizes, sizes.sum())),
+        "sum_m2": column("sum_m2"),
+        "sum_var": column("sum_var"),
+        "sum_gsnr": nan * ones,
+        "gsnr_count": nan * ones,
+        "sum_m2_raw": column("sum_m2_raw"),
+        "loss": (nan if loss is None else tf.cast(loss, tf.float64)) * ones,
+        "learning_rate": (nan if lr is None else lr) * ones,
+    }
+    head = tf.stack([fields[k] for k in metadata.STATS_FIELDS], axis=1)
+    hist = tf.fill([count, _NB], nan)
+    packed = tf.unstack(tf.cast(tf.concat([head, hist], 1), tf.float32))
+    tensors = []
+    for tag, stats in zip(list(tags) + [model_tag], packed):
+        content = metadata.StatsContent(variable=tag, source=logged.mode)
+        tensors.append((metadata.stats_tag(tag), stats, metadata.create_summary_metadata(content)))
+    keys = [
+        k
+        for k in SCALARS
+        if k not in ELEMENTWISE_ONLY and not (k == "cabs_batch_size" and lr is None)
+    ]
+    derived = _derived(fields)
     values = tf.unstack(
         tf.reshape(tf.cast(tf.stack([derived[k] for k in keys], 1), tf.float32), [-1])
     )

@@ -58,6 +58,8 @@ class CallbackContext:
     log_examples: bool = False
     max_examples: int = 1024
     per_variable_norms: bool = False
+    # what a logged step computes (`summary.moments`' mode): "moments" or "norms"
+    mode: str = "moments"
     # set when a tape of the traced step logged: the callback warns when none did
     used: bool = False
     # what the tapes of the traced step computed, in order: returned by the logged step
@@ -227,7 +229,7 @@ class GradientTape(tf.GradientTape):
         go to ``ctx.collected``, to be returned by the step and written outside it."""
         ctx.used = True
         scale = _loss_scale_of(loss, ctx.optimizer)
-        orders = tuple(sorted(set(ctx.orders) | {1, 2}))
+        orders = tuple(sorted(set(ctx.orders) | {1, 2})) if ctx.mode == "moments" else (1,)
         options = _plan.Options.check(
             orders, None, None, None, ctx.fallback, scale, coupled=ctx.coupled
         )
@@ -239,7 +241,7 @@ class GradientTape(tf.GradientTape):
         ids = _summary._example_ids(self._gm_kwargs.get("example_ids"))
         norms = ctx.log_examples or bool(self._gm_kwargs.get("log_examples")) or ids is not None
         computed = _moments.compute_logged(
-            plan, indices, exact_gradients=False, norms=norms, ids=ids
+            plan, indices, exact_gradients=False, norms=norms, ids=ids, mode=ctx.mode
         )
         assert computed.logged is not None
         logged = computed.logged
@@ -268,6 +270,7 @@ _SUMMARY_KWARGS = frozenset(
         "example_ids",
         "max_examples",
         "per_variable_norms",
+        "mode",
     }
 )
 
