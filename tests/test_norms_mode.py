@@ -564,7 +564,7 @@ def test_tab_shows_curves_and_says_maps_are_off_in_real_chromium(tmp_path):
             page.on(
                 "console",
                 lambda m: (
-                    errors.append(m.text)
+                    errors.append(f"{m.text} ({m.location.get('url', '')})")
                     if m.type == "error" and "favicon" not in m.location.get("url", "")
                     else None
                 ),

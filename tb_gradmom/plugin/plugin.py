@@ -135,6 +135,11 @@ def _groups_of(ri) -> list[str]:
     return sorted(names)
 
 
+def _stats_only_layer(tag: str) -> str:
+    """The layer of a variable logged with stats only (no maps): its tag without the last part."""
+    return tag.rsplit("/", 1)[0] if "/" in tag else ""
+
+
 def _stats_only(ri) -> dict:
     """``{variable tag: stats entry}`` of the variables logged without maps: the stats tags of
     a norms- or replicas-mode run (`metadata.SOURCES`) whose base is no moments tag and no
@@ -367,7 +372,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                     "block": [1, 1],
                     "orders": [],
                     "op": "",
-                    "layer": tag.rsplit("/", 1)[0] if "/" in tag else "",
+                    "layer": _stats_only_layer(tag),
                     "variable": tag,
                     "dtype": "",
                     "steps": s.steps if s is not None else [],
@@ -795,14 +800,20 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         """The summed stats of the layer of variable ``tag`` (its group's variables with the
         same layer name, `stats.layer_sums`): ``(steps, wall_times, sums, layer, tags)``."""
         entry = ri.moments.get(tag)
-        if entry is None:
+        # Variables logged without maps (mode="norms") have only a stats tag: their layer is
+        # the tag's prefix, as /tags lists it.
+        stats_only = {t: _stats_only_layer(t) for t in _stats_only(ri)}
+        if entry is None and tag not in stats_only:
             raise errors.NotFoundError(
-                f"run {run!r} has no moments tag {tag!r}: over=layer takes a variable's tag "
+                f"run {run!r} has no variable tag {tag!r}: over=layer takes a variable's tag "
                 "and sums the stats of the variables of its layer"
             )
-        content = entry.content
-        assert isinstance(content, metadata.MomentsContent)
-        layer = content.layer
+        if entry is not None:
+            content = entry.content
+            assert isinstance(content, metadata.MomentsContent)
+            layer = content.layer
+        else:
+            layer = stats_only[tag]
         if not layer:
             raise errors.NotFoundError(
                 f"tag {tag!r} in run {run!r} was logged without a layer name; over=layer "
@@ -813,6 +824,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             for t, e in ri.moments.items()
             if isinstance(e.content, metadata.MomentsContent)
         }
+        layers.update(stats_only)
         members = [t for t in stats.layer_members(layers, tag, _groups_of(ri)) if ri.stats_for(t)]
         entries = [ri.stats_for(t) for t in members]
         series = self._reader.stats_series(ctx, experiment, [e for e in entries if e])
