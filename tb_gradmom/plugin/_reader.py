@@ -724,6 +724,8 @@ class Reader:
         every registered step it holds to its request and caches the steps near ``want``, so
         concurrent requests for many steps cost one read, not one each.
         """
+        if self._mux is not None:
+            return self._read_one(request)
         ctx, experiment_id, entry, want = (
             request.ctx,
             request.experiment_id,
@@ -756,6 +758,46 @@ class Reader:
                 return found
         finally:
             self._leave(group, pend, want)
+
+    def _read_one(self, request: _StepRequest) -> MomentsAt:
+        """Step ``want`` read straight from the Python loader's events: its record is found by
+        step (`_step_index`) and only it is checked and decoded.
+
+        Nothing is queued: the events are in the loader's memory, so concurrent requests for
+        different steps of one series decode one event each, in parallel (requests for the
+        same step share one load, `ByteLRU.get_or_load`).
+
+        Raises:
+          errors.NotFoundError: the step is not stored (the message gives the stored range).
+          BadRecord: its tensor does not fit the tag's metadata.
+        """
+        entry, want = request.entry, request.want
+        events = _tb_compat.tensor_events(self._mux, entry.run, entry.tag)
+        if not events:
+            raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
+        index = self._step_index(entry, events)
+        i = index.get(want)
+        if i is None:
+            raise errors.NotFoundError(_missing_step_message(entry, want, sorted(index), False))
+        e = events[i]
+        return self._moments(entry, _Raw(int(e.step), float(e.wall_time), e.tensor_proto))
+
+    def _step_index(self, entry: TagEntry, events: list) -> dict[int, int]:
+        """``{step: index in events}`` of the latest record of each step (as `_latest_per_step`,
+        which it warns through when a step repeats), kept while the series is unchanged."""
+        last = events[-1]
+        key = ("step-index", entry.run, entry.tag, len(events), int(last.step), last.wall_time)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        index: dict[int, int] = {}
+        for i, e in enumerate(events):
+            index[int(e.step)] = i
+        if len(index) != len(events):  # a step stored twice: warn once, as a full read does
+            raws = [_Raw(int(e.step), float(e.wall_time)) for e in events]
+            self._latest_per_step(entry.run, entry.tag, raws)
+        self._cache.put(key, index, group=("step-index", entry.run, entry.tag))
+        return index
 
     def _hand_out(self, experiment_id, entry, points, want, pend, whole: bool | None = None):
         """Gives each waiting request its step from ``points``; caches the steps near ``want``.
