@@ -59,7 +59,7 @@ from tensorboard.util import tensor_util
 
 from tb_gradmom import metadata
 from tb_gradmom.analysis import data
-from tb_gradmom.plugin import _tb_compat
+from tb_gradmom.plugin import _eventfiles, _tb_compat
 from tb_gradmom.plugin._cache import ByteLRU, MemoryGate, nbytes
 
 logger = logging.getLogger(__name__)
@@ -233,9 +233,14 @@ class Reader:
       multiplexer: the Python loader's event multiplexer (`_tb_compat.multiplexer_of`), or
         None to read through the data provider only.
       read_gate: the gate reads reserve their bytes on (default: `READ_BUDGET_BYTES`).
+      logdir: TensorBoard's ``--logdir``: with RustBoard's data server, one step is read from the
+        run's event files when they are local (`_eventfiles.StepFiles`), not from a sample of
+        its series; None to read through the data provider only.
     """
 
-    def __init__(self, data_provider, cache: ByteLRU, multiplexer=None, read_gate=None):
+    def __init__(
+        self, data_provider, cache: ByteLRU, multiplexer=None, read_gate=None, logdir=None
+    ):
         self._provider = data_provider
         self._cache = cache
         self._mux = multiplexer
@@ -246,6 +251,7 @@ class Reader:
         self._warn_lock = threading.Lock()
         self._pending: dict[tuple, _Pending] = {}
         self._pending_lock = threading.Lock()
+        self.files = _eventfiles.StepFiles(logdir) if self._stub is not None and logdir else None
 
     # ------------------------------------------------------------------------ logging
 
@@ -656,10 +662,28 @@ class Reader:
             return hit
         request = _StepRequest(ctx, experiment_id, entry, want, stats, stats_entry)
         if step is None or want == entry.max_step:
-            load = lambda: self._read_last(request)  # noqa: E731
+            read = self._read_last
         else:
-            load = lambda: self._read_step(request)  # noqa: E731
-        return self._cache.get_or_load(key, load)
+            read = self._read_step
+        if self.files is not None:  # the files first; the data provider if they cannot say
+            return self._cache.get_or_load(key, lambda: self._read_file(request) or read(request))
+        return self._cache.get_or_load(key, lambda: read(request))
+
+    def _read_file(self, request: _StepRequest) -> MomentsAt | None:
+        """Step ``want`` read from the run's event files (`_eventfiles`), or None if they do
+        not have it readable (then the data provider is asked)."""
+        entry, want = request.entry, request.want
+        files = self.files
+        assert files is not None
+        with self.read_gate.reserve(self._tensor_bytes(entry) + self.bytes_per_step(entry)):
+            try:
+                found = files.read(entry.run, entry.tag, want)
+            except Exception as e:  # noqa: BLE001 - never worse than the provider's read
+                self._warn(entry.run, entry.tag, want, f"not read from its files ({e!r})")
+                return None
+            if found is None:
+                return None
+            return self._moments(entry, _Raw(found.step, found.wall_time, found.proto))
 
     def _read_last(self, request: _StepRequest) -> MomentsAt:
         """The step listed last (``entry.max_step``), read as the series' latest record.

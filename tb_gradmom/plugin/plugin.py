@@ -178,7 +178,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         # arrays and one-step views, so that scrubbing through many steps cannot evict them.
         self._cache = ByteLRU(int(cache_mb * 1024 * 1024), parts={RESULTS: RESULTS_SHARE})
         mux = _tb_compat.multiplexer_of(context, self._data_provider)
-        self._reader = _SharedListings(self._data_provider, self._cache, multiplexer=mux)
+        self._reader = _SharedListings(
+            self._data_provider, self._cache, multiplexer=mux, logdir=context.logdir
+        )
         self._work = MemoryGate(WORK_BUDGET_BYTES)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             COMPUTE_THREADS, thread_name_prefix="gradmom", initializer=_mark_worker
