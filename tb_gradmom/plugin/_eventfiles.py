@@ -59,9 +59,11 @@ class _File:
 class _Run:
     directory: str
     files: dict[str, _File] = dataclasses.field(default_factory=dict)
-    # tag -> step -> (file name, offset of the record's header, data length); the last record
-    # of a step in file order (files in name order) wins.
-    where: dict[str, dict[int, tuple[str, int, int]]] = dataclasses.field(default_factory=dict)
+    # tag -> step -> [(file name, offset of the record's header, data length)]: every record of
+    # the step, in file order (files in name order).
+    where: dict[str, dict[int, list[tuple[str, int, int]]]] = dataclasses.field(
+        default_factory=dict
+    )
     records: int = 0
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     disabled: str = ""
@@ -94,20 +96,26 @@ class StepFiles:
             found = self._runs[run] = _Run(directory)
             return found
 
-    def read(self, run: str, tag: str, step: int) -> Found | None:
-        """Step ``step`` of ``tag`` in ``run``, or None if it cannot be read from the files."""
+    def read(self, run: str, tag: str, step: int) -> list[Found]:
+        """The readable records of step ``step`` of ``tag`` in ``run``, in file order (files in
+        name order; the last is the one RustBoard keeps); empty if the files cannot give it."""
         r = self._run(run)
         if r is None:
-            return None
+            return []
         with r.lock:
-            spot = r.where.get(tag, {}).get(step)
-            if spot is None:
+            spots = r.where.get(tag, {}).get(step)
+            if spots is None:
                 self._scan(r)  # the files may have grown since they were indexed
-                spot = r.where.get(tag, {}).get(step)
-            if spot is None or r.disabled:
-                return None
-        name, offset, length = spot
-        return self._read_record(os.path.join(r.directory, name), offset, length, tag, step)
+                spots = r.where.get(tag, {}).get(step)
+            if spots is None or r.disabled:
+                return []
+            spots = list(spots)
+        found = []
+        for name, offset, length in spots:
+            f = self._read_record(os.path.join(r.directory, name), offset, length, tag, step)
+            if f is not None:
+                found.append(f)
+        return found
 
     def _read_record(self, path: str, offset: int, length: int, tag: str, step: int):
         try:
@@ -161,8 +169,10 @@ class StepFiles:
             if f is None or f.inode != inode or st.st_size < f.scanned:
                 if f is not None:  # replaced or cut: forget what was indexed of it
                     for steps in r.where.values():
-                        for s in [s for s, spot in steps.items() if spot[0] == name]:
-                            del steps[s]
+                        for s, spots in list(steps.items()):
+                            spots[:] = [spot for spot in spots if spot[0] != name]
+                            if not spots:
+                                del steps[s]
                 f = r.files[name] = _File(path, 0, inode)
             if st.st_size > f.scanned:
                 self._scan_file(r, name, f)
@@ -197,7 +207,9 @@ class StepFiles:
                 if peek is not None:
                     step, tags = peek
                     for tag in tags:
-                        r.where.setdefault(tag, {})[step] = (name, offset, length)
+                        r.where.setdefault(tag, {}).setdefault(step, []).append(
+                            (name, offset, length)
+                        )
                         r.records += 1
                 fh.seek(offset + 12 + length + 4)
                 offset += 12 + length + 4

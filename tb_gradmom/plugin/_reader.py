@@ -177,6 +177,8 @@ class MomentsAt:
     step: int
     wall_time: float
     arrays: dict[int, np.ndarray]
+    # `metadata.moments_sum` of the tensor as stored: pairs it with its stats record (format 3).
+    moments_sum: float = math.nan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -630,7 +632,7 @@ class Reader:
             arrays = metadata.decode_moments(entry.moments, array)
         except metadata.FormatError as e:
             raise self._bad(entry, raw.step, e) from None
-        return MomentsAt(step=raw.step, wall_time=raw.wall_time, arrays=arrays)
+        return MomentsAt(raw.step, raw.wall_time, arrays, metadata.moments_sum(array))
 
     def _point(self, entry: TagEntry, raw: _Raw) -> Point:
         return Point(raw.step, raw.wall_time, lambda: self._moments(entry, raw))
@@ -657,17 +659,20 @@ class Reader:
         """
         want = entry.max_step if step is None else int(step)
         key = self._moments_key(experiment_id, entry, want)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
         request = _StepRequest(ctx, experiment_id, entry, want, stats, stats_entry)
-        if step is None or want == entry.max_step:
+        if self._mux is not None:  # every step is one event in memory (the latest too)
+            read = self._read_one
+        elif step is None or want == entry.max_step:
             read = self._read_last
         else:
             read = self._read_step
         if self.files is not None:  # the files first; the data provider if they cannot say
-            return self._cache.get_or_load(key, lambda: self._read_file(request) or read(request))
-        return self._cache.get_or_load(key, lambda: read(request))
+            m = self._cache.get_or_load(key, lambda: self._read_file(request) or read(request))
+        else:
+            m = self._cache.get_or_load(key, lambda: read(request))
+        if not _same_source(stats, m):
+            raise BadRecord(_mixed_message(entry, m.step, stats))
+        return m
 
     def _read_file(self, request: _StepRequest) -> MomentsAt | None:
         """Step ``want`` read from the run's event files (`_eventfiles`), or None if they do
@@ -681,9 +686,11 @@ class Reader:
             except Exception as e:  # noqa: BLE001 - never worse than the provider's read
                 self._warn(entry.run, entry.tag, want, f"not read from its files ({e!r})")
                 return None
-            if found is None:
+            if not found:
                 return None
-            return self._moments(entry, _Raw(found.step, found.wall_time, found.proto))
+            return self._matching(
+                request, (_Raw(f.step, f.wall_time, f.proto) for f in reversed(found))
+            )
 
     def _read_last(self, request: _StepRequest) -> MomentsAt:
         """The step listed last (``entry.max_step``), read as the series' latest record.
@@ -715,6 +722,8 @@ class Reader:
                     m = p.get()
                 except BadRecord:
                     continue
+                if not _same_source(stats, m):
+                    continue  # another writer's record of this step
                 self._cache.put(self._moments_key(experiment_id, entry, m.step), m)
                 return m
         raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no readable step")
@@ -800,23 +809,42 @@ class Reader:
         if not events:
             raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
         index = self._step_index(entry, events)
-        i = index.get(want)
-        if i is None:
+        found = index.get(want)
+        if found is None:
             raise errors.NotFoundError(_missing_step_message(entry, want, sorted(index), False))
-        e = events[i]
-        return self._moments(entry, _Raw(int(e.step), float(e.wall_time), e.tensor_proto))
+        candidates = [events[i] for i in reversed(found)]  # latest first
+        return self._matching(
+            request,
+            (_Raw(int(e.step), float(e.wall_time), e.tensor_proto) for e in candidates),
+        )
 
-    def _step_index(self, entry: TagEntry, events: list) -> dict[int, int]:
-        """``{step: index in events}`` of the latest record of each step (as `_latest_per_step`,
-        which it warns through when a step repeats), kept while the series is unchanged."""
+    def _matching(self, request: _StepRequest, raws) -> MomentsAt:
+        """The first of a step's records ``raws`` (latest first) that its stats record was
+        logged with (`_same_source`; any, for formats 1 and 2), else the first."""
+        first = None
+        for raw in raws:
+            m = self._moments(request.entry, raw)
+            if _same_source(request.stats, m):
+                return m
+            first = first or m
+        if first is None:
+            raise errors.NotFoundError(
+                f"run {request.entry.run!r} tag {request.entry.tag!r} has no step {request.want}"
+            )
+        return first  # refused by `moments_at` with the reason
+
+    def _step_index(self, entry: TagEntry, events: list) -> dict[int, list[int]]:
+        """``{step: indices in events}`` of the records of each step, latest last (a step
+        stored more than once is warned about through `_latest_per_step`), kept while the
+        series is unchanged."""
         last = events[-1]
         key = ("step-index", entry.run, entry.tag, len(events), int(last.step), last.wall_time)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        index: dict[int, int] = {}
+        index: dict[int, list[int]] = {}
         for i, e in enumerate(events):
-            index[int(e.step)] = i
+            index.setdefault(int(e.step), []).append(i)
         if len(index) != len(events):  # a step stored twice: warn once, as a full read does
             raws = [_Raw(int(e.step), float(e.wall_time)) for e in events]
             self._latest_per_step(entry.run, entry.tag, raws)
@@ -1041,6 +1069,32 @@ def _stats_series(rows, content: metadata.StatsContent) -> StatsSeries:
         wall_times=walls[order],
         sums={f: columns[i] for i, f in enumerate(fields)},
         hist_counts=columns[len(fields) :].T,
+    )
+
+
+def _same_source(stats: StatsSeries | None, m: MomentsAt) -> bool:
+    """Whether moments ``m`` are those its step's stats record was logged with (format 3's
+    ``moments_sum``; always for older formats, or without stats)."""
+    if stats is None or "moments_sum" not in stats.sums:
+        return True
+    i = stats.index_of(m.step)
+    if i is None:
+        return True
+    return metadata.same_moments(float(stats.sums["moments_sum"][i]), m.moments_sum)
+
+
+def _mixed_message(entry: TagEntry, step: int, stats: StatsSeries | None) -> str:
+    source = ""
+    if stats is not None:
+        i = stats.index_of(step)
+        if i is not None:
+            token = metadata.source_of({f: float(v[i]) for f, v in stats.sums.items()})
+            source = "" if token is None else f" (writer source {token:012x})"
+    return (
+        f"run {entry.run!r} tag {entry.tag!r} step {step}: its statistics{source} were logged "
+        "with other moments than the record read: two writers or processes wrote this run and "
+        "their records of this step are mixed; the step is not shown (give each writer its "
+        "own log directory, or log from one process)"
     )
 
 
