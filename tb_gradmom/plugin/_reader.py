@@ -674,6 +674,36 @@ class Reader:
             raise BadRecord(_mixed_message(entry, m.step, stats))
         return m
 
+    def quick_moments(
+        self, experiment_id: str, entry: TagEntry, step: int | None, stats: StatsSeries | None
+    ) -> MomentsAt | None:
+        """`moments_at` when it costs one event or one record at most: from the cache, the
+        Python loader's memory or a local event file (RustBoard); None when only a read
+        through the data provider can say (then call `moments_at`).
+
+        Raises:
+          BadRecord: as `moments_at`.
+        """
+        want = entry.max_step if step is None else int(step)
+        key = self._moments_key(experiment_id, entry, want)
+        m = self._cache.get(key)
+        if m is None and (self._mux is not None or self.files is not None):
+            request = _StepRequest(None, experiment_id, entry, want, stats, None)
+            try:
+                if self._mux is not None:
+                    m = self._read_one(request)
+                else:
+                    m = self._read_file(request)
+            except BadRecord:
+                raise
+            except errors.NotFoundError:
+                return None  # not there: `moments_at` says so with the data provider's reasons
+            if m is not None:
+                self._cache.put(key, m)
+        if m is not None and not _same_source(stats, m):
+            raise BadRecord(_mixed_message(entry, m.step, stats))
+        return m
+
     def _read_file(self, request: _StepRequest) -> MomentsAt | None:
         """Step ``want`` read from the run's event files (`_eventfiles`), or None if they do
         not have it readable (then the data provider is asked)."""

@@ -429,7 +429,13 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         entry, st, s = looked_up or self._lookup(ctx, experiment, run, tag)
         resolved = self._resolve_step(entry, s, step)
         try:
-            m = self._read(lambda: self._reader.moments_at(ctx, experiment, entry, resolved, s, st))
+            # One event in memory or one record of a local file: read here, not queued on the
+            # read threads behind reads of whole series.
+            m = self._reader.quick_moments(experiment, entry, resolved, s)
+            if m is None:
+                m = self._read(
+                    lambda: self._reader.moments_at(ctx, experiment, entry, resolved, s, st)
+                )
         except _reader.BadRecord as bad:
             if step is not None:
                 raise
