@@ -99,6 +99,8 @@ STATS_FIELDS: tuple[str, ...] = (
 SOURCE_FIELDS: tuple[str, ...] = ("source_hi", "source_lo", "moments_sum")
 # The bits of each half of a source token (integers below 2**24 are exact in float32).
 SOURCE_HALF_BITS = 24
+# The fields of the stats tensors the writer of this version writes.
+WRITER_STATS_FIELDS: tuple[str, ...] = STATS_FIELDS + SOURCE_FIELDS
 
 
 def moments_sum(stored: Any) -> float:

@@ -1141,7 +1141,7 @@ def _records(backward, indices, tags, contents, orders, lr, moms=None, group=Non
     return _records_of(computed.values, computed.n, loss, tags, contents, orders, lr, group)
 
 
-_STATS_COLUMNS = metadata.STATS_FIELDS + metadata.SOURCE_FIELDS
+_STATS_COLUMNS = metadata.WRITER_STATS_FIELDS
 # Per summary writer: its source token (`metadata.SOURCE_FIELDS`), drawn once.
 _WRITER_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _PROCESS_TOKEN: list[int] = []
