@@ -990,3 +990,69 @@ def test_two_real_writers_on_one_run_never_mix_moments_and_stats(tmp_path, proce
         np.testing.assert_array_equal(
             np.asarray(d["values"], np.float32).ravel(), recs[step].moments[1].ravel()
         )
+
+
+@pytest.mark.slow
+def test_two_real_writers_on_one_run_rustboard(tmp_path, monkeypatch):
+    """The same log (two writers in one process, the last file cut between step 3's two
+    records) through RustBoard's data server, which keeps one record per step: read from the
+    event files, every step is paired with its own statistics; read from the data server
+    alone (the files unavailable), a step whose kept records come from two writers is refused
+    with the reason, never shown with the other writer's statistics."""
+    import test_plugin_subprocess as tps
+    from tensorboard import context
+    from tensorboard.data import provider, server_ingester
+    from tensorboard.util import grpc_util
+
+    from tb_gradmom.analysis import data
+    from tb_gradmom.plugin import _eventfiles
+
+    problem = tps._data_server_problem()  # noqa: SLF001
+    if problem:
+        pytest.skip(problem)
+    logdir = str(tmp_path / "log")
+    _write_with(logdir, (1, 2))
+    _cut_last_stats(logdir)
+    stats = {r.step: r.stats for r in data.load(logdir)["."][KERNEL]}
+    ingester = server_ingester.SubprocessServerDataIngester(
+        server_ingester.get_server_binary(),
+        logdir,
+        reload_interval=0,
+        channel_creds_type=grpc_util.ChannelCredsType.LOCAL,
+        samples_per_plugin={"gradmom": 500},
+    )
+    ingester.start()
+    dp = ingester.data_provider
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            got = dp.list_tensors(
+                context.RequestContext(),
+                experiment_id="",
+                plugin_name="gradmom",
+                run_tag_filter=provider.RunTagFilter(runs=["."]),
+            )
+            if got.get(".", {}).get(KERNEL) and got["."][KERNEL].max_step == 3:
+                break
+            time.sleep(0.3)
+        client, plugin = tr._app_over(logdir, dp)  # noqa: SLF001
+        assert plugin._reader.files is not None  # noqa: SLF001
+        # RustBoard drops a series' steps above a step read again (a restart, to TensorBoard):
+        # the steps it lists are the second file's; its step 3 has no stats record.
+        listed = _json(client, "tags")["runs"]["."][KERNEL]["steps"]
+        assert listed[:3] == [0, 1, 2], listed
+        for step in listed:
+            d = _json(client, "heatmap", run=".", tag=KERNEL, step=step, stat="mean")
+            assert _consistent(d["values"], stats[step]), step
+        monkeypatch.setattr(_eventfiles.StepFiles, "read", lambda self, run, tag, step: [])
+        client, plugin = tr._app_over(logdir, dp)  # noqa: SLF001
+        for step in listed:
+            status, body = _get(client, "heatmap", run=".", tag=KERNEL, step=step, stat="mean")
+            if status == 200:
+                assert _consistent(json.loads(body)["values"], stats[step]), step
+            else:
+                assert status == 404 and "two writers or processes wrote this run" in body, body
+    finally:
+        stdin = getattr(ingester, "_stdin_handle", None)
+        if stdin is not None:
+            stdin.close()
