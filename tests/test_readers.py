@@ -1056,3 +1056,39 @@ def test_two_real_writers_on_one_run_rustboard(tmp_path, monkeypatch):
         stdin = getattr(ingester, "_stdin_handle", None)
         if stdin is not None:
             stdin.close()
+
+
+def test_one_record_read_from_the_event_files(tmp_path):
+    """`_eventfiles.StepFiles` (the plugin's reads under RustBoard): a step of a tag is found
+    by reading the records' first bytes and read as its one record, equal to what was written;
+    steps appended later are found; a record whose bytes changed (checksum) is not served."""
+    from tensorboard.util import tensor_util
+
+    from tb_gradmom.plugin import _eventfiles
+
+    root = str(tmp_path)
+    _good_run(root, "r", steps=(0, 1))
+    files = _eventfiles.StepFiles(root)
+    for step in (0, 1):
+        (found,) = files.read("r", OK, step)
+        assert found.step == step
+        np.testing.assert_array_equal(
+            tensor_util.make_ndarray(found.proto), tr._stored(tr.moments("r", OK, step))
+        )
+    assert files.read("r", OK, 2) == [] and files.read("nope", OK, 0) == []
+    assert set(files._run("r").where) == {OK}  # noqa: SLF001 - only the tags asked for
+    path = os.path.join(root, "r")
+    _append(path, [_moments_event("r", OK, 2), *_stats_events("r", OK, 2)])
+    (found,) = files.read("r", OK, 2)  # the files grew: indexed again from where they were
+    np.testing.assert_array_equal(
+        tensor_util.make_ndarray(found.proto), tr._stored(tr.moments("r", OK, 2))
+    )
+    assert files.reads == 3
+    name, offset, length = files._run("r").where[OK][1][0]  # noqa: SLF001
+    with open(os.path.join(path, name), "r+b") as f:
+        f.seek(offset + 12 + length - 8)  # a byte of the tensor's values
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+    assert files.read("r", OK, 1) == []
+    assert _eventfiles.StepFiles("gs://bucket/logs").read("r", OK, 0) == []  # not local

@@ -5,16 +5,16 @@ series: ``ReadTensors`` takes a ``downsample`` only, so one old step of a big se
 gRPC read of a sample of it (hundreds of MB for the benchmark's 64K-cell kernel; seconds under
 load). When the log directory is local, the plugin finds the step in the run's event files
 instead and reads that one record: `StepFiles` keeps, per run directory, where each record of
-each tag is (file, byte offset, length), learnt by reading only the records' first bytes
-(`data._peek_event`: the step and the tag come first in a serialized ``Event``), and reads
-one record, checksum verified, when asked.
+each tag asked for is (file, byte offset, length), learnt by reading only the records' first
+bytes (`data._peek_event`: the step and the tag come first in a serialized ``Event``), and
+reads one record, checksum verified, when asked.
 
 It serves only what the data provider already lists (the reader asks for steps it resolved
 from the provider's stats), and answers None whenever it cannot be sure (a remote log
 directory, a run directory it cannot find, a step not in the files, a record that fails its
-checksum or does not parse): the reader then reads through the data provider as before. A
-step stored in several records (two writers or processes on one run) is the last one in file
-order, files in name order: as RustBoard keeps it.
+checksum or does not parse): the reader then reads through the data provider as before. Of a
+step stored in several records (two writers or processes on one run) all are returned, in
+file order; the reader takes the one its stats record was logged with (format 3).
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from tb_gradmom.analysis import data
 
 __all__ = ["StepFiles", "Found"]
 
-# Records indexed per run at most (40 tags x 500 steps is 20,000): beyond it the run is not
-# served from its files (the reader reads through the data provider).
-MAX_RECORDS_PER_RUN = 2_000_000
+# Records indexed per run at most (about 150 bytes each; only the tags asked for are indexed:
+# 20 tags x 500 steps is 10,000): beyond it the run is not served from its files (the reader
+# reads through the data provider).
+MAX_RECORDS_PER_RUN = 200_000
 # A record longer than this is not read from the files (a corrupt length).
 MAX_RECORD_BYTES = 1 << 31
 
@@ -65,6 +66,8 @@ class _Run:
         default_factory=dict
     )
     records: int = 0
+    # The tags indexed: those asked for so far (a run may hold thousands of scalar tags).
+    wanted: set[str] = dataclasses.field(default_factory=set)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     disabled: str = ""
 
@@ -103,6 +106,11 @@ class StepFiles:
         if r is None:
             return []
         with r.lock:
+            if tag not in r.wanted:  # a new tag: index the files again, for it too
+                r.wanted.add(tag)
+                r.files.clear()
+                r.where.clear()
+                r.records = 0
             spots = r.where.get(tag, {}).get(step)
             if spots is None:
                 self._scan(r)  # the files may have grown since they were indexed
@@ -207,6 +215,8 @@ class StepFiles:
                 if peek is not None:
                     step, tags = peek
                     for tag in tags:
+                        if tag not in r.wanted:
+                            continue
                         r.where.setdefault(tag, {}).setdefault(step, []).append(
                             (name, offset, length)
                         )
