@@ -975,7 +975,8 @@ def test_two_real_writers_on_one_run_never_mix_moments_and_stats(tmp_path, proce
     _write_with(logdir, *groups)
     _cut_last_stats(logdir)
 
-    recs = data.load(logdir)["."][KERNEL]
+    with pytest.warns(data.DataWarning, match=r"holds the records of 2 writers \(sources "):
+        recs = data.load(logdir)["."][KERNEL]
     assert [r.step for r in recs] == [0, 1, 2, 3]
     for r in recs:
         assert _consistent(r.moments[1], r.stats), r.step

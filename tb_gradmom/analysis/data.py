@@ -461,6 +461,8 @@ class _Tag:
     # with the stats record); for a repeated step, the earlier records too: step -> [(sum,
     # wall_time, ndarray)].
     sums: dict[int, list[tuple[float, float, np.ndarray]]] = field(default_factory=dict)
+    # A stats tag's writer source tokens (format 3), of every record read.
+    sources: set[int] = field(default_factory=set)
 
 
 def short_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
@@ -653,6 +655,14 @@ def _read_run(
                 if step in tag.events:
                     tag.repeated.add(step)
                 tag.events[step] = (float(event.wall_time), array)
+                if isinstance(tag.content, metadata.StatsContent) and "source_hi" in (
+                    tag.content.fields
+                ):
+                    token = metadata.source_of(
+                        stats.split_stats_tensor(array, tag.content.fields)[0]
+                    )
+                    if token is not None:
+                        tag.sources.add(token)
                 if isinstance(tag.content, metadata.MomentsContent):
                     record = (metadata.moments_sum(stored), float(event.wall_time), array)
                     if step in tag.repeated:
@@ -660,6 +670,17 @@ def _read_run(
                     else:
                         tag.sums[step] = [record]
     for name, t in tags.items():
+        if len(t.sources) > 1:
+            shown = ", ".join(f"{s:012x}" for s in sorted(t.sources))
+            _warn(
+                run,
+                name,
+                min(t.events, default=0),
+                f"holds the records of {len(t.sources)} writers (sources {shown}): two summary "
+                "writers or training processes wrote this run (or it was restarted); each step "
+                "is read with its own writer's statistics, but the steps of the series may come "
+                "from different writers. Give each writer its own log directory",
+            )
         if t.repeated:
             steps = sorted(t.repeated)
             shown = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
