@@ -16,6 +16,15 @@ run, tag and last step). Each step's tensor is checked against its content
 when asked for, answered 404 with the reason. A failing read of several tags is retried tag by
 tag, so one bad tag never takes the others down.
 
+**One step.** With the Python loader a step is its one event in the multiplexer's memory,
+found by step (`Reader._step_index`) and decoded alone (`Reader._read_one`); with RustBoard
+and a local ``--logdir`` it is its one record in the run's event file
+(`_eventfiles.StepFiles`, `Reader._read_file`). Both run on the request's own thread
+(`Reader.quick_moments`). Of a step stored more than once (two writers on one run), the
+record its stats record was logged with is taken (format 3's ``moments_sum``,
+`metadata.same_moments`); a step whose moments come from another writer than its statistics
+is refused (`BadRecord`, 404), never served. Otherwise:
+
 **Read strategy** (what the data provider API allows):
 
 * ``read_tensors`` has no step filter, only ``downsample``: ``downsample=1`` returns the last
