@@ -5,8 +5,8 @@ series: ``ReadTensors`` takes a ``downsample`` only, so one old step of a big se
 gRPC read of a sample of it (hundreds of MB for the benchmark's 64K-cell kernel; seconds under
 load). When the log directory is local, the plugin finds the step in the run's event files
 instead and reads that one record: `StepFiles` keeps, per run directory, where each record of
-each tag asked for is (file, byte offset, length), learnt by reading only the records' first
-bytes (`data._peek_event`: the step and the tag come first in a serialized ``Event``), and
+each tag is (file, byte offset, length; compact columns), learnt by reading only the records'
+first bytes (`data._peek_event`: the step and the tag come first in a serialized ``Event``), and
 reads one record, checksum verified, when asked.
 
 It serves only what the data provider already lists (the reader asks for steps it resolved
@@ -19,24 +19,29 @@ file order; the reader takes the one its stats record was logged with (format 3)
 
 from __future__ import annotations
 
+import array
 import dataclasses
+import mmap
 import os
 import stat as stat_module
 import struct
 import threading
 
+import numpy as np
 from tensorboard.compat.proto import event_pb2
 
 from tb_gradmom.analysis import data
 
 __all__ = ["StepFiles", "Found"]
 
-# Records indexed per run at most (about 150 bytes each; only the tags asked for are indexed:
-# 20 tags x 500 steps is 10,000): beyond it the run is not served from its files (the reader
-# reads through the data provider).
-MAX_RECORDS_PER_RUN = 200_000
+# Records indexed per run at most (40 bytes each: 160 MB; a ResNet50 logged 200 times with its
+# scalars is 390,000): beyond it the run is not served from its files (the reader reads
+# through the data provider).
+MAX_RECORDS_PER_RUN = 4_000_000
 # A record longer than this is not read from the files (a corrupt length).
 MAX_RECORD_BYTES = 1 << 31
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,18 +63,42 @@ class _File:
 
 @dataclasses.dataclass
 class _Run:
+    """What the event files of one run directory hold: every record of every tag, as columns
+    (about 32 bytes a record), and a ``{step: [spot]}`` dict built for each tag asked for."""
+
     directory: str
     files: dict[str, _File] = dataclasses.field(default_factory=dict)
-    # tag -> step -> [(file name, offset of the record's header, data length)]: every record of
-    # the step, in file order (files in name order).
+    names: list[str] = dataclasses.field(default_factory=list)  # file index -> name
+    tag_ids: dict[str, int] = dataclasses.field(default_factory=dict)
+    # One entry per (record, tag): tag id, step, file index, offset of the header, data length.
+    cols: tuple = dataclasses.field(
+        default_factory=lambda: tuple(array.array("q") for _ in range(5))
+    )
+    # tag -> step -> [(file name, offset, data length)], file order; for the tags asked for.
     where: dict[str, dict[int, list[tuple[str, int, int]]]] = dataclasses.field(
         default_factory=dict
     )
-    records: int = 0
-    # The tags indexed: those asked for so far (a run may hold thousands of scalar tags).
-    wanted: set[str] = dataclasses.field(default_factory=set)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     disabled: str = ""
+
+    @property
+    def records(self) -> int:
+        return len(self.cols[0])
+
+    def spots(self, tag: str) -> dict[int, list[tuple[str, int, int]]]:
+        """The ``{step: [spot]}`` of one tag, from the columns (kept for later)."""
+        found = self.where.get(tag)
+        if found is None:
+            found = self.where[tag] = {}
+            tid = self.tag_ids.get(tag)
+            if tid is not None:
+                tags, steps, files, offsets, lengths = (
+                    np.frombuffer(c, np.int64) for c in self.cols
+                )
+                for i in np.flatnonzero(tags == tid).tolist():
+                    spot = (self.names[int(files[i])], int(offsets[i]), int(lengths[i]))
+                    found.setdefault(int(steps[i]), []).append(spot)
+        return found
 
 
 class StepFiles:
@@ -106,15 +135,12 @@ class StepFiles:
         if r is None:
             return []
         with r.lock:
-            if tag not in r.wanted:  # a new tag: index the files again, for it too
-                r.wanted.add(tag)
-                r.files.clear()
-                r.where.clear()
-                r.records = 0
-            spots = r.where.get(tag, {}).get(step)
+            if not r.files:
+                self._scan(r)
+            spots = r.spots(tag).get(step)
             if spots is None:
                 self._scan(r)  # the files may have grown since they were indexed
-                spots = r.where.get(tag, {}).get(step)
+                spots = r.spots(tag).get(step)
             if spots is None or r.disabled:
                 return []
             spots = list(spots)
@@ -174,53 +200,66 @@ class StepFiles:
                 continue
             f = r.files.get(name)
             inode = (st.st_dev, st.st_ino)
-            if f is None or f.inode != inode or st.st_size < f.scanned:
-                if f is not None:  # replaced or cut: forget what was indexed of it
-                    for steps in r.where.values():
-                        for s, spots in list(steps.items()):
-                            spots[:] = [spot for spot in spots if spot[0] != name]
-                            if not spots:
-                                del steps[s]
+            if f is not None and (f.inode != inode or st.st_size < f.scanned):
+                # replaced or cut: forget everything and index again
+                fresh = _Run(r.directory)
+                r.files, r.names, r.tag_ids = fresh.files, fresh.names, fresh.tag_ids
+                r.cols, r.where = fresh.cols, fresh.where
+                self._scan(r)
+                return
+            if f is None:
                 f = r.files[name] = _File(path, 0, inode)
+                r.names.append(name)
             if st.st_size > f.scanned:
-                self._scan_file(r, name, f)
+                self._scan_file(r, r.names.index(name), f)
             if r.records > MAX_RECORDS_PER_RUN:
                 r.disabled = f"more than {MAX_RECORDS_PER_RUN} records"
                 r.where.clear()
+                r.cols = tuple(array.array("q") for _ in range(5))
                 return
 
-    def _scan_file(self, r: _Run, name: str, f: _File) -> None:
+    def _scan_file(self, r: _Run, index: int, f: _File) -> None:
         try:
             fh = open(f.path, "rb")
         except OSError:
             return
         with fh:
             size = os.fstat(fh.fileno()).st_size
+            if size <= f.scanned:
+                return
+            try:
+                mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                return
+        with mm:
+            tags_col, steps_col, files_col, offsets_col, lengths_col = r.cols
+            name = r.names[index]
             offset = f.scanned
-            fh.seek(offset)
+            peek_first, peek_most = data._PEEK_FIRST, data._PEEK_BYTES  # noqa: SLF001
             while offset + 12 <= size:
-                header = fh.read(12)
-                if len(header) < 12:
-                    break
-                (length,) = struct.unpack("<Q", header[:8])
-                if data.masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
+                (length,) = _U64.unpack_from(mm, offset)
+                (crc,) = _U32.unpack_from(mm, offset + 8)
+                if data.masked_crc32c(mm[offset : offset + 8]) != crc:
                     break  # a corrupt length: nothing after it is indexed
                 if length > MAX_RECORD_BYTES or offset + 12 + length + 4 > size:
                     break  # being written (or cut): indexed on a later scan
-                head = fh.read(min(length, data._PEEK_FIRST))  # noqa: SLF001
+                start = offset + 12
+                head = mm[start : start + min(length, peek_first)]
                 peek = data._peek_event(head, len(head) == length)  # noqa: SLF001
                 if peek is None and len(head) < length:  # a long tag: up to _PEEK_BYTES
-                    head += fh.read(min(length, data._PEEK_BYTES) - len(head))  # noqa: SLF001
+                    head = mm[start : start + min(length, peek_most)]
                     peek = data._peek_event(head, len(head) == length)  # noqa: SLF001
                 if peek is not None:
                     step, tags = peek
                     for tag in tags:
-                        if tag not in r.wanted:
-                            continue
-                        r.where.setdefault(tag, {}).setdefault(step, []).append(
-                            (name, offset, length)
-                        )
-                        r.records += 1
-                fh.seek(offset + 12 + length + 4)
+                        tid = r.tag_ids.setdefault(tag, len(r.tag_ids))
+                        tags_col.append(tid)
+                        steps_col.append(step)
+                        files_col.append(index)
+                        offsets_col.append(offset)
+                        lengths_col.append(length)
+                        known = r.where.get(tag)
+                        if known is not None:
+                            known.setdefault(step, []).append((name, offset, length))
                 offset += 12 + length + 4
             f.scanned = offset
