@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import array
 import dataclasses
-import mmap
 import os
 import stat as stat_module
 import struct
@@ -40,6 +39,8 @@ __all__ = ["StepFiles", "Found"]
 MAX_RECORDS_PER_RUN = 4_000_000
 # A record longer than this is not read from the files (a corrupt length).
 MAX_RECORD_BYTES = 1 << 31
+# Bytes read at once when indexing a file.
+WINDOW_BYTES = 256 * 1024
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 
@@ -220,34 +221,29 @@ class StepFiles:
 
     def _scan_file(self, r: _Run, index: int, f: _File) -> None:
         try:
-            fh = open(f.path, "rb")
+            fh = open(f.path, "rb", buffering=0)
         except OSError:
             return
         with fh:
             size = os.fstat(fh.fileno()).st_size
-            if size <= f.scanned:
-                return
-            try:
-                mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
-            except (OSError, ValueError):
-                return
-        with mm:
+            window = _Window(fh)
             tags_col, steps_col, files_col, offsets_col, lengths_col = r.cols
             name = r.names[index]
             offset = f.scanned
             peek_first, peek_most = data._PEEK_FIRST, data._PEEK_BYTES  # noqa: SLF001
             while offset + 12 <= size:
-                (length,) = _U64.unpack_from(mm, offset)
-                (crc,) = _U32.unpack_from(mm, offset + 8)
-                if data.masked_crc32c(mm[offset : offset + 8]) != crc:
+                header = window.get(offset, 12)
+                (length,) = _U64.unpack_from(header)
+                (crc,) = _U32.unpack_from(header, 8)
+                if data.masked_crc32c(header[:8]) != crc:
                     break  # a corrupt length: nothing after it is indexed
                 if length > MAX_RECORD_BYTES or offset + 12 + length + 4 > size:
                     break  # being written (or cut): indexed on a later scan
                 start = offset + 12
-                head = mm[start : start + min(length, peek_first)]
+                head = window.get(start, min(length, peek_first))
                 peek = data._peek_event(head, len(head) == length)  # noqa: SLF001
                 if peek is None and len(head) < length:  # a long tag: up to _PEEK_BYTES
-                    head = mm[start : start + min(length, peek_most)]
+                    head = window.get(start, min(length, peek_most))
                     peek = data._peek_event(head, len(head) == length)  # noqa: SLF001
                 if peek is not None:
                     step, tags = peek
@@ -263,3 +259,21 @@ class StepFiles:
                             known.setdefault(step, []).append((name, offset, length))
                 offset += 12 + length + 4
             f.scanned = offset
+
+
+class _Window:
+    """Reads a file's bytes through a window of `WINDOW_BYTES` (small records are many per
+    read; a big record's body is jumped over, never read whole)."""
+
+    def __init__(self, fh):
+        self._fh = fh
+        self._base = 0
+        self._buf = b""
+
+    def get(self, offset: int, n: int) -> bytes:
+        end = offset + n
+        if not (self._base <= offset and end <= self._base + len(self._buf)):
+            self._fh.seek(offset)
+            self._buf = self._fh.read(max(n, WINDOW_BYTES))
+            self._base = offset
+        return self._buf[offset - self._base : end - self._base]
