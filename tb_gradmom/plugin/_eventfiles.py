@@ -114,6 +114,7 @@ class StepFiles:
         self.root = os.path.realpath(os.path.expanduser(str(logdir))) if local else None
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
+        self._indexing: set[str] = set()
         self.reads = 0  # records read (for tests)
 
     def _run(self, run: str) -> _Run | None:
@@ -128,6 +129,30 @@ class StepFiles:
                 return None
             found = self._runs[run] = _Run(directory)
             return found
+
+    def indexed(self, run: str) -> bool:
+        """Whether the run's files have been indexed; if not, indexing starts in the
+        background (a run of 390,000 records takes about 3 s), and the caller may read the
+        step another way meanwhile."""
+        r = self._run(run)
+        if r is None or r.files:
+            return r is not None
+        with self._lock:
+            if run in self._indexing:
+                return False
+            self._indexing.add(run)
+
+        def index():
+            try:
+                with r.lock:
+                    if not r.files:
+                        self._scan(r)
+            finally:
+                with self._lock:
+                    self._indexing.discard(run)
+
+        threading.Thread(target=index, name="gradmom-index", daemon=True).start()
+        return False
 
     def read(self, run: str, tag: str, step: int) -> list[Found]:
         """The readable records of step ``step`` of ``tag`` in ``run``, in file order (files in

@@ -675,7 +675,10 @@ class Reader:
             read = self._read_last
         else:
             read = self._read_step
-        if self.files is not None:  # the files first; the data provider if they cannot say
+        latest = step is None or want == entry.max_step
+        if self.files is not None and (self.files.indexed(entry.run) or not latest):
+            # the files first (the latest step too once they are indexed: one gRPC call less);
+            # the data provider if they cannot say
             m = self._cache.get_or_load(key, lambda: self._read_file(request) or read(request))
         else:
             m = self._cache.get_or_load(key, lambda: read(request))
@@ -696,7 +699,8 @@ class Reader:
         want = entry.max_step if step is None else int(step)
         key = self._moments_key(experiment_id, entry, want)
         m = self._cache.get(key)
-        if m is None and (self._mux is not None or self.files is not None):
+        files = self.files is not None and self.files.indexed(entry.run)
+        if m is None and (self._mux is not None or files):
             request = _StepRequest(None, experiment_id, entry, want, stats, None)
             try:
                 if self._mux is not None:
