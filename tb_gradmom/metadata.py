@@ -41,7 +41,7 @@ import numpy as np
 from tensorboard.compat.proto import summary_pb2, types_pb2
 
 PLUGIN_NAME = "gradmom"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 # How a moments tag stores its arrays (the content's `encoding`; version 1 has float32 only).
 ENCODING_FLOAT32 = "float32"
@@ -92,6 +92,51 @@ STATS_FIELDS: tuple[str, ...] = (
     "loss",  # the mini-batch loss if the writer was given it, else NaN
     "learning_rate",  # the learning rate if the writer was given it, else NaN
 )
+
+# Format version 3: where each step's records come from, stored after `STATS_FIELDS` in every
+# stats tensor (its content's `fields` name them): the writer's *source token*, a random 48-bit
+# number drawn once per summary writer (so two writers, or two processes, on one directory
+# differ), in two 24-bit halves (exact in float32); and ``moments_sum``, the sum of the
+# absolute values of the moments tensor written beside it at that step (as stored: float16 or
+# float32; NaN in a whole-model stats tensor). A reader pairs a step's moments record with its
+# stats record only when `same_moments` holds, so one writer's statistics are never read with
+# another writer's moments, whatever records a loader keeps of a step stored twice.
+SOURCE_FIELDS: tuple[str, ...] = ("source_hi", "source_lo", "moments_sum")
+# The bits of each half of a source token (integers below 2**24 are exact in float32).
+SOURCE_HALF_BITS = 24
+# The fields of the stats tensors the writer of this version writes.
+WRITER_STATS_FIELDS: tuple[str, ...] = STATS_FIELDS + SOURCE_FIELDS
+
+
+def moments_sum(stored: Any) -> float:
+    """``moments_sum`` of one stored moments tensor, as a reader recomputes it: the sum of the
+    absolute values in float64 (NaN if any value is NaN)."""
+    return float(np.abs(np.asarray(stored, dtype=np.float64)).sum())
+
+
+def same_moments(logged: float, got: float) -> bool:
+    """Whether a moments tensor whose `moments_sum` is ``got`` is the one a stats record
+    logged with (its ``moments_sum``, ``logged``, a float32 value): equal after rounding to
+    float32, within 16 float32 ulps for the order of summation (float64 sums in TensorFlow and
+    numpy differ in the last bits). Two writers' moments differ far more unless they are the
+    same numbers."""
+    want = float(logged)
+    if math.isnan(want) or math.isnan(got):
+        return math.isnan(want) and math.isnan(got)
+    with np.errstate(over="ignore"):
+        got32 = float(np.float32(got))
+    if math.isinf(want) or math.isinf(got32):
+        return want == got32
+    return abs(got32 - want) <= 16 * float(np.finfo(np.float32).eps) * max(abs(want), abs(got32))
+
+
+def source_of(sums: dict[str, float]) -> int | None:
+    """The source token of one stats record (its split fields), or None (format 1 and 2)."""
+    hi, lo = sums.get("source_hi"), sums.get("source_lo")
+    if hi is None or lo is None or not (math.isfinite(hi) and math.isfinite(lo)):
+        return None
+    return (int(hi) << SOURCE_HALF_BITS) | int(lo)
+
 
 # Fixed log-spaced bucket edges for the histogram of the per-element unbiased variance:
 # 4 buckets per decade from 1e-24 to 1e8. The content message stores the three numbers, not

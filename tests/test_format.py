@@ -197,7 +197,7 @@ def test_resnet50_logged_step_is_at_most_2_mb(tmp_path):
     assert set(run) == set(tags) | {"_model"}
     for tag, shape, m in zip(tags, RESNET50_SHAPES, moments):
         rec = run[tag][-1]
-        assert rec.content.version == metadata.FORMAT_VERSION == 2
+        assert rec.content.version == metadata.FORMAT_VERSION == 3
         assert math.prod(rec.content.stored_shape) <= gradmom.summary.DEFAULT_MAX_ELEMENTS
         assert rec.content.pooled is (math.prod(shape) > gradmom.summary.DEFAULT_MAX_ELEMENTS)
         assert rec.content.encoding == ("float16" if rec.content.pooled else "float32")
@@ -289,7 +289,7 @@ def test_float16_maps_hold_m1_and_the_variance_to_half_an_ulp(tmp_path, max_elem
     for case, tag, m in zip(FLOAT16_CASES, tags, moments):
         rec = run[tag][0]
         c = rec.content
-        assert c.encoding == "float16" and c.version == 2, case[0]
+        assert c.encoding == "float16" and c.version == 3, case[0]
         m1 = np.asarray(m[1], np.float32).astype(np.float64)
         m2 = np.asarray(m[2], np.float32).astype(np.float64)
         if c.pooled:

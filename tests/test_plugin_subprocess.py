@@ -468,3 +468,92 @@ def test_rustboard_targeted_reads(rustboard_provider, monkeypatch):
         assert read[1] == read[2] or read[1] == _reader.ALL_STEPS
         sampled += read[2] < fx.LONG_STEPS
     assert sampled >= 3  # RustBoard's samples are prefixes of one permutation: mostly small
+
+
+def _plugin_with_files(dp, logdir):
+    """The plugin over RustBoard's own gRPC provider (not wrapped) with ``--logdir``: one step
+    is read from the run's event files."""
+    from tensorboard.plugins import base_plugin
+
+    from tb_gradmom.plugin.plugin import GradMomentsPlugin
+
+    return GradMomentsPlugin(base_plugin.TBContext(data_provider=dp, flags=None, logdir=logdir))
+
+
+def _grpc_reads(monkeypatch) -> list:
+    """Records the tags of every read the plugin sends to the data server."""
+    from tb_gradmom.plugin import _reader, _tb_compat
+
+    reads = []
+    real = _tb_compat.grpc_read_tensors
+
+    def recording(stub, experiment_id, plugin_name, run, tags, downsample):
+        reads.append((run, tuple(tags), downsample))
+        return real(stub, experiment_id, plugin_name, run, tags, downsample)
+
+    monkeypatch.setattr(_reader._tb_compat, "grpc_read_tensors", recording)
+    return reads
+
+
+@pytest.mark.slow
+def test_rustboard_one_step_is_read_from_its_event_file(rustboard_provider, logdir, monkeypatch):
+    """Over RustBoard with a local --logdir, every step of a series is read as its one record
+    of the event file (no gRPC read of the moments tag), with the numbers `data.load` reads
+    and the moments the fixture drew (unbiased variance of its per-example gradients)."""
+    from tensorboard import context
+
+    from tb_gradmom.analysis import data
+
+    reads = _grpc_reads(monkeypatch)
+    plugin = _plugin_with_files(rustboard_provider, logdir)
+    ctx = context.RequestContext()
+    recs = {r.step: r for r in data.load(logdir, runs=["long"])["long"]["dense/bias"]}
+    for step in (0, 1, 30, 97, fx.LONG_STEPS - 2, fx.LONG_STEPS - 1):
+        d = json.loads(
+            plugin.heatmap_impl(
+                ctx,
+                "",
+                run="long",
+                tag="dense/bias",
+                step=step,
+                stat="mean",
+                max_rows=9,
+                max_cols=9,
+            )
+        )
+        assert d["step"] == step
+        np.testing.assert_array_equal(
+            np.asarray(d["values"], np.float32).ravel(), recs[step].moments[1].ravel()
+        )
+        g = fx.samples("long", "dense/bias", step, (4,))
+        np.testing.assert_allclose(np.asarray(d["values"], float).ravel(), g.mean(0), rtol=1e-6)
+    assert plugin._reader.files.reads == 6
+    assert not [r for r in reads if "dense/bias" in r[1]], reads
+
+
+@pytest.mark.slow
+def test_rustboard_step_the_files_cannot_give_is_read_over_grpc(
+    rustboard_provider, logdir, monkeypatch
+):
+    """A step the files cannot serve (here: every record fails its checksum) is read through
+    the data server, with the same numbers; nothing is served from a bad record."""
+    from tensorboard import context
+
+    from tb_gradmom.analysis import data
+    from tb_gradmom.plugin import _eventfiles
+
+    recs = {r.step: r for r in data.load(logdir, runs=["long"])["long"]["dense/bias"]}
+    reads = _grpc_reads(monkeypatch)
+    monkeypatch.setattr(_eventfiles.data, "masked_crc32c", lambda b: -1)
+    plugin = _plugin_with_files(rustboard_provider, logdir)
+    ctx = context.RequestContext()
+    d = json.loads(
+        plugin.heatmap_impl(
+            ctx, "", run="long", tag="dense/bias", step=30, stat="mean", max_rows=9, max_cols=9
+        )
+    )
+    np.testing.assert_array_equal(
+        np.asarray(d["values"], np.float32).ravel(), recs[30].moments[1].ravel()
+    )
+    assert plugin._reader.files.reads == 0
+    assert [r for r in reads if "dense/bias" in r[1]]

@@ -871,3 +871,225 @@ def test_data_load_and_export_read_only_the_steps_asked(tmp_path, capsys):
     assert cli.main([*args, "--tag", "big", "--step", "99"]) == 1
     err = capsys.readouterr().err
     assert "step 99 was not logged for any matching tag; steps: 0, 1, 2" in err, err
+
+
+# ------------------------------------- two writers of the real summary writer on one run
+
+# Writes steps 0-3 of a Dense(3 -> 2) layer's moments with `summary.moments` into LOGDIR, for
+# each seed given: with WRITERS=one-process, all seeds' writers in this one process (each its
+# own `create_file_writer` on LOGDIR, steps interleaved); else one writer (one seed).
+_WRITER_SCRIPT = r"""
+import sys
+import tensorflow as tf, keras
+import tb_gradmom as gradmom
+
+logdir, seeds = sys.argv[1], [int(s) for s in sys.argv[2:]]
+jobs = []
+for seed in seeds:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="dense")])
+    x = tf.random.normal([8, 3], seed=seed)
+    y = tf.random.normal([8, 2], seed=seed + 1)
+    writer = tf.summary.create_file_writer(logdir)
+
+    def make(model, writer):
+        @tf.function
+        def step_fn(x, y, step):
+            with writer.as_default(step=step):
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+                gradmom.summary.moments(loss, model.trainable_variables)
+        return step_fn
+
+    jobs.append((make(model, writer), x, y, writer))
+for step in range(4):
+    for fn, x, y, _ in jobs:
+        fn(x, y, tf.constant(step, tf.int64))
+for *_, writer in jobs:
+    writer.flush()
+"""
+KERNEL = "dense/kernel"
+
+
+def _write_with(logdir, *seed_groups):
+    """Runs `_WRITER_SCRIPT` once per group of seeds, all processes at once."""
+    env = dict(os.environ, PYTHONPATH=tr.fx.ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER_SCRIPT, logdir, *map(str, seeds)],
+            env=env,
+            stderr=subprocess.PIPE,
+        )
+        for seeds in seed_groups
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()[-3000:]
+
+
+def _cut_last_stats(logdir):
+    """Cuts the event file read last at its record of ``dense/kernel/_stats`` at step 3 (a
+    writer killed there): step 3's latest moments record is then that writer's, its latest
+    stats record the other writer's."""
+    import struct
+
+    from tensorboard.compat.proto import event_pb2
+
+    names = sorted(n for n in os.listdir(logdir) if "tfevents" in n)
+    assert len(names) == 2, names
+    path = os.path.join(logdir, names[-1])
+    with open(path, "rb") as f:
+        raw = f.read()
+    offset = 0
+    while offset < len(raw):
+        (length,) = struct.unpack("<Q", raw[offset : offset + 8])
+        event = event_pb2.Event.FromString(raw[offset + 12 : offset + 12 + length])
+        if event.step == 3 and any(
+            v.tag == metadata.stats_tag(KERNEL) for v in event.summary.value
+        ):
+            break
+        offset += 12 + length + 4
+    assert offset < len(raw)
+    with open(path, "r+b") as f:
+        f.truncate(offset)
+
+
+def _consistent(moments1, sums, shape=(3, 2)):
+    """A step's moments are the ones its stats record was logged with: the exact sums the
+    writer computed in float64 from them (sum_m2 = sum of M_1**2) agree with the stored M_1."""
+    m1 = np.asarray(moments1, dtype=np.float64).reshape(shape)
+    return np.isclose(float((m1**2).sum()), sums["sum_m2"], rtol=1e-5, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", ["one-process", "two-processes"])
+def test_two_real_writers_on_one_run_never_mix_moments_and_stats(tmp_path, processes):
+    """Two `summary.moments` writers on one log directory (in one process, or two processes
+    at once), the last file cut between a step's moments and stats records (a writer killed):
+    `data.load`, the Python loader's tab (which lists every step twice) and the export pair
+    each step's moments only with the statistics they were logged with (format 3's source
+    fields); before, step 3 paired one writer's moments with the other's statistics."""
+    from tb_gradmom.analysis import data
+
+    logdir = str(tmp_path / "log")
+    groups = [(1, 2)] if processes == "one-process" else [(1,), (2,)]
+    _write_with(logdir, *groups)
+    _cut_last_stats(logdir)
+
+    with pytest.warns(data.DataWarning, match=r"holds the records of 2 writers \(sources "):
+        recs = data.load(logdir)["."][KERNEL]
+    assert [r.step for r in recs] == [0, 1, 2, 3]
+    for r in recs:
+        assert _consistent(r.moments[1], r.stats), r.step
+        assert r.stats["source_hi"] * 2**24 + r.stats["source_lo"] > 0
+
+    client, plugin, _ = make_app(logdir)
+    assert plugin._reader._mux is not None  # noqa: SLF001
+    stats = {r.step: r.stats for r in recs}
+    for step in range(4):
+        d = _json(client, "heatmap", run=".", tag=KERNEL, step=step, stat="mean")
+        assert _consistent(d["values"], stats[step]), step
+        np.testing.assert_array_equal(
+            np.asarray(d["values"], np.float32).ravel(), recs[step].moments[1].ravel()
+        )
+
+
+@pytest.mark.slow
+def test_two_real_writers_on_one_run_rustboard(tmp_path, monkeypatch):
+    """The same log (two writers in one process, the last file cut between step 3's two
+    records) through RustBoard's data server, which keeps one record per step: read from the
+    event files, every step is paired with its own statistics; read from the data server
+    alone (the files unavailable), a step whose kept records come from two writers is refused
+    with the reason, never shown with the other writer's statistics."""
+    import test_plugin_subprocess as tps
+    from tensorboard import context
+    from tensorboard.data import provider, server_ingester
+    from tensorboard.util import grpc_util
+
+    from tb_gradmom.analysis import data
+    from tb_gradmom.plugin import _eventfiles
+
+    problem = tps._data_server_problem()  # noqa: SLF001
+    if problem:
+        pytest.skip(problem)
+    logdir = str(tmp_path / "log")
+    _write_with(logdir, (1, 2))
+    _cut_last_stats(logdir)
+    stats = {r.step: r.stats for r in data.load(logdir)["."][KERNEL]}
+    ingester = server_ingester.SubprocessServerDataIngester(
+        server_ingester.get_server_binary(),
+        logdir,
+        reload_interval=0,
+        channel_creds_type=grpc_util.ChannelCredsType.LOCAL,
+        samples_per_plugin={"gradmom": 500},
+    )
+    ingester.start()
+    dp = ingester.data_provider
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            got = dp.list_tensors(
+                context.RequestContext(),
+                experiment_id="",
+                plugin_name="gradmom",
+                run_tag_filter=provider.RunTagFilter(runs=["."]),
+            )
+            if got.get(".", {}).get(KERNEL) and got["."][KERNEL].max_step == 3:
+                break
+            time.sleep(0.3)
+        client, plugin = tr._app_over(logdir, dp)  # noqa: SLF001
+        assert plugin._reader.files is not None  # noqa: SLF001
+        # RustBoard drops a series' steps above a step read again (a restart, to TensorBoard):
+        # the steps it lists are the second file's; its step 3 has no stats record.
+        listed = _json(client, "tags")["runs"]["."][KERNEL]["steps"]
+        assert listed[:3] == [0, 1, 2], listed
+        for step in listed:
+            d = _json(client, "heatmap", run=".", tag=KERNEL, step=step, stat="mean")
+            assert _consistent(d["values"], stats[step]), step
+        monkeypatch.setattr(_eventfiles.StepFiles, "read", lambda self, run, tag, step: [])
+        client, plugin = tr._app_over(logdir, dp)  # noqa: SLF001
+        for step in listed:
+            status, body = _get(client, "heatmap", run=".", tag=KERNEL, step=step, stat="mean")
+            if status == 200:
+                assert _consistent(json.loads(body)["values"], stats[step]), step
+            else:
+                assert status == 404 and "two writers or processes wrote this run" in body, body
+    finally:
+        stdin = getattr(ingester, "_stdin_handle", None)
+        if stdin is not None:
+            stdin.close()
+
+
+def test_one_record_read_from_the_event_files(tmp_path):
+    """`_eventfiles.StepFiles` (the plugin's reads under RustBoard): a step of a tag is found
+    by reading the records' first bytes and read as its one record, equal to what was written;
+    steps appended later are found; a record whose bytes changed (checksum) is not served."""
+    from tensorboard.util import tensor_util
+
+    from tb_gradmom.plugin import _eventfiles
+
+    root = str(tmp_path)
+    _good_run(root, "r", steps=(0, 1))
+    files = _eventfiles.StepFiles(root)
+    for step in (0, 1):
+        (found,) = files.read("r", OK, step)
+        assert found.step == step
+        np.testing.assert_array_equal(
+            tensor_util.make_ndarray(found.proto), tr._stored(tr.moments("r", OK, step))
+        )
+    assert files.read("r", OK, 2) == [] and files.read("nope", OK, 0) == []
+    assert set(files._run("r").where) == {OK}  # noqa: SLF001 - only the tags asked for
+    path = os.path.join(root, "r")
+    _append(path, [_moments_event("r", OK, 2), *_stats_events("r", OK, 2)])
+    (found,) = files.read("r", OK, 2)  # the files grew: indexed again from where they were
+    np.testing.assert_array_equal(
+        tensor_util.make_ndarray(found.proto), tr._stored(tr.moments("r", OK, 2))
+    )
+    assert files.reads == 3
+    name, offset, length = files._run("r").where[OK][1][0]  # noqa: SLF001
+    with open(os.path.join(path, name), "r+b") as f:
+        f.seek(offset + 12 + length - 8)  # a byte of the tensor's values
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+    assert files.read("r", OK, 1) == []
+    assert _eventfiles.StepFiles("gs://bucket/logs").read("r", OK, 0) == []  # not local

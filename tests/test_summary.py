@@ -114,7 +114,7 @@ def test_round_trip_equals_brute_force_through_event_accumulator(tmp_path):
         np.testing.assert_allclose(fields["sum_gsnr"], np.sum(m1[pos] ** 2 / s2[pos]), rtol=1e-3)
         np.testing.assert_allclose(fields["loss"], loss, rtol=1e-6)
         np.testing.assert_allclose(fields["learning_rate"], 0.1, rtol=1e-6)
-        hist = stats[len(metadata.STATS_FIELDS) :]
+        hist = stats[len(metadata.WRITER_STATS_FIELDS) :]
         assert hist.sum() == v.shape.num_elements()
         want_hist = np.bincount(
             np.searchsorted(np.asarray(metadata.HIST_EDGES), s2.ravel(), side="right"),

@@ -207,6 +207,7 @@ def test_records_equal_numpy_per_variable(n, xla, chunk, monkeypatch):
 
     model_fields, model_hist = None, np.zeros(NB)
     per_tag = {}
+    tokens = set()
     for i, (tag, content, m) in enumerate(zip(tags, contents, moms_np)):
         np.testing.assert_allclose(
             got_tensors[2 * i].numpy(),
@@ -217,9 +218,15 @@ def test_records_equal_numpy_per_variable(n, xla, chunk, monkeypatch):
         fields, hist = _reference_fields(m[1], m[2], n)
         per_tag[tag] = fields
         stats_tensor = got_tensors[2 * i + 1].numpy()
-        assert stats_tensor.shape == (metadata.STATS_LENGTH,)
-        head, counts = stats.split_stats_tensor(stats_tensor)
+        fields3 = metadata.WRITER_STATS_FIELDS
+        assert stats_tensor.shape == (len(fields3) + metadata.NUM_HIST_BUCKETS,)
+        head, counts = stats.split_stats_tensor(stats_tensor, fields3)
         np.testing.assert_array_equal(counts, hist, err_msg=tag)
+        # format 3: the sum of |stored moments| beside them, and one writer's token
+        stored = np.abs(got_tensors[2 * i].numpy().astype(np.float64)).sum()
+        np.testing.assert_array_equal(head["moments_sum"], np.float32(stored), err_msg=tag)
+        assert metadata.same_moments(head["moments_sum"], metadata.moments_sum(got_tensors[2 * i]))
+        tokens.add(metadata.source_of(head))
         _assert_float32_of(
             [head[k] for k in metadata.STATS_FIELDS],
             [fields[k] for k in metadata.STATS_FIELDS],
@@ -233,8 +240,11 @@ def test_records_equal_numpy_per_variable(n, xla, chunk, monkeypatch):
             model_fields["sum_m2_raw"] += fields["sum_m2_raw"]
         model_hist += hist
     per_tag["_model"] = model_fields
-    head, counts = stats.split_stats_tensor(got_tensors[-1].numpy())
+    head, counts = stats.split_stats_tensor(got_tensors[-1].numpy(), metadata.WRITER_STATS_FIELDS)
     np.testing.assert_array_equal(counts, model_hist)
+    assert np.isnan(head["moments_sum"])
+    tokens.add(metadata.source_of(head))
+    assert len(tokens) == 1 and None not in tokens  # one writer: one source token
     _assert_float32_of(
         [head[k] for k in metadata.STATS_FIELDS],
         [model_fields[k] for k in metadata.STATS_FIELDS],

@@ -457,6 +457,12 @@ class _Tag:
     events: dict[int, tuple[float, np.ndarray]] = field(default_factory=dict)
     # The steps stored more than once (the later record kept).
     repeated: set[int] = field(default_factory=set)
+    # A moments tag's `metadata.moments_sum` of each record, latest last (format 3's pairing
+    # with the stats record); for a repeated step, the earlier records too: step -> [(sum,
+    # wall_time, ndarray)].
+    sums: dict[int, list[tuple[float, float, np.ndarray]]] = field(default_factory=dict)
+    # A stats tag's writer source tokens (format 3), of every record read.
+    sources: set[int] = field(default_factory=set)
 
 
 def short_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
@@ -480,6 +486,11 @@ def _warn(run: str, tag: str, step: int, message: str) -> None:
 
 def _decode(content: metadata.MomentsContent | metadata.StatsContent, value: Any) -> np.ndarray:
     """The checked array of one summary value (`metadata.FormatError` if it does not fit)."""
+    return _decode_stored(content, value)[0]
+
+
+def _decode_stored(content, value: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`_decode`, and the array as stored (before a float16 tag's decoding)."""
     metadata.check_tensor_proto(content, value.tensor)
     try:
         array = tensor_util.make_ndarray(value.tensor)
@@ -489,8 +500,8 @@ def _decode(content: metadata.MomentsContent | metadata.StatsContent, value: Any
     if isinstance(content, metadata.MomentsContent) and content.encoding != "float32":
         # the moments of the orders, stacked as a float32 tag stores them
         decoded = metadata.decode_moments(content, array)
-        return np.stack([decoded[p] for p in content.orders])
-    return array
+        return np.stack([decoded[p] for p in content.orders]), array
+    return array, array
 
 
 def _base_name(tag: str) -> str:
@@ -637,14 +648,39 @@ def _read_run(
                 if step_ok is not None and not step_ok(value.tag, step):
                     continue  # its first record, read for its metadata only
                 try:
-                    array = _decode(tag.content, value)
+                    array, stored = _decode_stored(tag.content, value)
                 except metadata.FormatError as e:
                     _warn(run, value.tag, step, f"{e}; the step is skipped")
                     continue
                 if step in tag.events:
                     tag.repeated.add(step)
                 tag.events[step] = (float(event.wall_time), array)
+                if isinstance(tag.content, metadata.StatsContent) and "source_hi" in (
+                    tag.content.fields
+                ):
+                    token = metadata.source_of(
+                        stats.split_stats_tensor(array, tag.content.fields)[0]
+                    )
+                    if token is not None:
+                        tag.sources.add(token)
+                if isinstance(tag.content, metadata.MomentsContent):
+                    record = (metadata.moments_sum(stored), float(event.wall_time), array)
+                    if step in tag.repeated:
+                        tag.sums.setdefault(step, []).append(record)
+                    else:
+                        tag.sums[step] = [record]
     for name, t in tags.items():
+        if len(t.sources) > 1:
+            shown = ", ".join(f"{s:012x}" for s in sorted(t.sources))
+            _warn(
+                run,
+                name,
+                min(t.events, default=0),
+                f"holds the records of {len(t.sources)} writers (sources {shown}): two summary "
+                "writers or training processes wrote this run (or it was restarted); each step "
+                "is read with its own writer's statistics, but the steps of the series may come "
+                "from different writers. Give each writer its own log directory",
+            )
         if t.repeated:
             steps = sorted(t.repeated)
             shown = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
@@ -664,6 +700,32 @@ def _batch_size(sums: dict[str, float] | None) -> int | None:
         return None
     n = sums.get("batch_size", float("nan"))
     return int(round(n)) if math.isfinite(n) and n >= 1 else None
+
+
+def _paired(t: _Tag, step: int, sums: dict[str, float], run: str, name: str):
+    """``(wall_time, moments)`` of the record of moments tag ``t`` at ``step`` that its stats
+    record ``sums`` was logged with (format 3: `metadata.same_moments`; the latest matching
+    record of a step stored twice), or None, warned, if no record is (the two records of the
+    step come from two writers or processes on one run: never paired)."""
+    logged = sums.get("moments_sum")
+    if logged is None:  # formats 1 and 2: the latest record
+        return t.events[step]
+    for moments_sum, wall_time, array in reversed(t.sums.get(step, [])):
+        if metadata.same_moments(logged, moments_sum):
+            return wall_time, array
+    source = metadata.source_of(sums)
+    _warn(
+        run,
+        name,
+        step,
+        f"its statistics (writer source {source:012x}) were logged with other moments than "
+        "any record of this step holds: two writers or processes wrote this run, and their "
+        "records of this step are mixed; the step is skipped (give each writer its own log "
+        "directory, or log from one process)"
+        if source is not None
+        else "its moments and statistics do not match; the step is skipped",
+    )
+    return None
 
 
 def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
@@ -701,6 +763,10 @@ def _records_of_run(tags: dict[str, _Tag], run: str) -> dict[str, list[Record]]:
                     )
                     continue
                 sums, counts = stats.split_stats_tensor(st.events[step][1], st_content.fields)
+                paired = _paired(t, step, sums, run, name)
+                if paired is None:
+                    continue
+                wall_time, array = paired
             records.append(
                 Record(
                     step=step,

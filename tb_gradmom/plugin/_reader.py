@@ -16,6 +16,15 @@ run, tag and last step). Each step's tensor is checked against its content
 when asked for, answered 404 with the reason. A failing read of several tags is retried tag by
 tag, so one bad tag never takes the others down.
 
+**One step.** With the Python loader a step is its one event in the multiplexer's memory,
+found by step (`Reader._step_index`) and decoded alone (`Reader._read_one`); with RustBoard
+and a local ``--logdir`` it is its one record in the run's event file
+(`_eventfiles.StepFiles`, `Reader._read_file`). Both run on the request's own thread
+(`Reader.quick_moments`). Of a step stored more than once (two writers on one run), the
+record its stats record was logged with is taken (format 3's ``moments_sum``,
+`metadata.same_moments`); a step whose moments come from another writer than its statistics
+is refused (`BadRecord`, 404), never served. Otherwise:
+
 **Read strategy** (what the data provider API allows):
 
 * ``read_tensors`` has no step filter, only ``downsample``: ``downsample=1`` returns the last
@@ -59,7 +68,7 @@ from tensorboard.util import tensor_util
 
 from tb_gradmom import metadata
 from tb_gradmom.analysis import data
-from tb_gradmom.plugin import _tb_compat
+from tb_gradmom.plugin import _eventfiles, _tb_compat
 from tb_gradmom.plugin._cache import ByteLRU, MemoryGate, nbytes
 
 logger = logging.getLogger(__name__)
@@ -177,6 +186,8 @@ class MomentsAt:
     step: int
     wall_time: float
     arrays: dict[int, np.ndarray]
+    # `metadata.moments_sum` of the tensor as stored: pairs it with its stats record (format 3).
+    moments_sum: float = math.nan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,9 +244,14 @@ class Reader:
       multiplexer: the Python loader's event multiplexer (`_tb_compat.multiplexer_of`), or
         None to read through the data provider only.
       read_gate: the gate reads reserve their bytes on (default: `READ_BUDGET_BYTES`).
+      logdir: TensorBoard's ``--logdir``: with RustBoard's data server, one step is read from the
+        run's event files when they are local (`_eventfiles.StepFiles`), not from a sample of
+        its series; None to read through the data provider only.
     """
 
-    def __init__(self, data_provider, cache: ByteLRU, multiplexer=None, read_gate=None):
+    def __init__(
+        self, data_provider, cache: ByteLRU, multiplexer=None, read_gate=None, logdir=None
+    ):
         self._provider = data_provider
         self._cache = cache
         self._mux = multiplexer
@@ -246,6 +262,7 @@ class Reader:
         self._warn_lock = threading.Lock()
         self._pending: dict[tuple, _Pending] = {}
         self._pending_lock = threading.Lock()
+        self.files = _eventfiles.StepFiles(logdir) if self._stub is not None and logdir else None
 
     # ------------------------------------------------------------------------ logging
 
@@ -624,7 +641,7 @@ class Reader:
             arrays = metadata.decode_moments(entry.moments, array)
         except metadata.FormatError as e:
             raise self._bad(entry, raw.step, e) from None
-        return MomentsAt(step=raw.step, wall_time=raw.wall_time, arrays=arrays)
+        return MomentsAt(raw.step, raw.wall_time, arrays, metadata.moments_sum(array))
 
     def _point(self, entry: TagEntry, raw: _Raw) -> Point:
         return Point(raw.step, raw.wall_time, lambda: self._moments(entry, raw))
@@ -651,15 +668,72 @@ class Reader:
         """
         want = entry.max_step if step is None else int(step)
         key = self._moments_key(experiment_id, entry, want)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
         request = _StepRequest(ctx, experiment_id, entry, want, stats, stats_entry)
-        if step is None or want == entry.max_step:
-            load = lambda: self._read_last(request)  # noqa: E731
+        if self._mux is not None:  # every step is one event in memory (the latest too)
+            read = self._read_one
+        elif step is None or want == entry.max_step:
+            read = self._read_last
         else:
-            load = lambda: self._read_step(request)  # noqa: E731
-        return self._cache.get_or_load(key, load)
+            read = self._read_step
+        latest = step is None or want == entry.max_step
+        if self.files is not None and (self.files.indexed(entry.run) or not latest):
+            # the files first (the latest step too once they are indexed: one gRPC call less);
+            # the data provider if they cannot say
+            m = self._cache.get_or_load(key, lambda: self._read_file(request) or read(request))
+        else:
+            m = self._cache.get_or_load(key, lambda: read(request))
+        if not _same_source(stats, m):
+            raise BadRecord(_mixed_message(entry, m.step, stats))
+        return m
+
+    def quick_moments(
+        self, experiment_id: str, entry: TagEntry, step: int | None, stats: StatsSeries | None
+    ) -> MomentsAt | None:
+        """`moments_at` when it costs one event or one record at most: from the cache, the
+        Python loader's memory or a local event file (RustBoard); None when only a read
+        through the data provider can say (then call `moments_at`).
+
+        Raises:
+          BadRecord: as `moments_at`.
+        """
+        want = entry.max_step if step is None else int(step)
+        key = self._moments_key(experiment_id, entry, want)
+        m = self._cache.get(key)
+        files = self.files is not None and self.files.indexed(entry.run)
+        if m is None and (self._mux is not None or files):
+            request = _StepRequest(None, experiment_id, entry, want, stats, None)
+            try:
+                if self._mux is not None:
+                    m = self._read_one(request)
+                else:
+                    m = self._read_file(request)
+            except BadRecord:
+                raise
+            except errors.NotFoundError:
+                return None  # not there: `moments_at` says so with the data provider's reasons
+            if m is not None:
+                self._cache.put(key, m)
+        if m is not None and not _same_source(stats, m):
+            raise BadRecord(_mixed_message(entry, m.step, stats))
+        return m
+
+    def _read_file(self, request: _StepRequest) -> MomentsAt | None:
+        """Step ``want`` read from the run's event files (`_eventfiles`), or None if they do
+        not have it readable (then the data provider is asked)."""
+        entry, want = request.entry, request.want
+        files = self.files
+        assert files is not None
+        with self.read_gate.reserve(self._tensor_bytes(entry) + self.bytes_per_step(entry)):
+            try:
+                found = files.read(entry.run, entry.tag, want)
+            except Exception as e:  # noqa: BLE001 - never worse than the provider's read
+                self._warn(entry.run, entry.tag, want, f"not read from its files ({e!r})")
+                return None
+            if not found:
+                return None
+            return self._matching(
+                request, (_Raw(f.step, f.wall_time, f.proto) for f in reversed(found))
+            )
 
     def _read_last(self, request: _StepRequest) -> MomentsAt:
         """The step listed last (``entry.max_step``), read as the series' latest record.
@@ -691,6 +765,8 @@ class Reader:
                     m = p.get()
                 except BadRecord:
                     continue
+                if not _same_source(stats, m):
+                    continue  # another writer's record of this step
                 self._cache.put(self._moments_key(experiment_id, entry, m.step), m)
                 return m
         raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no readable step")
@@ -724,6 +800,8 @@ class Reader:
         every registered step it holds to its request and caches the steps near ``want``, so
         concurrent requests for many steps cost one read, not one each.
         """
+        if self._mux is not None:
+            return self._read_one(request)
         ctx, experiment_id, entry, want = (
             request.ctx,
             request.experiment_id,
@@ -756,6 +834,65 @@ class Reader:
                 return found
         finally:
             self._leave(group, pend, want)
+
+    def _read_one(self, request: _StepRequest) -> MomentsAt:
+        """Step ``want`` read straight from the Python loader's events: its record is found by
+        step (`_step_index`) and only it is checked and decoded.
+
+        Nothing is queued: the events are in the loader's memory, so concurrent requests for
+        different steps of one series decode one event each, in parallel (requests for the
+        same step share one load, `ByteLRU.get_or_load`).
+
+        Raises:
+          errors.NotFoundError: the step is not stored (the message gives the stored range).
+          BadRecord: its tensor does not fit the tag's metadata.
+        """
+        entry, want = request.entry, request.want
+        events = _tb_compat.tensor_events(self._mux, entry.run, entry.tag)
+        if not events:
+            raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no data")
+        index = self._step_index(entry, events)
+        found = index.get(want)
+        if found is None:
+            raise errors.NotFoundError(_missing_step_message(entry, want, sorted(index), False))
+        candidates = [events[i] for i in reversed(found)]  # latest first
+        return self._matching(
+            request,
+            (_Raw(int(e.step), float(e.wall_time), e.tensor_proto) for e in candidates),
+        )
+
+    def _matching(self, request: _StepRequest, raws) -> MomentsAt:
+        """The first of a step's records ``raws`` (latest first) that its stats record was
+        logged with (`_same_source`; any, for formats 1 and 2), else the first."""
+        first = None
+        for raw in raws:
+            m = self._moments(request.entry, raw)
+            if _same_source(request.stats, m):
+                return m
+            first = first or m
+        if first is None:
+            raise errors.NotFoundError(
+                f"run {request.entry.run!r} tag {request.entry.tag!r} has no step {request.want}"
+            )
+        return first  # refused by `moments_at` with the reason
+
+    def _step_index(self, entry: TagEntry, events: list) -> dict[int, list[int]]:
+        """``{step: indices in events}`` of the records of each step, latest last (a step
+        stored more than once is warned about through `_latest_per_step`), kept while the
+        series is unchanged."""
+        last = events[-1]
+        key = ("step-index", entry.run, entry.tag, len(events), int(last.step), last.wall_time)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        index: dict[int, list[int]] = {}
+        for i, e in enumerate(events):
+            index.setdefault(int(e.step), []).append(i)
+        if len(index) != len(events):  # a step stored twice: warn once, as a full read does
+            raws = [_Raw(int(e.step), float(e.wall_time)) for e in events]
+            self._latest_per_step(entry.run, entry.tag, raws)
+        self._cache.put(key, index, group=("step-index", entry.run, entry.tag))
+        return index
 
     def _hand_out(self, experiment_id, entry, points, want, pend, whole: bool | None = None):
         """Gives each waiting request its step from ``points``; caches the steps near ``want``.
@@ -975,6 +1112,32 @@ def _stats_series(rows, content: metadata.StatsContent) -> StatsSeries:
         wall_times=walls[order],
         sums={f: columns[i] for i, f in enumerate(fields)},
         hist_counts=columns[len(fields) :].T,
+    )
+
+
+def _same_source(stats: StatsSeries | None, m: MomentsAt) -> bool:
+    """Whether moments ``m`` are those its step's stats record was logged with (format 3's
+    ``moments_sum``; always for older formats, or without stats)."""
+    if stats is None or "moments_sum" not in stats.sums:
+        return True
+    i = stats.index_of(m.step)
+    if i is None:
+        return True
+    return metadata.same_moments(float(stats.sums["moments_sum"][i]), m.moments_sum)
+
+
+def _mixed_message(entry: TagEntry, step: int, stats: StatsSeries | None) -> str:
+    source = ""
+    if stats is not None:
+        i = stats.index_of(step)
+        if i is not None:
+            token = metadata.source_of({f: float(v[i]) for f, v in stats.sums.items()})
+            source = "" if token is None else f" (writer source {token:012x})"
+    return (
+        f"run {entry.run!r} tag {entry.tag!r} step {step}: its statistics{source} were logged "
+        "with other moments than the record read: two writers or processes wrote this run and "
+        "their records of this step are mixed; the step is not shown (give each writer its "
+        "own log directory, or log from one process)"
     )
 
 

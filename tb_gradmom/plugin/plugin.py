@@ -214,7 +214,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         # arrays and one-step views, so that scrubbing through many steps cannot evict them.
         self._cache = ByteLRU(int(cache_mb * 1024 * 1024), parts={RESULTS: RESULTS_SHARE})
         mux = _tb_compat.multiplexer_of(context, self._data_provider)
-        self._reader = _SharedListings(self._data_provider, self._cache, multiplexer=mux)
+        self._reader = _SharedListings(
+            self._data_provider, self._cache, multiplexer=mux, logdir=context.logdir
+        )
         self._work = MemoryGate(WORK_BUDGET_BYTES)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             COMPUTE_THREADS, thread_name_prefix="gradmom", initializer=_mark_worker
@@ -490,7 +492,13 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         entry, st, s = looked_up or self._lookup(ctx, experiment, run, tag)
         resolved = self._resolve_step(entry, s, step)
         try:
-            m = self._read(lambda: self._reader.moments_at(ctx, experiment, entry, resolved, s, st))
+            # One event in memory or one record of a local file: read here, not queued on the
+            # read threads behind reads of whole series.
+            m = self._reader.quick_moments(experiment, entry, resolved, s)
+            if m is None:
+                m = self._read(
+                    lambda: self._reader.moments_at(ctx, experiment, entry, resolved, s, st)
+                )
         except _reader.BadRecord as bad:
             if step is not None:
                 raise

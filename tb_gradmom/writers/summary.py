@@ -18,6 +18,7 @@ import dataclasses
 import math
 import os
 import re
+import secrets
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -1215,12 +1216,47 @@ def _records(backward, indices, tags, contents, orders, lr, moms=None, group=Non
     return _records_of(computed.values, computed.n, loss, tags, contents, orders, lr, group)
 
 
+_STATS_COLUMNS = metadata.WRITER_STATS_FIELDS
+# Per summary writer: its source token (`metadata.SOURCE_FIELDS`), drawn once.
+_WRITER_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PROCESS_TOKEN: list[int] = []
+
+
+def _source_token() -> int:
+    """The current summary writer's random 48-bit source token (one per writer object; a
+    writer that cannot be told apart gets the process's own)."""
+    writer = _current_writer()
+    if writer is not None and writer is not _ANY_WRITER:
+        try:
+            if writer not in _WRITER_TOKENS:
+                _WRITER_TOKENS[writer] = secrets.randbits(2 * metadata.SOURCE_HALF_BITS)
+            return _WRITER_TOKENS[writer]
+        except TypeError:  # a writer that cannot be weakly referenced
+            pass
+    if not _PROCESS_TOKEN:
+        _PROCESS_TOKEN.append(secrets.randbits(2 * metadata.SOURCE_HALF_BITS))
+    return _PROCESS_TOKEN[0]
+
+
+def _source_fields(stored) -> dict:
+    """The `metadata.SOURCE_FIELDS` columns (float64 ``[V + 1]``) for the stored moments
+    tensors of V variables: the writer's token, and each tensor's sum of absolute values (NaN
+    for the model)."""
+    token = _source_token()
+    half = 1 << metadata.SOURCE_HALF_BITS
+    count = len(stored) + 1
+    sums = [tf.reduce_sum(tf.abs(tf.cast(t, tf.float64))) for t in stored]
+    return {
+        "source_hi": tf.fill([count], tf.constant(float(token // half), tf.float64)),
+        "source_lo": tf.fill([count], tf.constant(float(token % half), tf.float64)),
+        "moments_sum": tf.stack([*sums, tf.constant(math.nan, tf.float64)]),
+    }
+
+
 def _records_of(moms, n, loss, tags, contents, orders, lr, group):
     """`_records` from the moments ``moms`` (``moms[k][p]``) over ``n`` examples."""
     model_tag = metadata.model_tag(group)
     fields, hist = _stats_fields(moms, n, loss, lr)
-    head = tf.stack([fields[k] for k in metadata.STATS_FIELDS], axis=1)
-    packed = tf.unstack(tf.cast(tf.concat([head, hist], 1), tf.float32))  # V + 1 stats tensors
     pooled = [i for i, c in enumerate(contents) if c.pooled]
     stored = {}
     if pooled:
@@ -1233,13 +1269,20 @@ def _records_of(moms, n, loss, tags, contents, orders, lr, group):
     half = [i for i, c in enumerate(contents) if c.encoding == metadata.ENCODING_FLOAT16]
     if half:
         stored.update(zip(half, _encode_float16([stored[i] for i in half])))
+    fields.update(_source_fields([stored[i] for i in range(len(moms))]))
+    head = tf.stack([fields[k] for k in _STATS_COLUMNS], axis=1)
+    packed = tf.unstack(tf.cast(tf.concat([head, hist], 1), tf.float32))  # V + 1 stats tensors
     tensors = []
     for i, (tag, content, stats) in enumerate(zip(tags, contents, packed)):
         md = metadata.create_summary_metadata(content)
         tensors.append((tag, stored[i], md))
-        stats_md = metadata.create_summary_metadata(metadata.StatsContent(variable=tag))
+        stats_md = metadata.create_summary_metadata(
+            metadata.StatsContent(fields=_STATS_COLUMNS, variable=tag)
+        )
         tensors.append((metadata.stats_tag(tag), stats, stats_md))
-    model_md = metadata.create_summary_metadata(metadata.StatsContent(variable=model_tag))
+    model_md = metadata.create_summary_metadata(
+        metadata.StatsContent(fields=_STATS_COLUMNS, variable=model_tag)
+    )
     tensors.append((metadata.stats_tag(model_tag), packed[-1], model_md))
     keys = [k for k in SCALARS if not (k == "cabs_batch_size" and lr is None)]
     derived = _derived(fields)
@@ -1288,12 +1331,15 @@ def _sums_records(logged: _moments.Logged, tags, lr, group):
         "loss": (nan if loss is None else tf.cast(loss, tf.float64)) * ones,
         "learning_rate": (nan if lr is None else lr) * ones,
     }
-    head = tf.stack([fields[k] for k in metadata.STATS_FIELDS], axis=1)
+    # The writer's token, and no moments beside these records (moments_sum NaN, as a model's).
+    fields.update(_source_fields([]))
+    fields["moments_sum"] = nan * ones
+    head = tf.stack([fields[k] for k in _STATS_COLUMNS], axis=1)
     hist = tf.fill([count, _NB], nan)
     packed = tf.unstack(tf.cast(tf.concat([head, hist], 1), tf.float32))
     tensors = []
     for tag, stats in zip(list(tags) + [model_tag], packed):
-        content = metadata.StatsContent(variable=tag, source=logged.mode)
+        content = metadata.StatsContent(fields=_STATS_COLUMNS, variable=tag, source=logged.mode)
         tensors.append((metadata.stats_tag(tag), stats, metadata.create_summary_metadata(content)))
     keys = [
         k
