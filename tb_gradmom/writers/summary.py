@@ -1332,7 +1332,9 @@ def _sums_records(logged: _moments.Logged, tags, lr, group):
         "learning_rate": (nan if lr is None else lr) * ones,
     }
     # The writer's token, and no moments beside these records (moments_sum NaN, as a model's).
-    fields.update(_source_fields([]))
+    token = _source_fields([])
+    fields["source_hi"] = token["source_hi"][0] * ones
+    fields["source_lo"] = token["source_lo"][0] * ones
     fields["moments_sum"] = nan * ones
     head = tf.stack([fields[k] for k in _STATS_COLUMNS], axis=1)
     hist = tf.fill([count, _NB], nan)
