@@ -1078,3 +1078,35 @@ def test_zoo_families_log_through_the_callback_what_the_core_computes(entry, tmp
                     rec.moments[p], want_p, rtol=1e-6, atol=tol, err_msg=f"{tag} step {step}"
                 )
     assert sorted({r.step for r in run[tags[0]]}) == [0, 2]
+
+
+def _application_fit_params():
+    from tests import zoo_worker
+
+    return [pytest.param(i, id=i) for i in zoo_worker.FIT_MEMBERS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry_id", _application_fit_params())
+def test_applications_train_unchanged_through_fit_and_log_what_the_core_computes(entry_id):
+    """One ``keras.applications`` member per architecture family (`zoo_worker.FIT_MEMBERS`),
+    float64, in a child process of its own (`zoo_worker.fit_through_callback`): 3 steps of
+    ``model.fit`` with Keras' own ``train_step`` (``training=True``: batch statistics, drop
+    connect and dropout live), with `GradMoments` and without. Training is bit-identical (loss
+    history, every weight and optimizer variable); the moments logged at steps 0 and 2, read
+    back with `gradmom.data.load`, equal `gradients_and_moments` at the state each step started
+    from; the smallest member's step 0 also equals one gradient per example (rows of the
+    jacobian of the batch's per-example losses)."""
+    from tests import zoo_worker
+
+    result = zoo_worker.run_in_subprocess(entry_id, fit=True)
+    if result.get("error"):
+        err = result["error"]
+        raise AssertionError(
+            f"{entry_id}: {err['type']}: {err['first_line']}\n{err.get('traceback', '')}"
+        )
+    assert not result["failures"], f"{entry_id}: " + "; ".join(result["failures"][:20])
+    assert result["logged"] == [0, 2]
+    assert result["variables"] > 50  # every variable of the application compared
+    if entry_id == zoo_worker.FIT_BRUTE:
+        assert result["brute"] is not None and result["brute"] <= zoo_worker.FIT_TOLERANCE
