@@ -1086,11 +1086,38 @@ def _application_fit_params():
     return [pytest.param(i, id=i) for i in zoo_worker.FIT_MEMBERS]
 
 
+@pytest.fixture(scope="module")
+def application_fits(request):
+    """Futures of the `zoo_worker.fit_through_callback` child processes of the members
+    selected in this session, ``GRADMOM_ZOO_JOBS`` (default 2) at a time, started together
+    when the first is reached."""
+    import concurrent.futures
+    import os
+
+    from tests import zoo_worker
+
+    selected = [
+        item.callspec.params["entry_id"]
+        for item in request.session.items
+        if "entry_id" in getattr(getattr(item, "callspec", None), "params", {})
+        and item.originalname
+        == "test_applications_train_unchanged_through_fit_and_log_what_the_core_computes"
+    ]
+    jobs = int(os.environ.get("GRADMOM_ZOO_JOBS", "2"))
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, jobs))
+    futures = {i: pool.submit(zoo_worker.run_in_subprocess, i, None, True) for i in selected}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("entry_id", _application_fit_params())
-def test_applications_train_unchanged_through_fit_and_log_what_the_core_computes(entry_id):
+def test_applications_train_unchanged_through_fit_and_log_what_the_core_computes(
+    entry_id, application_fits
+):
     """One ``keras.applications`` member per architecture family (`zoo_worker.FIT_MEMBERS`),
-    float64, in a child process of its own (`zoo_worker.fit_through_callback`): 3 steps of
+    float64, in a child process of its own (`zoo_worker.fit_through_callback`, two at a time:
+    `application_fits`): 3 steps of
     ``model.fit`` with Keras' own ``train_step`` (``training=True``: batch statistics, drop
     connect and dropout live), with `GradMoments` and without. Training is bit-identical (loss
     history, every weight and optimizer variable); the moments logged at steps 0 and 2, read
@@ -1099,7 +1126,8 @@ def test_applications_train_unchanged_through_fit_and_log_what_the_core_computes
     jacobian of the batch's per-example losses)."""
     from tests import zoo_worker
 
-    result = zoo_worker.run_in_subprocess(entry_id, fit=True)
+    future = application_fits.get(entry_id)
+    result = future.result() if future else zoo_worker.run_in_subprocess(entry_id, fit=True)
     if result.get("error"):
         err = result["error"]
         raise AssertionError(
