@@ -20,6 +20,9 @@ from tb_gradmom.analysis import data
 from tb_gradmom.core import plan as _plan
 from tests import archgen, reference
 
+# End-to-end cases past a quick representative of each (`python -m pytest -m "not slow"`).
+SLOW = pytest.mark.slow
+
 
 def _same_training(a: keras.Model, b: keras.Model, ha=None, hb=None) -> None:
     if ha is not None:
@@ -86,8 +89,16 @@ _EMBEDDING_HEADS = {
 }
 
 
-@pytest.mark.parametrize("head", sorted(_EMBEDDING_HEADS))
-@pytest.mark.parametrize("ids", ["int32", "int64"])
+def _embedding_params():
+    """Every head with int64 ids and the pooling head with int32 in the quick set; the other
+    int32 models are marked slow."""
+    for ids in ("int32", "int64"):
+        for head in sorted(_EMBEDDING_HEADS):
+            quick = ids == "int64" or head == "pool"
+            yield pytest.param(head, ids, id=f"{ids}-{head}", marks=[] if quick else [SLOW])
+
+
+@pytest.mark.parametrize("head, ids", _embedding_params())
 def test_embedding_models_log_exact_moments_through_the_callback(head, ids, tmp_path):
     def build():
         keras.utils.set_random_seed(5)
@@ -357,7 +368,13 @@ def test_default_train_step_trains_bit_identically_and_logs(kind, tmp_path):
     assert {r.step for t in run for r in run[t]} == set(range(6))
 
 
-@pytest.mark.parametrize("seed", [3, 11, 19, 23, 31, 42, 57, 77, 101, 133])
+# The first three in the quick set, the others marked slow.
+_GENERATED = [3, 11, 19, 23, 31, 42, 57, 77, 101, 133]
+
+
+@pytest.mark.parametrize(
+    "seed", [pytest.param(s, marks=[] if k < 3 else [SLOW]) for k, s in enumerate(_GENERATED)]
+)
 def test_generated_models_train_bit_identically_and_log_exact_moments(seed, tmp_path):
     arch = archgen.generate(seed)
 
