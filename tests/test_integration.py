@@ -1134,10 +1134,10 @@ def test_applications_train_unchanged_through_fit_and_log_what_the_core_computes
 ):
     """One ``keras.applications`` member per architecture family (`zoo_worker.FIT_MEMBERS`),
     float64, in a child process of its own (`zoo_worker.fit_through_callback`, two at a time:
-    `application_fits`): 3 steps of
-    ``model.fit`` with Keras' own ``train_step`` (``training=True``: batch statistics, drop
-    connect and dropout live), without and with `GradMoments` from the same state. Training is bit-identical (loss
-    history, every weight and optimizer variable); the moments logged at steps 0 and 2, read
+    `application_fits`): 3 steps of ``model.fit`` with Keras' own ``train_step``
+    (``training=True``: batch statistics, drop connect and dropout live), without and with
+    `GradMoments` from the same state. Training is bit-identical (loss history, every weight
+    and optimizer variable); the moments logged at steps 0 and 2, read
     back with `gradmom.data.load`, equal `gradients_and_moments` at the state each step started
     from; the smallest member's step 0 also equals one gradient per example (rows of the
     jacobian of the batch's per-example losses)."""
