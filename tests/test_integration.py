@@ -20,6 +20,9 @@ from tb_gradmom.analysis import data
 from tb_gradmom.core import plan as _plan
 from tests import archgen, reference
 
+# End-to-end cases past a quick representative of each (`python -m pytest -m "not slow"`).
+SLOW = pytest.mark.slow
+
 
 def _same_training(a: keras.Model, b: keras.Model, ha=None, hb=None) -> None:
     if ha is not None:
@@ -86,8 +89,16 @@ _EMBEDDING_HEADS = {
 }
 
 
-@pytest.mark.parametrize("head", sorted(_EMBEDDING_HEADS))
-@pytest.mark.parametrize("ids", ["int32", "int64"])
+def _embedding_params():
+    """Every head with int64 ids and the pooling head with int32 in the quick set; the other
+    int32 models are marked slow."""
+    for ids in ("int32", "int64"):
+        for head in sorted(_EMBEDDING_HEADS):
+            quick = ids == "int64" or head == "pool"
+            yield pytest.param(head, ids, id=f"{ids}-{head}", marks=[] if quick else [SLOW])
+
+
+@pytest.mark.parametrize("head, ids", _embedding_params())
 def test_embedding_models_log_exact_moments_through_the_callback(head, ids, tmp_path):
     def build():
         keras.utils.set_random_seed(5)
@@ -357,7 +368,13 @@ def test_default_train_step_trains_bit_identically_and_logs(kind, tmp_path):
     assert {r.step for t in run for r in run[t]} == set(range(6))
 
 
-@pytest.mark.parametrize("seed", [3, 11, 19, 23, 31, 42, 57, 77, 101, 133])
+# The first three in the quick set, the others marked slow.
+_GENERATED = [3, 11, 19, 23, 31, 42, 57, 77, 101, 133]
+
+
+@pytest.mark.parametrize(
+    "seed", [pytest.param(s, marks=[] if k < 3 else [SLOW]) for k, s in enumerate(_GENERATED)]
+)
 def test_generated_models_train_bit_identically_and_log_exact_moments(seed, tmp_path):
     arch = archgen.generate(seed)
 
@@ -1078,3 +1095,63 @@ def test_zoo_families_log_through_the_callback_what_the_core_computes(entry, tmp
                     rec.moments[p], want_p, rtol=1e-6, atol=tol, err_msg=f"{tag} step {step}"
                 )
     assert sorted({r.step for r in run[tags[0]]}) == [0, 2]
+
+
+def _application_fit_params():
+    from tests import zoo_worker
+
+    return [pytest.param(i, id=i) for i in zoo_worker.FIT_MEMBERS]
+
+
+@pytest.fixture(scope="module")
+def application_fits(request):
+    """Futures of the `zoo_worker.fit_through_callback` child processes of the members
+    selected in this session, ``GRADMOM_ZOO_JOBS`` (default 2) at a time, started together
+    when the first is reached."""
+    import concurrent.futures
+    import os
+
+    from tests import zoo_worker
+
+    selected = [
+        item.callspec.params["entry_id"]
+        for item in request.session.items
+        if "entry_id" in getattr(getattr(item, "callspec", None), "params", {})
+        and item.originalname
+        == "test_applications_train_unchanged_through_fit_and_log_what_the_core_computes"
+    ]
+    jobs = int(os.environ.get("GRADMOM_ZOO_JOBS", "2"))
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, jobs))
+    futures = {i: pool.submit(zoo_worker.run_in_subprocess, i, None, True) for i in selected}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry_id", _application_fit_params())
+def test_applications_train_unchanged_through_fit_and_log_what_the_core_computes(
+    entry_id, application_fits
+):
+    """One ``keras.applications`` member per architecture family (`zoo_worker.FIT_MEMBERS`),
+    float64, in a child process of its own (`zoo_worker.fit_through_callback`, two at a time:
+    `application_fits`): 3 steps of ``model.fit`` with Keras' own ``train_step``
+    (``training=True``: batch statistics, drop connect and dropout live), without and with
+    `GradMoments` from the same state. Training is bit-identical (loss history, every weight
+    and optimizer variable); the moments logged at steps 0 and 2, read
+    back with `gradmom.data.load`, equal `gradients_and_moments` at the state each step started
+    from; the smallest member's step 0 also equals one gradient per example (rows of the
+    jacobian of the batch's per-example losses)."""
+    from tests import zoo_worker
+
+    future = application_fits.get(entry_id)
+    result = future.result() if future else zoo_worker.run_in_subprocess(entry_id, fit=True)
+    if result.get("error"):
+        err = result["error"]
+        raise AssertionError(
+            f"{entry_id}: {err['type']}: {err['first_line']}\n{err.get('traceback', '')}"
+        )
+    assert not result["failures"], f"{entry_id}: " + "; ".join(result["failures"][:20])
+    assert result["logged"] == [0, 2]
+    assert result["variables"] > 50  # every variable of the application compared
+    if entry_id == zoo_worker.FIT_BRUTE:
+        assert result["brute"] is not None and result["brute"] <= zoo_worker.FIT_TOLERANCE

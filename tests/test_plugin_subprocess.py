@@ -1,4 +1,5 @@
-"""The plugin in a real ``tensorboard`` process (slow), and without TensorFlow (fast).
+"""The plugin in a real ``tensorboard`` process (slow but for one listing check), and without
+TensorFlow (fast).
 
 The ``tensorboard`` subprocess finds the plugin through the ``tensorboard_plugins`` entry point,
 as after ``pip install``. When tb_gradmom is not installed in this environment, the entry
@@ -223,7 +224,15 @@ def stop(server: Server) -> None:
         server.proc.wait(timeout=20)
 
 
-@pytest.fixture(scope="module", params=["false", "true"], ids=["python", "rustboard"])
+# The python loader's server is in the quick set for `test_listed_and_frontend_served` (one
+# real tensorboard process); every other use, and RustBoard's, is marked slow.
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("false", id="python"),
+        pytest.param("true", id="rustboard", marks=pytest.mark.slow),
+    ],
+)
 def server(request, logdir, tmp_path_factory):
     if request.param == "true":
         problem = _data_server_problem()
@@ -236,7 +245,6 @@ def server(request, logdir, tmp_path_factory):
     stop(s)
 
 
-@pytest.mark.slow
 def test_listed_and_frontend_served(server):
     listing = server.json("/data/plugins_listing")
     assert listing["gradmom"]["enabled"] is True

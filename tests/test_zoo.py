@@ -24,6 +24,8 @@ GAN's steps with latents drawn in the step, a discriminator on ``concat([real, f
 checked against one gradient per entry of the batch's loss vector.
 
 Measured on the 2-core machine: see the timings in `tests/zoo.py` and `KNOWN_FAILURES` below.
+The entries are marked slow but for `QUICK`, one of each kind; the other tests check the
+worker's machinery on small models and are quick.
 """
 
 from __future__ import annotations
@@ -36,10 +38,14 @@ import pytest
 from tests import zoo, zoo_worker
 
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.filterwarnings("ignore:tb_gradmom"),
     pytest.mark.filterwarnings("ignore::UserWarning"),
 ]
+
+# The entries in the quick set (``-m "not slow"``), one per path `test_zoo_entry_exact` takes:
+# a ``keras.applications`` member in its child process, an in-process entry, a refused loss.
+# Every other entry is marked slow.
+QUICK = ("app-mobilenet", "lora-dense", "hub-clip-contrastive")
 
 # The entries that fail under the current core, with the failure seen (core at 17bccd5). Remove
 # a line when its fix lands: strict xfail turns a fixed entry into an XPASS(strict) failure.
@@ -49,7 +55,7 @@ KNOWN_FAILURES: dict[str, str] = {}
 def _params():
     # In-process entries first: the isolated ones run meanwhile in their child processes.
     for entry in sorted(zoo.selected(), key=lambda e: e.isolate):
-        marks = []
+        marks = [] if entry.id in QUICK else [pytest.mark.slow]
         if entry.id in KNOWN_FAILURES:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[entry.id]))
         yield pytest.param(entry, id=entry.id, marks=marks)
@@ -123,6 +129,13 @@ def test_max_rel_err_judges_vanishing_moments_against_the_model():
     assert zoo_worker.max_rel_err(np.array([3e-12]), np.array([1e-20]), 1.0) == pytest.approx(3e-12)
     assert zoo_worker.max_rel_err(np.array([np.nan]), np.array([1.0]), 1.0) == float("inf")
     assert zoo_worker.max_rel_err(np.zeros(2), np.zeros(3), 1.0) == float("inf")
+
+
+def test_quick_entries_exist_and_cover_each_path():
+    entries = [zoo.ENTRIES_BY_ID[i] for i in QUICK]
+    assert all(not e.heavy for e in entries)
+    assert [bool(e.isolate) for e in entries] == [True, False, False]
+    assert [e.raises is not None for e in entries] == [False, False, True]
 
 
 def test_zoo_covers_every_application_family_by_default():

@@ -5,6 +5,7 @@ the path the core took (rule or fallback) and, per order, the relative error (`m
 `tests/test_zoo.py` asserts on it. From the command line it runs one entry, in this process:
 
     python -m tests.zoo_worker app-resnet50            # prints the result as JSON
+    python -m tests.zoo_worker app-resnet50 --fit      # through model.fit and the callback
     python -m tests.zoo_worker --report [--full] [--jobs 2] [--out results.json]
 
 ``--report`` runs every selected entry, each in a child process of its own, and prints a
@@ -521,6 +522,207 @@ def run_one(entry_id: str) -> dict:
     return result
 
 
+# -- keras.applications through `model.fit` and the callback ---------------------------------
+
+# One member per architecture family, for `fit_through_callback` (tests/test_integration.py):
+# id -> what the family brings to the step.
+FIT_MEMBERS: dict[str, str] = {
+    "app-mobilenetv3small": "hard-swish, squeeze-excite, dropout before the head",
+    "app-mobilenetv2": "inverted residuals, ReLU6, depthwise convolutions",
+    "app-resnet50": "bottleneck residual blocks, batch normalisation after every convolution",
+    "app-efficientnetb0": "squeeze-excite, swish, drop connect (stochastic depth), top dropout",
+    "app-convnexttiny": "LayerScale, depthwise 7x7, LayerNormalization, GELU, no batch norm",
+    "app-densenet121": "dense concatenations, batch norm before each convolution",
+    "app-inceptionv3": "parallel towers, 1x7/7x1 convolutions, concatenations",
+}
+# The smallest member: its logged moments are also checked against one gradient per example.
+FIT_BRUTE = "app-mobilenetv3small"
+FIT_STEPS = 3  # steps of `model.fit`, logged at 0 and 2 (every_n_steps=2)
+
+
+def _fit_model(entry_id: str):
+    """The entry's application, float64, compiled for `fit` (SGD with momentum, "mse")."""
+    import keras
+
+    name = entry_id[len("app-") :]
+    ctor = next(
+        (c for members in zoo.APPLICATIONS.values() for c, *_ in members if c.lower() == name),
+        None,
+    )
+    if ctor is None:
+        raise ValueError(f"{entry_id!r} is not a keras.applications zoo entry")
+    side = next(s for m in zoo.APPLICATIONS.values() for c, s, *_ in m if c == ctor)
+    keras.utils.set_random_seed(0)
+    with zoo.dtype_policy("float64"):
+        model = getattr(keras.applications, ctor)(
+            weights=None,
+            input_shape=(side, side, 3),
+            include_top=True,
+            classes=3,
+            classifier_activation=None,
+        )
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.5), "mse")
+    return model, side
+
+
+def _mse(out, t):
+    """Keras' "mse" per example: the mean over the classes."""
+    return tf.reduce_mean(tf.square(out - tf.cast(t, out.dtype)), axis=1)
+
+
+def fit_through_callback(entry_id: str, log_dir: str, brute: bool | None = None) -> dict:
+    """Trains a ``keras.applications`` member `FIT_STEPS` steps with ``model.fit`` (Keras'
+    own ``train_step``, ``training=True``: batch statistics, drop connect and dropout live)
+    twice from the same state (one model, put back between the two), without and with
+    `GradMoments` (``every_n_steps=2``, every variable at full resolution), and checks, returning the failures found (empty when none; call
+    it with TensorFlow's op determinism enabled, as `run_fit` does):
+
+    - training identical: the loss history, every weight (moving statistics and seed states
+      included) and every optimizer variable, bit for bit;
+    - the moments logged at steps 0 and 2, read back with `gradmom.data.load`, equal to
+      `gradients_and_moments` of the same loss at the state (every model variable) that step
+      started from, relative error <= 1e-6 (the log holds float32);
+    - with ``brute`` (default: for `FIT_BRUTE`), step 0's logged moments against one gradient
+      per example (rows of the jacobian of the batch's per-example losses: a training-mode
+      batch norm couples the examples), dropout's seed state put back before each pass.
+    """
+    import keras
+
+    from tb_gradmom.analysis import data
+
+    brute = entry_id == FIT_BRUTE if brute is None else brute
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    model, side = _fit_model(entry_id)
+    batch = zoo.APP_BATCH
+    # float32 values in float64 arrays: `fit` casts numpy floats to floatx (float32) and the
+    # model back to float64, exactly; the core and the reference get the same numbers.
+    x = rng.normal(size=(FIT_STEPS * batch, side, side, 3)).astype(np.float32).astype(np.float64)
+    y = rng.normal(size=(FIT_STEPS * batch, 3)).astype(np.float32).astype(np.float64)
+    # One model trained twice from the same state: a second model built in this process gets
+    # other layer names and, with them, another graph (InceptionV3: two such models trained
+    # without any callback end up to 2e-10 apart after 3 steps, op determinism on).
+    model.optimizer.build(model.trainable_variables)
+    start = [np.array(v.numpy()) for v in model.variables + model.optimizer.variables]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = model.fit(x, y, batch_size=batch, shuffle=False, verbose=0)
+    trained = [np.array(v.numpy()) for v in model.variables]
+    trained_opt = [np.array(v.numpy()) for v in model.optimizer.variables]
+    for v, value in zip(model.variables + model.optimizer.variables, start):
+        v.assign(value)
+    states: list[list[np.ndarray]] = []
+
+    class Keep(keras.callbacks.Callback):
+        def on_train_batch_begin(self, step, logs=None):
+            states.append([np.array(v.numpy()) for v in model.variables])
+
+    cb = gb.keras.GradMoments(log_dir, every_n_steps=2, max_elements=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the batch norms' exact fallback, said per trace
+        got = model.fit(x, y, batch_size=batch, shuffle=False, verbose=0, callbacks=[Keep(), cb])
+    t_fit = time.perf_counter() - t0
+    failures: list[str] = []
+    if got.history != want.history:
+        failures.append(f"loss history {got.history} != {want.history} without the callback")
+    for kind, ours, theirs in (
+        ("weight", model.variables, trained),
+        ("optimizer variable", model.optimizer.variables, trained_opt),
+    ):
+        if len(ours) != len(theirs):
+            failures.append(f"{len(ours)} {kind}s against {len(theirs)} without the callback")
+        for u, v in zip(ours, theirs):
+            if not np.array_equal(u.numpy(), v):
+                failures.append(f"{kind} {u.path} differs from training without the callback")
+
+    variables = model.trainable_variables
+    tags = gb.summary.tag_names(variables)
+    run = data.load(log_dir)["."]
+    logged = sorted({r.step for r in run[tags[0]]}) if tags[0] in run else []
+    if logged != [0, 2]:
+        failures.append(f"logged steps {logged}, expected [0, 2]")
+
+    @tf.function
+    def core(bx, by):
+        loss = keras.losses.MeanSquaredError()(by, model(bx, training=True))
+        return gb.gradients_and_moments(loss, variables)[1]
+
+    worst = {}
+    t1 = time.perf_counter()
+    for step in (0, 2):
+        for v, value in zip(model.variables, states[step]):
+            v.assign(value)
+        bx, by = x[step * batch : (step + 1) * batch], y[step * batch : (step + 1) * batch]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            moments = core(tf.constant(bx), tf.constant(by))
+        wants = [{p: m[p].numpy() for p in (1, 2)} for m in moments]
+        worst[step] = _compare_logged(run, tags, wants, step, batch, failures, "the core")
+    t_core = time.perf_counter() - t1
+    brute_worst = None
+    t_brute = 0.0
+    if brute:
+        t1 = time.perf_counter()
+        for v, value in zip(model.variables, states[0]):
+            v.assign(value)
+        seeds = [(v, v.numpy()) for v in model.variables if "seed_generator" in v.path]
+
+        def forward(t):
+            for v, value in seeds:  # every pass draws step 0's dropout masks
+                v.assign(value)
+            return model(t, training=True)
+
+        tf_vars = [
+            v.value if isinstance(getattr(v, "value", None), tf.Variable) else v for v in variables
+        ]
+        rows = reference.per_example_jacobian(forward, tf_vars, _mse, x[:batch], y[:batch])
+        wants = [reference.moments(r, (1, 2)) for r in rows]
+        brute_worst = _compare_logged(run, tags, wants, 0, batch, failures, "brute force")
+        t_brute = time.perf_counter() - t1
+    return {
+        "id": entry_id,
+        "variables": len(variables),
+        "params": int(sum(int(np.prod(v.shape)) for v in variables)),
+        "logged": logged,
+        "worst": worst,
+        "brute": brute_worst,
+        "failures": failures,
+        "timing": {
+            "fit": round(t_fit, 2),
+            "core": round(t_core, 2),
+            "brute": round(t_brute, 2),
+        },
+    }
+
+
+def _compare_logged(run, tags, wants, step, batch, failures, against) -> float:
+    """Step ``step``'s logged M_1, M_2 of every tag against ``wants`` (``[{p: array}]``):
+    relative error per variable, judged as `max_rel_err` does against the model's largest
+    moment of the order where a variable's own vanish; the worst, failures appended."""
+    model_max = {p: max(float(np.max(np.abs(w[p]))) for w in wants) for p in (1, 2)}
+    worst = 0.0
+    for tag, want in zip(tags, wants):
+        rec = next((r for r in run.get(tag, []) if r.step == step), None)
+        if rec is None:
+            failures.append(f"{tag}: nothing logged at step {step}")
+            continue
+        if rec.batch_size != batch:
+            failures.append(f"{tag} step {step}: batch size {rec.batch_size}, not {batch}")
+        for p in (1, 2):
+            err = max_rel_err(rec.moments[p], want[p], model_max[p])
+            worst = max(worst, err)
+            if not err <= FIT_TOLERANCE:
+                failures.append(
+                    f"{tag} M{p} step {step}: relative error {err:.3g} against {against} "
+                    f"> {FIT_TOLERANCE:g}"
+                )
+    return worst
+
+
+# The logged moments are float32 (full resolution): 1e-6 of the float64 values they round.
+FIT_TOLERANCE = 1e-6
+
+
 def _rss_mb(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -532,8 +734,35 @@ def _rss_mb(pid: int) -> int:
     return 0
 
 
-def run_in_subprocess(entry_id: str, timeout: float | None = None) -> dict:
-    """`run_one` in a fresh Python (one process per entry).
+def run_fit(entry_id: str) -> dict:
+    """`fit_through_callback` into a temporary log dir, errors captured (the child's job).
+
+    TensorFlow's op determinism is enabled first (for the whole process), so that the two
+    trainings may be asked to be bit-identical whatever kernels the model runs.
+    """
+    tf.config.experimental.enable_op_determinism()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gradmom-fit-") as log_dir:
+        try:
+            result = fit_through_callback(entry_id, log_dir)
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            result = {
+                "id": entry_id,
+                "error": {
+                    "type": type(e).__name__,
+                    "first_line": _first_line(e),
+                    "traceback": traceback.format_exc()[-6000:],
+                },
+            }
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    result["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 1)
+    result["maxrss_mb"] = usage.ru_maxrss // 1024
+    return result
+
+
+def run_in_subprocess(entry_id: str, timeout: float | None = None, fit: bool = False) -> dict:
+    """`run_one` (with ``fit``: `run_fit`) in a fresh Python (one process per entry).
 
     The child is killed after ``GRADMOM_ZOO_TIMEOUT`` seconds (default 3600) or when its
     resident memory passes ``GRADMOM_ZOO_MAX_RSS_MB`` (default 14000: the machine is shared).
@@ -546,7 +775,7 @@ def run_in_subprocess(entry_id: str, timeout: float | None = None) -> dict:
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.zoo_worker", entry_id],
+            [sys.executable, "-m", "tests.zoo_worker", entry_id] + (["--fit"] if fit else []),
             stdout=out,
             stderr=err,
             text=True,
@@ -666,6 +895,12 @@ def main(argv=None) -> int:
     parser.add_argument("--report", action="store_true", help="run every selected entry")
     parser.add_argument("--full", action="store_true", help="with --report: heavy entries too")
     parser.add_argument("--only", help="with --report: comma-separated ids")
+    parser.add_argument(
+        "--fit",
+        action="store_true",
+        help="train the entry (a keras.applications member) with model.fit and the callback "
+        "instead (fit_through_callback)",
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", help="with --report: write every result as JSON")
     parser.add_argument(
@@ -680,7 +915,7 @@ def main(argv=None) -> int:
         return _report(args)
     if not args.entry:
         parser.error("give an entry id or --report")
-    result = run_one(args.entry)
+    result = run_fit(args.entry) if args.fit else run_one(args.entry)
     print("ZOO_RESULT " + json.dumps(result), flush=True)
     return 0
 
