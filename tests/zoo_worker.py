@@ -538,7 +538,9 @@ FIT_MEMBERS: dict[str, str] = {
 # Known defect, left out of FIT_MEMBERS until fixed: InceptionV3 (parallel towers, 1x7/7x1
 # convolutions, concatenations) trained through `fit` with the callback ends 3 steps with the
 # same losses but weights 1e-15 to 4e-9 apart from the same model trained without it (measured
-# twice on 2026-11-27, float64, op determinism on); the cause is not found yet. Run it with
+# twice on 2026-11-27, float64, op determinism on); the cause is not found yet. Without
+# tb_gradmom, the same model fitted twice (the second time with a no-op callback) already ends
+# 5e-14 apart, so TensorFlow itself is not bit-reproducible here. Run it with
 # `python -m tests.zoo_worker app-inceptionv3 --fit`.
 FIT_KNOWN_DIFFERENT: dict[str, str] = {
     "app-inceptionv3": "parallel towers, 1x7/7x1 convolutions, concatenations",
