@@ -152,6 +152,10 @@ def _stats_only(ri) -> dict:
         tag = st[: -len(suffix)]
         if tag in ri.moments or metadata.is_model_tag(tag):
             continue
+        # A moments-mode stats tag whose moments tag was skipped (bad content) is not a
+        # variable without maps: it stays out, as its moments tag does.
+        if getattr(entry.content, "source", metadata.SOURCE_MOMENTS) == metadata.SOURCE_MOMENTS:
+            continue
         out[tag] = entry
     return out
 
