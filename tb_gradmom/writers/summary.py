@@ -1285,17 +1285,21 @@ def _records_of(moms, n, loss, tags, contents, orders, lr, group):
     )
     tensors.append((metadata.stats_tag(model_tag), packed[-1], model_md))
     keys = [k for k in SCALARS if not (k == "cabs_batch_size" and lr is None)]
+    return tensors, _scalar_values(fields, keys, list(tags) + [model_tag])
+
+
+def _scalar_values(fields, keys, tags):
+    """The derived scalars ``keys`` of every tag (the variables, then the model), tag-major:
+    ``(tag, scalar tag, float32 value)``."""
     derived = _derived(fields)
-    # the scalars, tag-major: [(V + 1) * len(keys)] float32 values
     values = tf.unstack(
         tf.reshape(tf.cast(tf.stack([derived[k] for k in keys], 1), tf.float32), [-1])
     )
-    scalar_values = [
+    return [
         (tag, f"gradmom/{tag}/{key}", values[i * len(keys) + j])
-        for i, tag in enumerate(list(tags) + [model_tag])
+        for i, tag in enumerate(tags)
         for j, key in enumerate(keys)
     ]
-    return tensors, scalar_values
 
 
 # The statistics that need the element-wise variances: not written in the norms and replicas
@@ -1348,16 +1352,7 @@ def _sums_records(logged: _moments.Logged, tags, lr, group):
         for k in SCALARS
         if k not in ELEMENTWISE_ONLY and not (k == "cabs_batch_size" and lr is None)
     ]
-    derived = _derived(fields)
-    values = tf.unstack(
-        tf.reshape(tf.cast(tf.stack([derived[k] for k in keys], 1), tf.float32), [-1])
-    )
-    scalar_values = [
-        (tag, f"gradmom/{tag}/{key}", values[i * len(keys) + j])
-        for i, tag in enumerate(list(tags) + [model_tag])
-        for j, key in enumerate(keys)
-    ]
-    return tensors, scalar_values
+    return tensors, _scalar_values(fields, keys, list(tags) + [model_tag])
 
 
 def _selected_scalars(scalar_values, per_variable_scalars):
