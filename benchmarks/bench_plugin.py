@@ -424,6 +424,11 @@ def _export_request(rng, run: str, tag: str, step: int) -> tuple[str, dict]:
     return "export", q
 
 
+# TensorBoard's own route that reads nothing (its environment: the data location, version):
+# the floor of the harness, HTTP and TensorBoard's middleware under the same clients.
+FLOOR_ROUTE = "/data/environment"
+
+
 def _route_name(route: str, q: dict) -> str:
     """The latency table's row of a request: the route, and for heatmaps which step kind."""
     if route == "heatmap":
@@ -481,7 +486,8 @@ def _phase(server, plans, duration: float = 0.0) -> dict:
     end = [math.inf]
 
     def ask(route, q):
-        url = server.url + P + route + ("?" + urllib.parse.urlencode(q) if q else "")
+        path = route if route.startswith("/") else P + route  # "/...": TensorBoard's own
+        url = server.url + path + ("?" + urllib.parse.urlencode(q) if q else "")
         req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
         t = time.perf_counter()
         try:
@@ -554,11 +560,15 @@ def bench_clients(
     burst: int = 50,
     runs: int = 3,
     duration: float = 0.0,
+    floor: bool = False,
 ) -> dict:
     """A burst of ``burst`` requests for distinct old steps of the big kernel at once, then
     ``clients`` concurrent clients (`_client_plan`), against one `tensorboard` process: each
     client asks one round of requests, or with ``duration`` (seconds) asks round after round,
-    with a download in each, until that time has passed."""
+    with a download in each, until that time has passed. With ``floor``, then the same
+    clients (for the same time, or one round of 5 requests each) asking only TensorBoard's
+    own route `FLOOR_ROUTE` (no plugin code): the latency this harness gives a request that
+    costs nothing, on the same server under the same clients."""
     import gc
     import pathlib
     import tempfile
@@ -604,6 +614,15 @@ def bench_clients(
         elif clients:
             plans = [_client_plan(c, steps, variables, runs) for c in range(clients)]
             out["mixed"] = _phase(server, plans)
+        if clients and floor and duration:
+
+            def floor_plan(c, round_):
+                return [(FLOOR_ROUTE, {})]
+
+            floor_plan.clients = clients  # type: ignore[attr-defined]
+            out["floor"] = {"duration_s": duration, **_phase(server, floor_plan, duration)}
+        elif clients and floor:  # one round: as many requests per client as a mixed round
+            out["floor"] = _phase(server, [[(FLOOR_ROUTE, {})] * 5 for _ in range(clients)])
     finally:
         tps.stop(server)
     return out
@@ -639,7 +658,7 @@ def smoke(cache: str) -> None:
     else:
         print(f"RustBoard skipped: {problem}", flush=True)
     for loader in loaders:
-        results.append(bench_clients(logdir, loader, 4, 64, steps, label, burst=4))
+        results.append(bench_clients(logdir, loader, 4, 64, steps, label, burst=4, floor=True))
     for r in results:
         print(json.dumps(r), flush=True)
     for r in results:
@@ -653,7 +672,7 @@ def smoke(cache: str) -> None:
     failed += [
         (r["loader"], phase, r[phase]["error_examples"])
         for r in results
-        for phase in ("burst", "mixed")
+        for phase in ("burst", "mixed", "floor")
         if phase in r and r[phase]["errors"]
     ]
     if failed:
@@ -689,6 +708,12 @@ def main() -> None:
         help="with --clients: first this many requests for distinct old steps at once",
     )
     ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="with --clients and --duration: then the same clients asking only TensorBoard's "
+        "own /data/environment for as long (the harness's floor)",
+    )
+    ap.add_argument(
         "--smoke",
         action="store_true",
         help="CI: every part once on a small logdir (in CACHE-smoke), both loaders, 4 clients",
@@ -707,10 +732,12 @@ def main() -> None:
             if a.full:
                 full = ensure_logdir(os.path.join(a.cache, "full"), "--runs", "1", "--steps", "100")
                 args = (full, loader, a.clients, a.cache_mb, 100, "1x100x20, 1M kernel unpooled")
-                r = bench_clients(*args, a.plugin_path, a.burst, runs=1, duration=a.duration)
+                r = bench_clients(
+                    *args, a.plugin_path, a.burst, runs=1, duration=a.duration, floor=a.floor
+                )
             else:
                 args = (pooled, loader, a.clients, a.cache_mb, a.steps, label)
-                r = bench_clients(*args, a.plugin_path, a.burst, duration=a.duration)
+                r = bench_clients(*args, a.plugin_path, a.burst, duration=a.duration, floor=a.floor)
             print(json.dumps(r), flush=True)
         return
     results = [bench_python(pooled, a.repeat, label, a.steps)]

@@ -73,6 +73,32 @@ def tensor_events(multiplexer, run: str, tag: str) -> list | None:
         return None
 
 
+def listing_version(multiplexer) -> tuple | None:
+    """A value that changes whenever the Python loader's multiplexer gains a run or a tensor
+    event, or purges events (an orphaned step after a restart), or None if it cannot say.
+
+    Per run: its accumulator, the step and wall time of the last event it took (TensorBoard
+    updates them whenever it may purge), how many tensor series it holds and how many events
+    they have taken (their reservoirs' counts). Costs microseconds, where listing the series
+    (``list_tensors``) copies and scans every event of every series.
+    """
+    try:
+        accumulators = list(multiplexer._accumulators.items())  # noqa: SLF001
+        out = []
+        for run, acc in sorted(accumulators, key=lambda item: item[0]):
+            series = list(acc.tensors_by_tag.values())
+            seen = 0
+            for reservoir in series:
+                for bucket in list(reservoir._buckets.values()):  # noqa: SLF001
+                    seen += bucket._num_items_seen + len(bucket.items)  # noqa: SLF001
+            out.append(
+                (run, id(acc), acc.most_recent_step, acc.most_recent_wall_time, len(series), seen)
+            )
+        return tuple(out)
+    except Exception:  # noqa: BLE001 - another TensorBoard, or a series added meanwhile
+        return None
+
+
 def plugin_tags(multiplexer, plugin_name: str, run: str) -> list[str] | None:
     """The tags of ``run`` whose first event names ``plugin_name``, from the Python loader's
     multiplexer (`PluginRunToTagToContent`), or None if it cannot say.
