@@ -543,11 +543,11 @@ FIT_MEMBERS: dict[str, str] = {
 # from mixed10's four towers (AddN_20 in Keras' train function) into a TemporaryVariable and
 # one AssignAdd per tower, run as the towers finish: with ops in parallel, the order of the sum
 # varies. Measured 2026-11-28: a step computing and applying the gradients as Keras' does,
-# from one state on one batch, gave other gradients in 5 of 16 runs (up to 2e-10, every
-# variable below mixed10); the model fitted 3 steps twice without Grad Moments ended 2.6e-7
-# apart. With one inter-op thread, or that pass off (no public option), 16 of 16 runs were
-# equal, and 3 steps with and without the callback (logged at 0 and 2) bit-identical. The
-# other members' train functions have no such rewrite (their optimized graphs, same day).
+# from one state on one batch, gave other gradients in 5 to 13 of 16 runs (up to 3e-10,
+# every variable below mixed10); the model fitted 3 steps twice without Grad Moments ended
+# 2.6e-7 apart. With one inter-op thread, or that pass off (no public option), 16 of 16 runs
+# were equal, and 3 steps with and without the callback (logged at 0 and 2) bit-identical.
+# The other members' train functions have no such rewrite (their optimized graphs, same day).
 FIT_ONE_INTER_OP_THREAD: dict[str, str] = {
     "app-inceptionv3": "Grappler's memory optimizer sums a 4-input AddN in arrival order",
 }
@@ -617,7 +617,8 @@ def fit_through_callback(entry_id: str, log_dir: str, brute: bool | None = None)
     y = rng.normal(size=(FIT_STEPS * batch, 3)).astype(np.float32).astype(np.float64)
     # One model trained twice from the same state: a second model built in this process gets
     # other layer names and, with them, another graph (InceptionV3: two such models trained
-    # without any callback end up to 2e-10 apart after 3 steps, op determinism on).
+    # without any callback end up to 2e-10 apart after 3 steps, op determinism on; measured
+    # before the race of `FIT_ONE_INTER_OP_THREAD` was found, which alone may explain it).
     model.optimizer.build(model.trainable_variables)
     start = [np.array(v.numpy()) for v in model.variables + model.optimizer.variables]
     with warnings.catch_warnings():
