@@ -546,7 +546,8 @@ FIT_MEMBERS: dict[str, str] = {
 # from one state on one batch, gave other gradients in 5 to 13 of 16 runs (up to 3e-10,
 # every variable below mixed10); the model fitted 3 steps twice without Grad Moments ended
 # 2.6e-7 apart. With one inter-op thread, or that pass off (no public option), 16 of 16 runs
-# were equal, and 3 steps with and without the callback (logged at 0 and 2) bit-identical.
+# were equal, and 3 steps with and without the callback (logged at 0 and 2) bit-identical;
+# with only that pass off (ops in parallel), 3 fits without and 1 with it, bit-identical too.
 # The other members' train functions have no such rewrite (their optimized graphs, same day).
 FIT_ONE_INTER_OP_THREAD: dict[str, str] = {
     "app-inceptionv3": "Grappler's memory optimizer sums a 4-input AddN in arrival order",
