@@ -353,7 +353,10 @@ class _Switch:
     traced graph captures - weights, normalisation statistics, random seeds' states, the
     optimizer's and the metrics' - saved before and put back after: the moments are of that
     step, at the weights it starts from), then Keras' own function runs the step. Training
-    is therefore the same, bit for bit, with or without the callback. With gradient
+    is therefore the same, bit for bit, with or without the callback, wherever TensorFlow
+    repeats its own step bit for bit (where it does not, e.g. when Grappler's memory optimizer
+    sums an AddN in the order its inputs arrive, neither does the callback make it: README,
+    "Model zoo", InceptionV3 through ``fit``). With gradient
     accumulation, the micro-batches of a due update are summed and written once, at the
     update's step, over all their examples.
     """
