@@ -832,7 +832,7 @@ class Reader:
         if _same_source(stats, m):
             return m
         request = _StepRequest(None, experiment_id, entry, m.step, stats, None)
-        reads = []
+        reads: list[Callable[[_StepRequest], MomentsAt | None]] = []
         if self._mux is not None:
             reads.append(self._read_one)
         if self.files is not None:
