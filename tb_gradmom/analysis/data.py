@@ -498,7 +498,8 @@ class Writers:
         )
         return (
             f"run {short_name(run)} holds the records of {self.count} writers"
-            + (f" (sources {shown})" if shown else "")
+            + (f" (sources {shown})" if len(self.sources) == self.count else "")
+            + (f" (sources seen: {shown})" if 0 < len(self.sources) < self.count else "")
             + f", {where}: two summary writers or training processes wrote one run (or it "
             "was restarted). Each step is read with its own writer's statistics and a step "
             "whose records do not pair is skipped, but the series may mix writers. Give each "

@@ -662,12 +662,17 @@ class Reader:
             held.append((raw.step, token(array)))
         return tuple(held)
 
-    def writers(self, series: dict[str, StatsSeries]) -> data.Writers | None:
-        """Who wrote a run, from its stats series (`data.writers_of`; the Python loader holds
-        every record, RustBoard one per step)."""
-        return data.writers_of(
-            (tag, step, tok) for tag, s in series.items() for step, tok in s.held
-        )
+    def writers(self, run: str, series: dict[str, StatsSeries]) -> data.Writers | None:
+        """Who wrote a run, from its stats series (`data.writers_of`). The Python loader holds
+        every record; RustBoard one per step, so with a local log directory the run's event
+        files say which steps have more (`_eventfiles.StepFiles.record_counts`, once the run
+        is indexed: from a later reload on)."""
+        held = [(tag, step, tok) for tag, s in series.items() for step, tok in s.held]
+        if self._mux is None and self.files is not None and self.files.indexed(run):
+            for tag in series:
+                for step, count in self.files.record_counts(run, tag).items():
+                    held.extend([(tag, step, None)] * (count - 1))
+        return data.writers_of(held)
 
     def stats_for(self, ctx, experiment_id: str, entry: TagEntry | None) -> StatsSeries | None:
         if entry is None:

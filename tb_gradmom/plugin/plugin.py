@@ -316,6 +316,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             for run, ri in sorted(index.items())
             for tag, e in sorted({**ri.moments, **ri.stats}.items())
         ) + tuple((run, tuple(sorted(ri.skipped.items()))) for run, ri in sorted(index.items()))
+        files = self._reader.files
+        if files is not None:  # RustBoard: `writers` counts the files' records once indexed
+            version += tuple((run, files.indexed(run)) for run in sorted(index))
         key = ("tags", experiment, version)
         return self._cached_json(
             request,
@@ -403,7 +406,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 groups[run] = run_groups
             if ri.skipped:
                 skipped[run] = dict(sorted(ri.skipped.items()))
-            who = self._reader.writers(series)
+            who = self._reader.writers(run, series)
             if who is not None:
                 writers[run] = {
                     "count": who.count,
