@@ -1,0 +1,148 @@
+"""Writers on one directory caught at trace time where Grad Moments knows the directory
+(issue 31): the Keras callback's writer and `gradmom.summary.create_file_writer`'s, keyed by
+``os.path.realpath``. TensorFlow's own writer does not expose its directory (checked below),
+so writers the user makes with ``tf.summary.create_file_writer`` are told apart when read
+(test_writers_collide.py, test_readers.py)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tb_gradmom as gradmom
+from tb_gradmom.analysis import data
+
+
+def _model(seed=0, units=2, name="dense"):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(units, name=name)])
+
+
+def _step(model, writer):
+    @tf.function
+    def step(x, y, i):
+        with writer.as_default(step=i):
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+            return gradmom.summary.moments(loss, model.trainable_variables)
+
+    return step
+
+
+X = tf.random.stateless_normal([8, 3], seed=[1, 2])
+Y = tf.random.stateless_normal([8, 2], seed=[3, 4])
+
+
+def test_tensorflows_writer_does_not_expose_its_directory(tmp_path):
+    """Why only Grad Moments' own writers are checked at trace time: the directory is not an
+    attribute of TensorFlow's writer (only an argument of its init op)."""
+    path = str(tmp_path / "run")
+    writer = tf.summary.create_file_writer(path)
+    held = [v for v in vars(writer).values() if isinstance(v, (str, bytes, os.PathLike))]
+    assert not held, held
+    writer.close()
+
+
+def test_two_writers_on_one_directory_are_refused_at_trace_time(tmp_path):
+    """Two `create_file_writer` writers on one directory (the second through a symbolic link
+    to it) logging the same tags: the second is refused when traced, naming both and the fix;
+    once the first is closed, the second writes (a run resumed by another writer)."""
+    path = tmp_path / "run"
+    path.mkdir()
+    os.symlink(path, tmp_path / "link")
+    first = gradmom.summary.create_file_writer(str(path))
+    second = gradmom.summary.create_file_writer(str(tmp_path / "link"))
+    model = _model()
+    _step(model, first)(X, Y, tf.constant(0, tf.int64))
+    with pytest.raises(ValueError) as e:
+        _step(model, second)(X, Y, tf.constant(1, tf.int64))
+    msg = str(e.value)
+    assert f"tag 'dense/kernel' is already logged to directory '{os.path.realpath(path)}'" in msg
+    assert f"gradmom.summary.create_file_writer({str(path)!r})" in msg
+    assert f"gradmom.summary.create_file_writer({str(tmp_path / 'link')!r})" in msg
+    assert "Give each its own log directory" in msg and "distinct name=" in msg
+    # Other variables with their own name=: their tags and model tag are their own.
+    other = _model(1, 3, name="other")
+
+    @tf.function
+    def named(x, i):
+        with second.as_default(step=i):
+            loss = tf.reduce_mean(tf.square(other(x)))
+            return gradmom.summary.moments(loss, other.trainable_variables, name="other")
+
+    named(X, tf.constant(1, tf.int64))
+    # Another model on a third writer, default group: its variables' tags differ, but both
+    # writers' whole-model tag is '_model'.
+    third = gradmom.summary.create_file_writer(str(path))
+    with pytest.raises(ValueError, match="tag '_model' is already logged to directory"):
+        _step(_model(2, 2, name="third"), third)(X, Y, tf.constant(1, tf.int64))
+    third.close()
+    first.close()
+    _step(model, second)(X, Y, tf.constant(1, tf.int64))  # the first is closed: no mixing
+    second.close()
+    with pytest.warns(data.DataWarning, match="holds the records of 2 writers"):
+        recs = data.load(str(path))["."]
+    assert [r.step for r in recs["dense/kernel"]] == [0, 1]
+    assert [r.step for r in recs["other/other/kernel"]] == [1]
+
+
+def test_user_writers_on_one_directory_are_left_to_the_readers(tmp_path):
+    """Two writers of ``tf.summary.create_file_writer`` on one directory: not known here, so
+    no trace-time error; `data.load` tells their records apart (format 3) and says so."""
+    path = str(tmp_path / "run")
+    model = _model()
+    a, b = tf.summary.create_file_writer(path), tf.summary.create_file_writer(path)
+    _step(model, a)(X, Y, tf.constant(0, tf.int64))
+    _step(model, b)(X, Y, tf.constant(0, tf.int64))
+    a.close()
+    b.close()
+    with pytest.warns(data.DataWarning, match=r"holds the records of 2 writers .* at 1 steps"):
+        data.load(path)
+
+
+def _fit(model, callbacks, epochs=1):
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(16, 2)).astype("float32")
+    model.fit(x, y, batch_size=8, epochs=epochs, verbose=0, callbacks=callbacks)
+
+
+def test_the_callback_and_a_writer_on_its_directory(tmp_path):
+    """A writer of `create_file_writer` still open on a directory, then a `GradMoments`
+    callback on it logging the same tags: the callback's first logged step is refused when
+    traced (fit raises, naming both writers and the fix, before the first update); after the
+    writer is closed, the callback logs there."""
+    path = str(tmp_path / "run")
+    model = _model()
+    model.compile(optimizer="sgd", loss="mse")
+    writer = gradmom.summary.create_file_writer(path)
+    _step(model, writer)(X, Y, tf.constant(0, tf.int64))
+    weights = [w.numpy() for w in model.weights]
+    with pytest.raises(ValueError) as e:
+        _fit(model, [gradmom.keras.GradMoments(path, every_n_steps=1)])
+    said = str(e.value)
+    assert f"tag 'dense/kernel' is already logged to directory '{os.path.realpath(path)}'" in said
+    assert f"GradMoments({path!r})" in said and "create_file_writer" in said, said
+    assert all(np.array_equal(w, v.numpy()) for w, v in zip(weights, model.weights))
+    writer.close()
+    _fit(model, [gradmom.keras.GradMoments(path, every_n_steps=1)])
+    with pytest.warns(data.DataWarning, match="holds the records of 2 writers"):
+        recs = data.load(path)["."]["dense/kernel"]
+    assert [r.step for r in recs][:1] == [0] and len(recs) == 2  # 0 (writer), 0 and 1 (fit)
+
+
+def test_two_callbacks_on_one_directory_in_one_fit(tmp_path):
+    """Two `GradMoments` on one directory in one fit: one of them logs (the model takes one
+    callback's train function), and the run holds one writer's records, with none of
+    `data.load`'s warnings about several writers or steps stored twice."""
+    path = str(tmp_path / "run")
+    model = _model()
+    model.compile(optimizer="sgd", loss="mse")
+    _fit(model, [gradmom.keras.GradMoments(path, every_n_steps=1) for _ in range(2)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", data.DataWarning)
+        recs = data.load(path)["."]["dense/kernel"]
+    assert [r.step for r in recs] == [0, 1]
