@@ -124,16 +124,17 @@ def test_data_load_pairs_each_step_with_its_writer_and_says_so_once_per_run(load
         "run 'two' holds the records of 2 writers (sources 0a0000000001, 0b0000000002)"
         in (per_run[0])
     )
-    # B's file has no statistics at the last step: three steps have two stats records.
-    assert "at 3 steps (0, 1, 2)" in per_run[0] and "its own log directory" in per_run[0]
+    assert "at 4 steps (0, 1, 2, 3)" in per_run[0] and "its own log directory" in per_run[0]
     assert not any("run 'one'" in m for m in messages), messages
 
 
 def _held(run: str):
-    """The (tag, step, token) of every stats record of ``run``, from the events written."""
+    """The (tag, step, token) of every record of ``run`` (None for moments), from the events
+    written."""
     out = []
     for who in "AB" if run == "two" else "A":
         stats_steps = STEPS[:-1] if (run, who) == ("two", "B") else STEPS
+        out.extend((OK, step, None) for step in STEPS)
         for step in stats_steps:
             for tag in (OK, metadata.MODEL_TAG):
                 out.append((metadata.stats_tag(tag), step, TOKENS[who]))
@@ -144,7 +145,7 @@ def test_writers_of():
     assert data.writers_of(_held("one")) is None
     two = data.writers_of(_held("two"))
     assert two is not None and two.count == 2 and two.sources == tuple(TOKENS.values())
-    assert two.steps == STEPS[:-1]
+    assert two.steps == STEPS  # the last step: its moments twice, its statistics once
     # One record per step (RustBoard), alternating writers: counted, no step named.
     alternating = [("t/_stats", s, TOKENS["AB"[s % 2]]) for s in STEPS]
     assert data.writers_of(alternating) == data.Writers(tuple(TOKENS.values()), ())
@@ -162,7 +163,7 @@ def test_tags_lists_each_step_once_and_names_the_writers(client, loaded):
         "two": {
             "count": 2,
             "sources": ["0a0000000001", "0b0000000002"],
-            "steps": list(STEPS[:-1]),
+            "steps": list(STEPS),
             "message": data.writers_of(_held("two")).describe("two"),
         }
     }
@@ -236,13 +237,19 @@ def test_export_prints_the_writers_and_writes_each_step_with_its_own(logdir, tmp
     curves = ["--run", "two", "--tag", "_model", "--plot", "curves", "--overwrite"]
     assert cli.main([*args, *curves]) == 0
     err = capsys.readouterr().err
-    want = data.writers_of(_held("two")).describe("two")
+    model = metadata.stats_tag(metadata.MODEL_TAG)  # the tags read: the model's statistics
+    want = data.writers_of([h for h in _held("two") if h[0] == model]).describe("two")
     assert f"tb-gradmom export: warning: {want}" in err, err
-    # The steps read decide: one step's records come from one writer (no such warning here).
+    # The records read decide: at the last step, the moments are stored twice, the
+    # statistics once (A's), and A's moments are exported.
     out = str(tmp_path / "step")
     args = ["export", "--logdir", logdir, "--out", out, "--format", "csv", "--quiet"]
     assert cli.main([*args, "--run", "two", "--tag", OK, "--stat", "mean", "--step", "3"]) == 0
-    assert "holds the records of" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert (
+        "run 'two' holds the records of 2 writers (sources seen: 0a0000000001), at 1 step (3)"
+        in err
+    ), err
     (name,) = os.listdir(out)
     with open(os.path.join(out, name), encoding="utf-8", newline="") as f:
         rows = list(tr.csv_rows(f.read()))

@@ -465,7 +465,8 @@ class _Tag:
     sums: dict[int, list[tuple[float, float, np.ndarray]]] = field(default_factory=dict)
     # A stats tag's writer source tokens (format 3), of every record read.
     sources: set[int] = field(default_factory=set)
-    # A stats tag's records read, in order: (step, source token or None for formats 1, 2).
+    # The records read, in order: (step, source token; None for a moments tag and formats 1
+    # and 2), for `writers_of`.
     held: list[tuple[int, int | None]] = field(default_factory=list)
 
 
@@ -477,8 +478,8 @@ class Writers:
     Attributes:
       sources: the writers' source tokens (format 3, `metadata.source_of`), sorted; empty for
         formats 1 and 2, which carry none.
-      steps: the steps stored more than once by one tag, or whose records (of any tag) come
-        from more than one writer, ascending.
+      steps: the steps stored more than once by one tag (moments or stats), or whose
+        records (of any tag) come from more than one writer, ascending.
     """
 
     sources: tuple[int, ...]
@@ -494,7 +495,9 @@ class Writers:
         shown = ", ".join(f"{s:012x}" for s in self.sources)
         steps = ", ".join(map(str, self.steps[:8])) + (", ..." if len(self.steps) > 8 else "")
         where = (
-            f"at {len(self.steps)} steps ({steps})" if self.steps else "one record per step held"
+            f"at {len(self.steps)} step{'s' * (len(self.steps) != 1)} ({steps})"
+            if self.steps
+            else "one record per step held"
         )
         return (
             f"run {short_name(run)} holds the records of {self.count} writers"
@@ -509,8 +512,8 @@ class Writers:
 
 
 def writers_of(records: Iterable[tuple[str, int, int | None]]) -> Writers | None:
-    """Who wrote a run, from the stats records a reader holds: ``(tag, step, source token or
-    None)`` each. None when one writer wrote it (one source, no step stored twice by a tag);
+    """Who wrote a run, from the records a reader holds: ``(tag, step, source token)`` each
+    (the token of a stats record; None for a moments record and formats 1 and 2). None when one writer wrote it (one source, no step stored twice by a tag);
     else the `Writers` (the same answer for `load`, the plugin's ``/tags`` and the export)."""
     seen: set[tuple[str, int]] = set()
     repeated: set[int] = set()
@@ -727,7 +730,7 @@ def _read_run(
                     if token is not None:
                         tag.sources.add(token)
                     tag.held.append((step, token))
-                elif isinstance(tag.content, metadata.StatsContent):
+                else:
                     tag.held.append((step, None))
                 if isinstance(tag.content, metadata.MomentsContent):
                     record = (metadata.moments_sum(stored), float(event.wall_time), array)

@@ -662,16 +662,26 @@ class Reader:
             held.append((raw.step, token(array)))
         return tuple(held)
 
-    def writers(self, run: str, series: dict[str, StatsSeries]) -> data.Writers | None:
-        """Who wrote a run, from its stats series (`data.writers_of`). The Python loader holds
-        every record; RustBoard one per step, so with a local log directory the run's event
-        files say which steps have more (`_eventfiles.StepFiles.record_counts`, once the run
-        is indexed: from a later reload on)."""
-        held = [(tag, step, tok) for tag, s in series.items() for step, tok in s.held]
-        if self._mux is None and self.files is not None and self.files.indexed(run):
-            for tag in series:
+    def writers(
+        self, run: str, series: dict[str, StatsSeries], moments_tags: list[str]
+    ) -> data.Writers | None:
+        """Who wrote a run, from its stats series and the steps of its moments tags
+        (`data.writers_of`). The Python loader holds every record (the moments' are counted
+        from its events, none decoded); RustBoard one per step, so with a local log directory
+        the run's event files say which steps have more (`_eventfiles.StepFiles.record_counts`,
+        once the run is indexed: from a later reload on)."""
+        held: list[tuple[str, int, int | None]] = [
+            (tag, step, tok) for tag, s in series.items() for step, tok in s.held
+        ]
+        if self._mux is not None:
+            for tag in moments_tags:
+                events = _tb_compat.tensor_events(self._mux, run, tag) or []
+                held.extend((tag, int(e.step), None) for e in events)
+        elif self.files is not None and self.files.indexed(run):
+            for tag in [*series, *moments_tags]:
+                kept = 1 if tag in series else 0  # the stats record RustBoard kept is held
                 for step, count in self.files.record_counts(run, tag).items():
-                    held.extend([(tag, step, None)] * (count - 1))
+                    held.extend([(tag, step, None)] * (count - kept))
         return data.writers_of(held)
 
     def stats_for(self, ctx, experiment_id: str, entry: TagEntry | None) -> StatsSeries | None:

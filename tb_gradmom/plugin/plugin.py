@@ -406,7 +406,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 groups[run] = run_groups
             if ri.skipped:
                 skipped[run] = dict(sorted(ri.skipped.items()))
-            who = self._reader.writers(run, series)
+            who = self._reader.writers(run, series, list(ri.moments))
             if who is not None:
                 writers[run] = {
                     "count": who.count,
