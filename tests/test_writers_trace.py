@@ -100,7 +100,7 @@ def test_user_writers_on_one_directory_are_left_to_the_readers(tmp_path):
     _step(model, b)(X, Y, tf.constant(0, tf.int64))
     a.close()
     b.close()
-    with pytest.warns(data.DataWarning, match=r"holds the records of 2 writers .* at 1 steps"):
+    with pytest.warns(data.DataWarning, match=r"holds the records of 2 writers .* at 1 step \(0\)"):
         data.load(path)
 
 
@@ -146,3 +146,56 @@ def test_two_callbacks_on_one_directory_in_one_fit(tmp_path):
         warnings.simplefilter("error", data.DataWarning)
         recs = data.load(path)["."]["dense/kernel"]
     assert [r.step for r in recs] == [0, 1]
+
+
+def test_a_tape_with_its_own_writer_on_a_directory_another_writer_logs_to(tmp_path):
+    """`gradmom.GradientTape(writer=...)` with a writer of `create_file_writer`, while another
+    such writer logs the same tags to that directory: refused when traced."""
+    path = str(tmp_path / "run")
+    model = _model()
+    first = gradmom.summary.create_file_writer(path)
+    _step(model, first)(X, Y, tf.constant(0, tf.int64))
+    second = gradmom.summary.create_file_writer(path)
+
+    @tf.function
+    def taped(x, y, i):
+        with gradmom.GradientTape(writer=second, step=i) as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        return tape.gradient(loss, model.trainable_variables)
+
+    with pytest.raises(ValueError, match="tag 'dense/kernel' is already logged to directory"):
+        taped(X, Y, tf.constant(1, tf.int64))
+    first.close()
+    taped(X, Y, tf.constant(1, tf.int64))
+    second.close()
+
+
+def test_one_name_for_two_calls_in_two_step_functions(tmp_path):
+    """A GAN whose discriminator and generator steps are two `tf.function`s, both logging with
+    ``name="x"`` on one writer, their layers both named ``dense``: the second step is refused
+    when traced (the first's tags are claimed on the writer, whatever graph wrote them), and
+    nothing of it is written."""
+    path = str(tmp_path / "gan")
+    writer = tf.summary.create_file_writer(path)
+    disc, gen = _model(0, 1), _model(1, 3)
+
+    def step_of(model):
+        @tf.function
+        def step(x, i):
+            with writer.as_default(step=i):
+                loss = tf.reduce_mean(tf.square(model(x)))
+                return gradmom.summary.moments(loss, model.trainable_variables, name="x")
+
+        return step
+
+    step_of(disc)(X, tf.constant(0, tf.int64))
+    with pytest.raises(ValueError) as e:
+        step_of(gen)(X, tf.constant(0, tf.int64))
+    msg = str(e.value)
+    assert "tag 'x/dense/kernel' is already logged on this summary writer" in msg, msg
+    assert "distinct name=" in msg
+    writer.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", data.DataWarning)
+        recs = data.load(path)["."]["x/dense/kernel"]
+    assert [r.shape for r in recs] == [(3, 1)]  # the discriminator's, alone
