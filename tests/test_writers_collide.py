@@ -2,11 +2,11 @@
 
 Format 3 event files written as TensorFlow's writer makes them (`test_robustness._write`),
 with the writer's source token and ``moments_sum`` in every stats record
-(`metadata.WRITER_STATS_FIELDS`), so this process never imports TensorFlow. Two writers ``A``
+(`metadata.WRITER_STATS_FIELDS`), written without TensorFlow. Two writers ``A``
 and ``B`` log the same tag at the same steps into two files of one run; ``B``'s file is cut
 before its last stats record (a writer killed): the Python loader then holds, for the last
 step, ``B``'s moments last and ``A``'s statistics last. The real writers (`summary.moments`,
-the Keras callback) are in the slow tests of test_readers.py and test_keras_writers.py.
+the Keras callback) are in test_writers_trace.py and the slow tests of test_readers.py.
 """
 
 from __future__ import annotations

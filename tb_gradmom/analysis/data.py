@@ -939,7 +939,9 @@ def load(
     tag (``batch_size``, ``stats``, ``hist``). Stats tags without a moments tag (``_model``
     for the whole model, or variables logged without moments) appear under their base name
     (``"_model"``) with empty ``moments``. Records are sorted by step; when a step was written
-    twice (two writers on one run, a restarted run), the later event wins, with a warning.
+    twice (two writers on one run, a restarted run), the later stats record wins, with the
+    moments record it was logged with (format 3; the step is skipped if none is), and one
+    warning per run names the writers and the steps (`writers_of`).
 
     Only what is selected is read: the event files of the other runs are not opened, and the
     records of other tags are skipped unread (see the module docstring), so one tag of a big

@@ -42,7 +42,9 @@ is refused (`BadRecord`, 404), never served. Otherwise:
 * Concurrent requests for different steps of one series share one read: each registers its
   step, the first reads, and every registered step found is handed to its request.
 * An all-steps histogram reads at most `HISTOGRAM_READ_BYTES` of a series: a bigger series is
-  binned on a sample of its steps (``downsample``), and the payload lists them.
+  binned on a sample of its steps (``downsample``), and the payload lists them. Its steps are
+  one record each (the latest); a step whose record is not the one its stats record was
+  logged with is read again from the step's other records (`Reader.paired`), else left out.
 * RustBoard replies over gRPC, whose messages TensorBoard caps at 256 MiB: a series bigger
   than `GRPC_READ_BUDGET` is read downsampled, and a step the sample misses answers 404 with
   the reason.
