@@ -199,3 +199,73 @@ def test_one_name_for_two_calls_in_two_step_functions(tmp_path):
         warnings.simplefilter("error", data.DataWarning)
         recs = data.load(path)["."]["x/dense/kernel"]
     assert [r.shape for r in recs] == [(3, 1)]  # the discriminator's, alone
+
+
+class _Stop(keras.callbacks.Callback):
+    """Raises after the first batch (an interrupted fit: no on_train_end)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_fit_leaves_no_claim_on_its_directory(tmp_path):
+    """A fit interrupted after its first step never closes its callback's writer (no
+    on_train_end); a new model's callback on the same directory, in the same thread, logs
+    there (a fit runs one at a time per thread), as does a writer of `create_file_writer`."""
+    path = str(tmp_path / "run")
+    first = _model()
+    first.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(KeyboardInterrupt):
+        _fit(first, [gradmom.keras.GradMoments(path, every_n_steps=1), _Stop()])
+    second = _model(1)
+    second.compile(optimizer="sgd", loss="mse")
+    _fit(second, [gradmom.keras.GradMoments(path, every_n_steps=1)])
+    writer = gradmom.summary.create_file_writer(path)
+    _step(_model(2), writer)(X, Y, tf.constant(5, tf.int64))
+    writer.close()
+    with pytest.warns(data.DataWarning, match="holds the records of 3 writers"):
+        recs = data.load(path)["."]["dense/kernel"]
+    assert [r.step for r in recs] == [0, 1, 5]
+
+
+def test_a_fit_running_in_another_thread_keeps_its_directory(tmp_path):
+    """Two fits at once in two threads, each with a `GradMoments` on one directory: the
+    second's first logged step is refused when traced, naming the first; the first logs on."""
+    import threading
+
+    path = str(tmp_path / "run")
+    started, finish = threading.Event(), threading.Event()
+
+    class Hold(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            started.set()
+            finish.wait(120)
+
+    first = _model()
+    first.compile(optimizer="sgd", loss="mse")
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            _fit(first, [gradmom.keras.GradMoments(path, every_n_steps=1), Hold()])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert started.wait(120)
+        second = _model(1)
+        second.compile(optimizer="sgd", loss="mse")
+        with pytest.raises(ValueError) as e:
+            _fit(second, [gradmom.keras.GradMoments(path, every_n_steps=1)])
+        assert f"is already logged to directory '{os.path.realpath(path)}' by GradMoments(" in (
+            str(e.value)
+        )
+    finally:
+        finish.set()
+        thread.join(120)
+    assert not errors, errors
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", data.DataWarning)
+        assert [r.step for r in data.load(path)["."]["dense/kernel"]] == [0, 1]

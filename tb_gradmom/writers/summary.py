@@ -19,6 +19,7 @@ import math
 import os
 import re
 import secrets
+import threading
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -742,11 +743,15 @@ def create_file_writer(logdir, **kwargs):
     return writer
 
 
-def _register_writer(writer, logdir: str, owner: str) -> None:
+def _register_writer(writer, logdir: str, owner: str, fit: bool = False) -> None:
     """Keys the tags ``writer`` logs by ``logdir``'s real path too (`_claim_directory`);
-    ``owner`` names who made it in messages (``GradMoments('runs/x')``)."""
+    ``owner`` names who made it in messages (``GradMoments('runs/x')``). ``fit``: the writer
+    of a Keras ``fit`` running in this thread (the callback's), which an interrupted fit never
+    closes: a later writer of this same thread (a fit runs one at a time per thread) takes its
+    directory over, as does any writer once that thread has ended."""
+    thread = threading.get_ident() if fit else None
     try:
-        _WRITER_DIRS[writer] = (os.path.realpath(logdir), owner)
+        _WRITER_DIRS[writer] = (os.path.realpath(logdir), owner, thread)
     except TypeError:  # a writer that cannot be weakly referenced: not known
         pass
 
@@ -766,11 +771,19 @@ def _release_writer(writer) -> None:
 
 def _open_writer(ref):
     """The writer of a directory claim while it may still write (alive, registered, not
-    closed), else None."""
+    closed, and for a fit's writer, its fit possibly running: another thread's, still alive),
+    else None (a fit's writer left over is released)."""
     from tb_gradmom._compat import PrivateAPIError, tf_private
 
     writer = ref()
-    if writer is None or writer not in _WRITER_DIRS:
+    entry = None if writer is None else _WRITER_DIRS.get(writer)
+    if entry is None:
+        return None
+    thread = entry[2]
+    if thread is not None and (
+        thread == threading.get_ident() or thread not in {t.ident for t in threading.enumerate()}
+    ):
+        _release_writer(writer)  # an interrupted fit of this thread, or of an ended one
         return None
     try:
         return None if tf_private.summary_writer_closed(writer) else writer
@@ -787,7 +800,7 @@ def _claim_directory(writer, tags: Sequence[str]) -> None:
         return
     if entry is None:
         return
-    path, owner = entry
+    path, owner, _ = entry
     claimed = _DIR_TAGS.setdefault(path, {})
     for tag in tags:
         old = claimed.get(tag)
