@@ -644,7 +644,7 @@ class Reader:
         """`StatsSeries.held` of a stats tag: the source token of each record held (the
         records `_latest_per_step` left out decoded for it alone; unreadable ones skipped)."""
         fields = e.stats.fields
-        if "source_hi" not in fields:
+        if "source_hi" not in fields or "source_lo" not in fields:
             return tuple((raw.step, None) for raw in every)
         hi, lo = fields.index("source_hi"), fields.index("source_lo")
 
