@@ -144,10 +144,18 @@ export async function fetchMeta(signal) {
   }
 }
 
-/** GET tags: {runs: {run: {tag: info}}, model: {run: {steps}}}. */
+/**
+ * GET tags: {runs: {run: {tag: info}}, model: {run: {steps}}, groups, writers}; `writers`: the
+ * runs written by several summary writers, {run: {count, sources, steps, message}}.
+ */
 export async function fetchTags(signal) {
   const d = await getJSON("tags", {}, signal);
-  return { runs: d.runs ?? {}, model: d.model ?? {}, groups: d.groups ?? {} };
+  return {
+    runs: d.runs ?? {},
+    model: d.model ?? {},
+    groups: d.groups ?? {},
+    writers: d.writers ?? {},
+  };
 }
 
 /**

@@ -265,6 +265,8 @@ class App {
       tags: h("ul", { class: "tag-list" }),
       toolbar: h("div", { class: "toolbar" }),
       status: h("div", { class: "status", role: "status" }),
+      // One line per run whose records come from several writers (/tags `writers`).
+      writers: h("div", { class: "status warning run-writers", role: "note", hidden: true }),
       heatmapControls: h("span", { class: "card-controls" }),
       histControls: h("span", { class: "card-controls" }),
       curveControls: h("span", { class: "card-controls" }),
@@ -334,6 +336,7 @@ class App {
     const main = h("main", { class: "main" }, [
       el.toolbar,
       el.status,
+      el.writers,
       curves.node,
       examples.node,
       summary.node,
@@ -435,6 +438,7 @@ class App {
       this.setStatus(`Could not load the list of runs: ${errorText(e)}`, "error");
       return;
     }
+    this.renderWriters(data.writers);
     const ex = await examples;
     if (auto && !this.state.follow) {
       // Not following: a periodic reload adds new runs and steps but keeps what is drawn.
@@ -470,6 +474,21 @@ class App {
     }
     if (!s.notice) this.setStatus("");
     await this.pending;
+  }
+
+  /**
+   * A warning line for each run whose records come from several summary writers: the
+   * backend's message (how many writers, which steps, the fix).
+   * @param {Record<string, {message: string}>} writers
+   */
+  renderWriters(writers) {
+    const runs = Object.keys(writers).sort();
+    this.el.writers.replaceChildren(
+      ...runs.map((run) =>
+        h("p", { class: "run-writers-line", "data-run": run, text: writers[run].message }),
+      ),
+    );
+    this.el.writers.hidden = !runs.length;
   }
 
   /**

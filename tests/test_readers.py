@@ -960,14 +960,52 @@ def _consistent(moments1, sums, shape=(3, 2)):
     return np.isclose(float((m1**2).sum()), sums["sum_m2"], rtol=1e-5, atol=0)
 
 
+def _exported_means(logdir, out, capsys) -> tuple[dict[int, np.ndarray], str]:
+    """``tb-gradmom export`` of `KERNEL`'s M_1 at every step, as CSV: ``({step: [3, 2]},
+    stderr)``."""
+    from tb_gradmom import cli
+
+    args = ["export", "--logdir", logdir, "--out", out, "--format", "csv", "--quiet"]
+    capsys.readouterr()
+    assert cli.main([*args, "--tag", KERNEL, "--stat", "mean", "--step", "all"]) == 0
+    err = capsys.readouterr().err
+    grids = {}
+    for name in os.listdir(out):
+        step = int(re.search(r"-step(\d+)-mean\.csv$", name).group(1))
+        grid = np.zeros((3, 2))
+        with open(os.path.join(out, name), encoding="utf-8") as f:
+            for line in f.read().splitlines()[1:]:
+                r, c, v = line.split(",")
+                grid[int(r), int(c)] = float(v)
+        grids[step] = grid
+    return grids, err
+
+
+def _all_steps_histogram_pairs(get_json, recs):
+    """The all-steps histogram of `KERNEL`'s M_1 bins, at each step, the moments `data.load`
+    paired with that step's statistics."""
+    from tb_gradmom.analysis import reductions
+
+    hist = get_json("histogram", run=".", tag=KERNEL, step="all", stat="mean", bins=8)
+    steps = [s["step"] for s in hist["series"]]
+    by_step = {r.step: r for r in recs}
+    assert set(steps) <= set(by_step) and hist["unpaired_steps"] == [], hist["unpaired_steps"]
+    grids = [by_step[s].moments[1].astype(np.float64) for s in steps]
+    want = reductions.histograms_over_steps(grids, bins=8)[1]
+    assert [s["counts"] for s in hist["series"]] == [c.tolist() for c in want]
+    return steps
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", ["one-process", "two-processes"])
-def test_two_real_writers_on_one_run_never_mix_moments_and_stats(tmp_path, processes):
+def test_two_real_writers_on_one_run_never_mix_moments_and_stats(tmp_path, processes, capsys):
     """Two `summary.moments` writers on one log directory (in one process, or two processes
     at once), the last file cut between a step's moments and stats records (a writer killed):
-    `data.load`, the Python loader's tab (which lists every step twice) and the export pair
-    each step's moments only with the statistics they were logged with (format 3's source
-    fields); before, step 3 paired one writer's moments with the other's statistics."""
+    `data.load`, the Python loader's tab (each step listed once, as `data.load` has it, and
+    the run flagged in /tags) and the export pair each step's moments only with the
+    statistics they were logged with (format 3's source fields), and all say that two writers
+    wrote the run; before, step 3 paired one writer's moments with the other's statistics,
+    and the all-steps histogram binned one writer's moments of step 3."""
     from tb_gradmom.analysis import data
 
     logdir = str(tmp_path / "log")
@@ -975,8 +1013,10 @@ def test_two_real_writers_on_one_run_never_mix_moments_and_stats(tmp_path, proce
     _write_with(logdir, *groups)
     _cut_last_stats(logdir)
 
-    with pytest.warns(data.DataWarning, match=r"holds the records of 2 writers \(sources "):
+    with pytest.warns(data.DataWarning, match=r"holds the records of 2 writers \(sources ") as w:
         recs = data.load(logdir)["."][KERNEL]
+    (said,) = [str(x.message) for x in w if "holds the records of" in str(x.message)]
+    assert "at 4 steps (0, 1, 2, 3)" in said, said  # the model's stats: step 3 twice too
     assert [r.step for r in recs] == [0, 1, 2, 3]
     for r in recs:
         assert _consistent(r.moments[1], r.stats), r.step
@@ -984,6 +1024,9 @@ def test_two_real_writers_on_one_run_never_mix_moments_and_stats(tmp_path, proce
 
     client, plugin, _ = make_app(logdir)
     assert plugin._reader._mux is not None  # noqa: SLF001
+    tags = _json(client, "tags")
+    assert tags["runs"]["."][KERNEL]["steps"] == [r.step for r in recs]
+    assert tags["writers"]["."]["count"] == 2 and tags["writers"]["."]["message"] == said
     stats = {r.step: r.stats for r in recs}
     for step in range(4):
         d = _json(client, "heatmap", run=".", tag=KERNEL, step=step, stat="mean")
@@ -991,6 +1034,14 @@ def test_two_real_writers_on_one_run_never_mix_moments_and_stats(tmp_path, proce
         np.testing.assert_array_equal(
             np.asarray(d["values"], np.float32).ravel(), recs[step].moments[1].ravel()
         )
+    steps = _all_steps_histogram_pairs(lambda route, **q: _json(client, route, **q), recs)
+    assert steps == [0, 1, 2, 3]
+
+    exported, err = _exported_means(logdir, str(tmp_path / "out"), capsys)
+    assert f"tb-gradmom export: warning: {said}" in err, err
+    assert sorted(exported) == [0, 1, 2, 3]
+    for r in recs:
+        np.testing.assert_array_equal(exported[r.step], r.moments[1].astype(np.float64))
 
 
 @pytest.mark.slow
@@ -1045,14 +1096,30 @@ def test_two_real_writers_on_one_run_rustboard(tmp_path, monkeypatch):
         for step in listed:
             d = _json(client, "heatmap", run=".", tag=KERNEL, step=step, stat="mean")
             assert _consistent(d["values"], stats[step]), step
+        recs = data.load(logdir)["."][KERNEL]
+        get = lambda route, **q: _json(client, route, **q)  # noqa: E731
+        assert _all_steps_histogram_pairs(get, recs) == listed
+        # RustBoard keeps one record per step: the run's event files say that two writers
+        # wrote it, once the plugin has indexed them (in the background).
+        deadline = time.time() + 30
+        while not _json(client, "tags")["writers"] and time.time() < deadline:
+            time.sleep(0.3)
+        who = _json(client, "tags")["writers"]["."]
+        assert who["count"] == 2 and who["steps"] == [0, 1, 2, 3], who
         monkeypatch.setattr(_eventfiles.StepFiles, "read", lambda self, run, tag, step: [])
         client, plugin = tr._app_over(logdir, dp)  # noqa: SLF001
+        refused = []
         for step in listed:
             status, body = _get(client, "heatmap", run=".", tag=KERNEL, step=step, stat="mean")
             if status == 200:
                 assert _consistent(json.loads(body)["values"], stats[step]), step
             else:
                 assert status == 404 and "two writers or processes wrote this run" in body, body
+                refused.append(step)
+        # The all-steps histogram leaves out (and names) the steps the one-step route refuses.
+        hist = _json(client, "histogram", run=".", tag=KERNEL, step="all", stat="mean")
+        assert hist["unpaired_steps"] == refused
+        assert [s["step"] for s in hist["series"]] == [s for s in listed if s not in refused]
     finally:
         stdin = getattr(ingester, "_stdin_handle", None)
         if stdin is not None:

@@ -273,6 +273,19 @@ def default_summary_writer() -> Any:
     return _state_attribute("writer")
 
 
+def summary_writer_closed(writer: Any) -> bool:
+    """Whether a ``tf.summary`` file writer was closed (``writer.close()``); False for a
+    writer that does not say."""
+    closed = getattr(writer, "_closed", False)
+    if not isinstance(closed, bool):
+        raise PrivateAPIError(
+            f"{type(writer).__module__}.{type(writer).__name__}._closed",
+            "tensorflow",
+            "telling a closed summary writer from an open one (directory claims)",
+        )
+    return closed
+
+
 def summary_recording_condition() -> bool | tf.Tensor | None:
     """``tf.summary``'s recording condition set by ``tf.summary.record_if`` (a bool or a
     boolean tensor; a callable condition is called), or None when none was set. Unlike

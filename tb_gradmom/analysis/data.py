@@ -65,6 +65,8 @@ __all__ = [
     "crc32c",
     "masked_crc32c",
     "short_name",
+    "Writers",
+    "writers_of",
 ]
 
 # A run or tag name longer than this is shortened in messages (`short_name`).
@@ -463,6 +465,70 @@ class _Tag:
     sums: dict[int, list[tuple[float, float, np.ndarray]]] = field(default_factory=dict)
     # A stats tag's writer source tokens (format 3), of every record read.
     sources: set[int] = field(default_factory=set)
+    # The records read, in order: (step, source token; None for a moments tag and formats 1
+    # and 2), for `writers_of`.
+    held: list[tuple[int, int | None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Writers:
+    """Who wrote a run whose records come from more than one summary writer (two writers on
+    one directory, two training processes, a restarted run): `writers_of`.
+
+    Attributes:
+      sources: the writers' source tokens (format 3, `metadata.source_of`), sorted; empty for
+        formats 1 and 2, which carry none.
+      steps: the steps stored more than once by one tag (moments or stats), or whose
+        records (of any tag) come from more than one writer, ascending.
+    """
+
+    sources: tuple[int, ...]
+    steps: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        """The number of writers seen: the sources, at least 2 (a step stored twice)."""
+        return max(len(self.sources), 2)
+
+    def describe(self, run: str) -> str:
+        """One line for a person: the run, how many writers, which steps, and the fix."""
+        shown = ", ".join(f"{s:012x}" for s in self.sources)
+        steps = ", ".join(map(str, self.steps[:8])) + (", ..." if len(self.steps) > 8 else "")
+        where = (
+            f"at {len(self.steps)} step{'s' * (len(self.steps) != 1)} ({steps})"
+            if self.steps
+            else "one record per step held"
+        )
+        return (
+            f"run {short_name(run)} holds the records of {self.count} writers"
+            + (f" (sources {shown})" if len(self.sources) == self.count else "")
+            + (f" (sources seen: {shown})" if 0 < len(self.sources) < self.count else "")
+            + f", {where}: two summary writers or training processes wrote one run (or it "
+            "was restarted). Each step is read with its own writer's statistics and a step "
+            "whose records do not pair is skipped, but the series may mix writers. Give each "
+            "writer (each process, each create_file_writer) its own log directory, and each "
+            "summary.moments call in one writer its own name="
+        )
+
+
+def writers_of(records: Iterable[tuple[str, int, int | None]]) -> Writers | None:
+    """Who wrote a run, from the records a reader holds: ``(tag, step, source token)`` each
+    (the token of a stats record; None for a moments record and formats 1 and 2). None when one writer wrote it (one source, no step stored twice by a tag);
+    else the `Writers` (the same answer for `load`, the plugin's ``/tags`` and the export)."""
+    seen: set[tuple[str, int]] = set()
+    repeated: set[int] = set()
+    tokens_at: dict[int, set[int]] = {}
+    for tag, step, token in records:
+        if (tag, step) in seen:
+            repeated.add(step)
+        seen.add((tag, step))
+        if token is not None:
+            tokens_at.setdefault(step, set()).add(token)
+    sources = sorted(set().union(*tokens_at.values())) if tokens_at else []
+    if len(sources) < 2 and not repeated:
+        return None
+    mixed = {step for step, tokens in tokens_at.items() if len(tokens) > 1}
+    return Writers(tuple(sources), tuple(sorted(repeated | mixed)))
 
 
 def short_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
@@ -663,24 +729,19 @@ def _read_run(
                     )
                     if token is not None:
                         tag.sources.add(token)
+                    tag.held.append((step, token))
+                else:
+                    tag.held.append((step, None))
                 if isinstance(tag.content, metadata.MomentsContent):
                     record = (metadata.moments_sum(stored), float(event.wall_time), array)
                     if step in tag.repeated:
                         tag.sums.setdefault(step, []).append(record)
                     else:
                         tag.sums[step] = [record]
+    who = writers_of((name, step, token) for name, t in tags.items() for step, token in t.held)
+    if who is not None and who.sources:  # formats 1 and 2: the warnings of repeated steps
+        warnings.warn(who.describe(run), DataWarning, stacklevel=3)
     for name, t in tags.items():
-        if len(t.sources) > 1:
-            shown = ", ".join(f"{s:012x}" for s in sorted(t.sources))
-            _warn(
-                run,
-                name,
-                min(t.events, default=0),
-                f"holds the records of {len(t.sources)} writers (sources {shown}): two summary "
-                "writers or training processes wrote this run (or it was restarted); each step "
-                "is read with its own writer's statistics, but the steps of the series may come "
-                "from different writers. Give each writer its own log directory",
-            )
         if t.repeated:
             steps = sorted(t.repeated)
             shown = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
@@ -878,7 +939,9 @@ def load(
     tag (``batch_size``, ``stats``, ``hist``). Stats tags without a moments tag (``_model``
     for the whole model, or variables logged without moments) appear under their base name
     (``"_model"``) with empty ``moments``. Records are sorted by step; when a step was written
-    twice (two writers on one run, a restarted run), the later event wins, with a warning.
+    twice (two writers on one run, a restarted run), the later stats record wins, with the
+    moments record it was logged with (format 3; the step is skipped if none is), and one
+    warning per run names the writers and the steps (`writers_of`).
 
     Only what is selected is read: the event files of the other runs are not opened, and the
     records of other tags are skipped unread (see the module docstring), so one tag of a big

@@ -177,6 +177,19 @@ class StepFiles:
                 found.append(f)
         return found
 
+    def record_counts(self, run: str, tag: str) -> dict[int, int]:
+        """``{step: records}`` of ``tag`` in ``run``'s files, from the index alone (no record
+        is read): a step stored more than once (two writers or processes on one run) has
+        several, though RustBoard keeps one. Empty until the run is indexed (`indexed`)."""
+        r = self._run(run)
+        if r is None or not r.files:
+            return {}
+        with r.lock:
+            self._scan(r)  # what was written since
+            if r.disabled:
+                return {}
+            return {step: len(spots) for step, spots in r.spots(tag).items()}
+
     def _read_record(self, path: str, offset: int, length: int, tag: str, step: int):
         try:
             with open(path, "rb") as f:

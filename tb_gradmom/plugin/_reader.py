@@ -42,7 +42,9 @@ is refused (`BadRecord`, 404), never served. Otherwise:
 * Concurrent requests for different steps of one series share one read: each registers its
   step, the first reads, and every registered step found is handed to its request.
 * An all-steps histogram reads at most `HISTOGRAM_READ_BYTES` of a series: a bigger series is
-  binned on a sample of its steps (``downsample``), and the payload lists them.
+  binned on a sample of its steps (``downsample``), and the payload lists them. Its steps are
+  one record each (the latest); a step whose record is not the one its stats record was
+  logged with is read again from the step's other records (`Reader.paired`), else left out.
 * RustBoard replies over gRPC, whose messages TensorBoard caps at 256 MiB: a series bigger
   than `GRPC_READ_BUDGET` is read downsampled, and a step the sample misses answers 404 with
   the reason.
@@ -171,6 +173,9 @@ class StatsSeries:
     wall_times: np.ndarray
     sums: dict[str, np.ndarray]
     hist_counts: np.ndarray
+    # Every record the data provider holds of the tag, in its order (a step stored twice
+    # included): ``(step, writer source token or None)``, for `data.writers_of`.
+    held: tuple[tuple[int, int | None], ...] = ()
 
     def index_of(self, step: int) -> int | None:
         i = int(np.searchsorted(self.steps, step))
@@ -443,11 +448,19 @@ class Reader:
     # ------------------------------------------------------------------ raw reading
 
     def _fetch(
-        self, ctx, experiment_id: str, run: str, tags: list[str], downsample: int
+        self,
+        ctx,
+        experiment_id: str,
+        run: str,
+        tags: list[str],
+        downsample: int,
+        every_record: bool = False,
     ) -> dict[str, list[_Raw]]:
         """The stored steps of some tags of one run, undecoded where TensorBoard allows it
         (`_tb_compat`): ``{tag: [_Raw]}``, one record per step (`_latest_per_step`), in the data
-        provider's order and sample (the Python loader's: by step)."""
+        provider's order and sample (the Python loader's: by step). ``every_record``: every
+        record the Python loader holds, in its order (a step stored twice too; the other
+        loaders hold one per step)."""
         if self._mux is not None:
             out = {}
             for tag in tags:
@@ -455,6 +468,9 @@ class Reader:
                 if events is None:
                     continue
                 raws = [_Raw(int(e.step), float(e.wall_time), e.tensor_proto) for e in events]
+                if every_record:
+                    out[tag] = raws
+                    continue
                 raws = self._latest_per_step(run, tag, raws)
                 chosen = _tb_compat.downsample_indices(len(raws), downsample)
                 out[tag] = [raws[i] for i in chosen]
@@ -599,16 +615,21 @@ class Reader:
         )
         try:
             with self.read_gate.reserve(estimate):
-                fetched = self._fetch(ctx, experiment_id, run, [e.tag for e in entries], ALL_STEPS)
+                fetched = self._fetch(
+                    ctx, experiment_id, run, [e.tag for e in entries], ALL_STEPS, every_record=True
+                )
                 out = {}
                 for e in entries:
-                    rows = []
-                    for raw in fetched.get(e.tag) or []:
+                    every = fetched.get(e.tag) or []
+                    latest = self._latest_per_step(run, e.tag, every)
+                    rows, decoded = [], {}
+                    for raw in latest:
                         try:
-                            rows.append((raw.step, raw.wall_time, self._array(e, raw)))
+                            decoded[id(raw)] = array = self._array(e, raw)
                         except BadRecord:
                             continue
-                    out[e] = _stats_series(rows, e.stats)
+                        rows.append((raw.step, raw.wall_time, array))
+                    out[e] = _stats_series(rows, e.stats, self._held(e, every, decoded))
                 return out
         except Exception as err:  # noqa: BLE001 - one bad tag must not take the others down
             if len(entries) == 1:
@@ -618,6 +639,52 @@ class Reader:
         for e in entries:  # one by one: only the failing tag is left out
             out.update(self._read_stats(ctx, experiment_id, [e]))
         return out
+
+    def _held(self, e: TagEntry, every: list[_Raw], decoded: dict) -> tuple:
+        """`StatsSeries.held` of a stats tag: the source token of each record held (the
+        records `_latest_per_step` left out decoded for it alone; unreadable ones skipped)."""
+        fields = e.stats.fields
+        if "source_hi" not in fields or "source_lo" not in fields:
+            return tuple((raw.step, None) for raw in every)
+        hi, lo = fields.index("source_hi"), fields.index("source_lo")
+
+        def token(array) -> int | None:
+            return metadata.source_of(
+                {"source_hi": float(array[hi]), "source_lo": float(array[lo])}
+            )
+
+        held = []
+        for raw in every:
+            array = decoded.get(id(raw))
+            if array is None:
+                try:
+                    array = self._array(e, raw)
+                except BadRecord:
+                    continue
+            held.append((raw.step, token(array)))
+        return tuple(held)
+
+    def writers(
+        self, run: str, series: dict[str, StatsSeries], moments_tags: list[str]
+    ) -> data.Writers | None:
+        """Who wrote a run, from its stats series and the steps of its moments tags
+        (`data.writers_of`). The Python loader holds every record (the moments' are counted
+        from its events, none decoded); RustBoard one per step, so with a local log directory
+        the run's event files say which steps have more (`_eventfiles.StepFiles.record_counts`,
+        once the run is indexed: from a later reload on)."""
+        held: list[tuple[str, int, int | None]] = [
+            (tag, step, tok) for tag, s in series.items() for step, tok in s.held
+        ]
+        if self._mux is not None:
+            for tag in moments_tags:
+                events = _tb_compat.tensor_events(self._mux, run, tag) or []
+                held.extend((tag, int(e.step), None) for e in events)
+        elif self.files is not None and self.files.indexed(run):
+            for tag in [*series, *moments_tags]:
+                kept = 1 if tag in series else 0  # the stats record RustBoard kept is held
+                for step, count in self.files.record_counts(run, tag).items():
+                    held.extend([(tag, step, None)] * (count - kept))
+        return data.writers_of(held)
 
     def stats_for(self, ctx, experiment_id: str, entry: TagEntry | None) -> StatsSeries | None:
         if entry is None:
@@ -770,6 +837,31 @@ class Reader:
                 self._cache.put(self._moments_key(experiment_id, entry, m.step), m)
                 return m
         raise errors.NotFoundError(f"run {entry.run!r} tag {entry.tag!r} has no readable step")
+
+    def paired(
+        self, experiment_id: str, entry: TagEntry, m: MomentsAt, stats: StatsSeries | None
+    ) -> MomentsAt | None:
+        """``m`` if its step's stats record was logged with it (`_same_source`), else the
+        record of that step that was (another record of a step stored twice, from the Python
+        loader's memory or the run's event files), else None: the step's records come from two
+        writers and are never shown together (a whole-series read, which takes one record per
+        step, the latest, checks each step so)."""
+        if _same_source(stats, m):
+            return m
+        request = _StepRequest(None, experiment_id, entry, m.step, stats, None)
+        reads: list[Callable[[_StepRequest], MomentsAt | None]] = []
+        if self._mux is not None:
+            reads.append(self._read_one)
+        if self.files is not None:
+            reads.append(self._read_file)
+        for read in reads:
+            try:
+                got = read(request)
+            except errors.NotFoundError:  # BadRecord too: no other readable record
+                continue
+            if got is not None and _same_source(stats, got):
+                return got
+        return None
 
     # ------------------------------------------------------------- one step of a series
 
@@ -1091,8 +1183,9 @@ class Reader:
             self._keep_near(experiment_id, entry, points, points[-1].step)
 
 
-def _stats_series(rows, content: metadata.StatsContent) -> StatsSeries:
-    """A `StatsSeries` of checked ``(step, wall_time, 1-D array)`` rows (any order)."""
+def _stats_series(rows, content: metadata.StatsContent, held: tuple = ()) -> StatsSeries:
+    """A `StatsSeries` of checked ``(step, wall_time, 1-D array)`` rows (any order), with the
+    records held (`StatsSeries.held`)."""
     fields = tuple(content.fields)
     width = metadata.stats_length(content)
     count = len(rows)
@@ -1112,6 +1205,7 @@ def _stats_series(rows, content: metadata.StatsContent) -> StatsSeries:
         wall_times=walls[order],
         sums={f: columns[i] for i, f in enumerate(fields)},
         hist_counts=columns[len(fields) :].T,
+        held=held,
     )
 
 

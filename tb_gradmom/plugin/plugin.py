@@ -347,6 +347,9 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             for run, ri in sorted(index.items())
             for tag, e in sorted({**ri.moments, **ri.stats}.items())
         ) + tuple((run, tuple(sorted(ri.skipped.items()))) for run, ri in sorted(index.items()))
+        files = self._reader.files
+        if files is not None:  # RustBoard: `writers` counts the files' records once indexed
+            version += tuple((run, files.indexed(run)) for run in sorted(index))
         key = ("tags", experiment, version)
         return self._cached_json(
             request,
@@ -357,7 +360,8 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
 
     def tags_impl(self, ctx, experiment: str, index=None) -> dict:
         """``{"runs": {run: {tag: info}}, "model": {run: {"steps": [...]}}, "groups": ...,
-        "skipped": {run: {tag: reason}}}``.
+        "skipped": {run: {tag: reason}}, "writers": {run: {...}}}``: ``writers`` names the
+        runs whose records come from more than one summary writer (`data.writers_of`).
 
         ``index``: the `_reader.Reader.index` of the experiment, if the caller has it.
         """
@@ -365,6 +369,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
         model: dict = {}
         groups: dict = {}
         skipped: dict = {}
+        writers: dict = {}
         if index is None:
             index = self._reader.index(ctx, experiment)
         for run, ri in sorted(index.items()):
@@ -432,7 +437,21 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 groups[run] = run_groups
             if ri.skipped:
                 skipped[run] = dict(sorted(ri.skipped.items()))
-        return {"runs": runs, "model": model, "groups": groups, "skipped": skipped}
+            who = self._reader.writers(run, series, list(ri.moments))
+            if who is not None:
+                writers[run] = {
+                    "count": who.count,
+                    "sources": [f"{t:012x}" for t in who.sources],
+                    "steps": list(who.steps),
+                    "message": who.describe(run),
+                }
+        return {
+            "runs": runs,
+            "model": model,
+            "groups": groups,
+            "skipped": skipped,
+            "writers": writers,
+        }
 
     def _moment_steps(self, ctx, experiment, entry) -> list[int]:
         # Only for a moments tag logged without its stats tag (not what the writer does).
@@ -728,6 +747,7 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                             "nonfinite": nonfinite,
                         }
                     ],
+                    "unpaired_steps": [],
                 }
 
             resolved = self._resolve_step(entry, s, step)
@@ -784,15 +804,22 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
             except ValueError as e:
                 raise _bad(e) from None
 
+            unpaired: set[int] = set()  # steps whose moments come from another writer
+
             def compute(j):
                 try:
-                    return _payloads.stat_grid(points[j].get().arrays, ns[j], stat)
+                    m = self._reader.paired(experiment, entry, points[j].get(), s)
+                    if m is None:
+                        unpaired.add(j)
+                        return np.full(entry.content.stored_shape, np.nan)
+                    return _payloads.stat_grid(m.arrays, ns[j], stat)
                 except (ValueError, _reader.BadRecord):  # no batch size, or unreadable
                     return np.full(entry.content.stored_shape, np.nan)
 
             edges, counts, nonfinite = _payloads.histograms_streaming(
                 compute, len(points), bins, scale
             )
+            kept = [j for j in range(len(points)) if j not in unpaired]
             if s is not None:
                 stored = int(s.steps.size)
             else:
@@ -803,9 +830,15 @@ class GradMomentsPlugin(base_plugin.TBPlugin):
                 "downsampled": downsampled,
                 "stored_steps": stored,
                 "series": [
-                    {"step": p.step, "wall_time": p.wall_time, "counts": c, "nonfinite": nf}
-                    for p, c, nf in zip(points, counts, nonfinite)
+                    {
+                        "step": points[j].step,
+                        "wall_time": points[j].wall_time,
+                        "counts": counts[j],
+                        "nonfinite": nonfinite[j],
+                    }
+                    for j in kept
                 ],
+                "unpaired_steps": [points[j].step for j in sorted(unpaired)],
             }
 
         group = ("histogram", experiment, run, tag, stat, bins, scale, max_bytes)

@@ -183,6 +183,10 @@ class GradMoments(keras.callbacks.Callback):
         optimizer = model.optimizer
         self._run_dir = _run_dir(self.log_dir, _fit_callbacks())
         self._writer = tf.summary.create_file_writer(self._run_dir)
+        # tags another open writer Grad Moments made logs to this directory: refused when traced
+        _summary._register_writer(
+            self._writer, self._run_dir, f"GradMoments({self._run_dir!r})", fit=True
+        )
         self._context = _tape.CallbackContext(
             writer=self._writer,
             every_n_steps=self.every_n_steps,
@@ -257,6 +261,7 @@ class GradMoments(keras.callbacks.Callback):
                 model.make_train_function = self._made
         self._context = None
         if self._writer is not None:
+            _summary._release_writer(self._writer)
             try:
                 self._writer.flush()
                 self._writer.close()

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import secrets
+import threading
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "moments",
     "write",
     "tag_names",
+    "create_file_writer",
     "keep_examples",
     "DEFAULT_MAX_ELEMENTS",
     "DEFAULT_MAP_DTYPE",
@@ -243,7 +245,10 @@ def moments(
     tags = _unique_tags(_tag_names([plan.names[i] for i in indices], group))
     if inside:
         _claim(
-            tags, [plan.variables[i].variable for i in indices], [plan.names[i] for i in indices]
+            tags,
+            [plan.variables[i].variable for i in indices],
+            [plan.names[i] for i in indices],
+            group,
         )
     lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
     writer = _Writer(
@@ -480,7 +485,7 @@ def write(
     names = [_plan.variable_name(v) for v in var_list] if logged is None else logged.names
     group = _group(name, var_list, tf.inside_function())
     tags = _unique_tags(_tag_names(names, group))
-    _claim(tags, variables, names)
+    _claim(tags, variables, names, group)
     moms = [
         {
             p: tf.convert_to_tensor(m[p], v.dtype if v.dtype.is_floating else tf.float32)
@@ -544,7 +549,7 @@ def _write_sums(
     variables = [_plan.tf_variable(v, i) for i, v in enumerate(logged.variables)]
     group = _group(name, logged.variables, tf.inside_function())
     tags = _unique_tags(_tag_names(list(logged.names), group))
-    _claim(tags, variables, logged.names)
+    _claim(tags, variables, logged.names, group)
     record = dataclasses.replace(logged, loss=None if loss is None else tf.cast(loss, tf.float64))
     lr = None if learning_rate is None else tf.cast(learning_rate, tf.float64)
     writer = _Writer(
@@ -659,13 +664,17 @@ _WRITER_TAGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _GRAPH_TAGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _claim(tags: Sequence[str], variables: Sequence, names: Sequence[str]) -> None:
+def _claim(
+    tags: Sequence[str], variables: Sequence, names: Sequence[str], group: str | None = None
+) -> None:
     """Refuses, at trace time, tags that would mix two calls' data on the current writer: a tag
     already logged for another variable (two calls whose group and layer names coincide), or
-    a tag written twice by one step (the same variables logged twice)."""
+    a tag written twice by one step (the same variables logged twice); and, where Grad Moments
+    knows the writer's directory (`_claim_directory`), a tag another open writer logs there."""
     writer = _current_writer() if tf.inside_function() else None
     if writer is None or writer is _ANY_WRITER:
         return
+    _claim_directory(writer, [*tags, metadata.model_tag(group)])
     try:
         claimed = _WRITER_TAGS.setdefault(writer, {})
     except TypeError:  # a writer that cannot be weakly referenced
@@ -698,6 +707,116 @@ def _claim(tags: Sequence[str], variables: Sequence, names: Sequence[str]) -> No
             )
         claimed[tag] = (ref, nm)
         in_graph.add(tag)
+
+
+# The writers Grad Moments made for a directory it knows (the Keras callback's,
+# `create_file_writer`'s): writer -> (os.path.realpath of the directory, who made it); per
+# directory, the tags its writers log: tag -> (weak reference to the writer, who made it).
+# TensorFlow's writer does not expose its directory (it is only in its init op), so a writer the
+# user made with tf.summary.create_file_writer is not known here: two such writers, or two
+# processes, on one directory are told apart when read (format 3's source tokens).
+_WRITER_DIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_DIR_TAGS: dict[str, dict[str, tuple]] = {}
+
+
+def create_file_writer(logdir, **kwargs):
+    """``tf.summary.create_file_writer(logdir, **kwargs)``, known to Grad Moments by its
+    directory: a `moments` call (or a `GradientTape`, or the Keras callback) that would log a
+    tag another open writer known so logs to the same directory (``os.path.realpath``) raises
+    a ``ValueError`` naming both at trace time, instead of mixing the two writers' records in
+    one run. Use it for the writer of your own step when a `tb_gradmom.keras.GradMoments`
+    callback (or another such writer) may write to the same directory in this process.
+
+    Args:
+      logdir: the run directory (not empty).
+      **kwargs: passed to ``tf.summary.create_file_writer`` (``max_queue``,
+        ``flush_millis``, ``filename_suffix``, ``name``, ``experimental_trackable``).
+
+    Returns:
+      The ``tf.summary.SummaryWriter``.
+    """
+    path = os.fspath(logdir)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"logdir={logdir!r}: pass the run directory to write to, e.g. 'runs/exp1'")
+    writer = tf.summary.create_file_writer(path, **kwargs)
+    _register_writer(writer, path, f"gradmom.summary.create_file_writer({path!r})")
+    return writer
+
+
+def _register_writer(writer, logdir: str, owner: str, fit: bool = False) -> None:
+    """Keys the tags ``writer`` logs by ``logdir``'s real path too (`_claim_directory`);
+    ``owner`` names who made it in messages (``GradMoments('runs/x')``). ``fit``: the writer
+    of a Keras ``fit`` running in this thread (the callback's), which an interrupted fit never
+    closes: a later writer of this same thread (a fit runs one at a time per thread) takes its
+    directory over, as does any writer once that thread has ended."""
+    thread = threading.get_ident() if fit else None
+    try:
+        _WRITER_DIRS[writer] = (os.path.realpath(logdir), owner, thread)
+    except TypeError:  # a writer that cannot be weakly referenced: not known
+        pass
+
+
+def _release_writer(writer) -> None:
+    """Forgets ``writer``'s directory claims (it is closed: another writer may log there)."""
+    try:
+        entry = _WRITER_DIRS.pop(writer, None)
+    except TypeError:
+        return
+    if entry is None:
+        return
+    claimed = _DIR_TAGS.get(entry[0], {})
+    for tag in [t for t, (ref, _) in claimed.items() if ref() is writer]:
+        del claimed[tag]
+
+
+def _open_writer(ref):
+    """The writer of a directory claim while it may still write (alive, registered, not
+    closed, and for a fit's writer, its fit possibly running: another thread's, still alive),
+    else None (a fit's writer left over is released)."""
+    from tb_gradmom._compat import PrivateAPIError, tf_private
+
+    writer = ref()
+    entry = None if writer is None else _WRITER_DIRS.get(writer)
+    if entry is None:
+        return None
+    thread = entry[2]
+    if thread is not None and (
+        thread == threading.get_ident() or thread not in {t.ident for t in threading.enumerate()}
+    ):
+        _release_writer(writer)  # an interrupted fit of this thread, or of an ended one
+        return None
+    try:
+        return None if tf_private.summary_writer_closed(writer) else writer
+    except PrivateAPIError:
+        return writer
+
+
+def _claim_directory(writer, tags: Sequence[str]) -> None:
+    """Refuses, at trace time, tags that another open writer logs to the same directory as
+    ``writer`` (both known to Grad Moments: `_register_writer`)."""
+    try:
+        entry = _WRITER_DIRS.get(writer)
+    except TypeError:
+        return
+    if entry is None:
+        return
+    path, owner, _ = entry
+    claimed = _DIR_TAGS.setdefault(path, {})
+    for tag in tags:
+        old = claimed.get(tag)
+        if old is None:
+            continue
+        other = _open_writer(old[0])
+        if other is not None and other is not writer:
+            raise ValueError(
+                f"tag '{tag}' is already logged to directory '{path}' by {old[1]}, and "
+                f"{owner} would log it there too with another summary writer: the two "
+                "writers' records would mix in one run. Give each its own log directory "
+                "(e.g. GradMoments('runs/exp1/a') and GradMoments('runs/exp1/b')), or log "
+                "both through one writer with a distinct name= per call."
+            )
+    for tag in tags:
+        claimed[tag] = (weakref.ref(writer), owner)
 
 
 def _weakrefable(v) -> bool:
