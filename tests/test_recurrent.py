@@ -1,4 +1,4 @@
-"""The loop rule (`tb_gradmom.core.rules.recurrent`): Keras LSTM, GRU and SimpleRNN, and a raw
+"""The loop rule (`tb_gradmom.core.rules.loops`): Keras LSTM, GRU and SimpleRNN, and a raw
 ``tf.while_loop``, exact against brute-force per-example gradients with ``fallback="error"``
 (so the rule, not the exact fallback, computed them); what it does not cover goes to the exact
 fallback with its warning; a step that records no moments runs none of the loop's copy."""
@@ -15,7 +15,8 @@ import tensorflow as tf
 import tb_gradmom as gradmom
 from tb_gradmom.core import moments as _moments
 from tb_gradmom.core import plan as _plan
-from tb_gradmom.core.rules import recurrent
+from tb_gradmom.core.rules import loops
+from tb_gradmom.core.rules.loops import chunks as _chunks
 from tests import reference
 from tests.cases import (
     CASES_BY_ID,
@@ -100,17 +101,17 @@ def test_copy_on_chunks_of_examples(case_id, chunk, monkeypatch):
     """The copy of the loop run on chunks of ``chunk`` examples (one after the other in a
     while loop), for every case whose loop inputs and seeds can be sliced; the others keep the
     whole batch's copy. Exact either way."""
-    monkeypatch.setattr(recurrent, "_COPY_ELEMENTS", chunk)
-    monkeypatch.setattr(recurrent._Loop, "copy_elements", lambda self: 1)
+    monkeypatch.setattr(_chunks, "COPY_ELEMENTS", chunk)
+    monkeypatch.setattr(loops.Loop, "copy_elements", lambda self: 1)
     ran = []
-    chunk_sums = recurrent._Loop.chunk_sums
+    chunk_sums = loops.Loop.chunk_sums
 
     def spy(self, *args, **kwargs):
         out = chunk_sums(self, *args, **kwargs)
         ran.append(out is not None)
         return out
 
-    monkeypatch.setattr(recurrent._Loop, "chunk_sums", spy)
+    monkeypatch.setattr(loops.Loop, "chunk_sums", spy)
     _check(CASES_BY_ID[case_id])
     if case_id in ("lstm-classifier", "gru-last", "gru-sequence", "lstm-stacked"):
         assert ran and all(ran), ran
@@ -347,7 +348,7 @@ def test_skipped_steps_run_no_copy_of_the_loop(tmp_path, monkeypatch):
     """The copy of the loop is built where the moments are, inside summary.moments' cond: a
     check attached to the copy never fires on a skipped step, and fires on a recorded one."""
     built = []
-    original = recurrent._Loop._build
+    original = loops.Loop.build
 
     def build(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
@@ -356,7 +357,7 @@ def test_skipped_steps_run_no_copy_of_the_loop(tmp_path, monkeypatch):
         with tf.control_dependencies([check]):
             return {k: tf.identity(v) for k, v in out.items()}
 
-    monkeypatch.setattr(recurrent._Loop, "_build", build)
+    monkeypatch.setattr(loops.Loop, "build", build)
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4), keras.layers.Dense(2)])
     writer = tf.summary.create_file_writer(str(tmp_path))
@@ -405,7 +406,7 @@ def test_dropout_masks_are_the_loops_own(layer):
             (site, c) = vplan.sites[0]
             assert site.op.type == "While"
             grads = tuple(backward.out_grads[backward.index[t.ref()]] for t in site.output)
-            g = c.per_example(recurrent.LoopGrads(grads, 1.0), plan.n, 0, plan.n)
+            g = c.per_example(loops.LoopGrads(grads, 1.0), plan.n, 0, plan.n)
             sums.append(tf.reduce_sum(g, axis=0))
         return sums, backward.grads[:3]
 

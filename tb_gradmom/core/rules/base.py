@@ -102,7 +102,7 @@ class Site:
       index: which input of ``op`` carries the variable's value.
       view: that input tensor (the variable after pass-through views).
       output: the op's output whose gradient the rule needs (a loop's site: a tuple of
-        outputs, see `tb_gradmom.core.rules.recurrent`).
+        outputs, see `tb_gradmom.core.rules.loops`).
       dtype: the dtype in which moments are computed (float32, or float64 for float64 models).
       var_shape: the variable's shape (``view`` is the resource handle for ``ResourceGather``).
       axes: the analysis of where the examples are (`tb_gradmom.core.axes.Examples`): a rule fires
