@@ -189,12 +189,13 @@ def _view_positions(op: tf.Operation, index: int, m: np.ndarray) -> list:
     raise RuleError(f"{ty} of the variable inside the loop")  # pragma: no cover
 
 
-def _tap_of(z: tf.Tensor, sub, outputs) -> tf.Tensor:
+def _tap_of(z: tf.Tensor, loop: LoopBody) -> tf.Tensor:
     """The top of the chain of additions that ``z`` alone feeds, each keeping its shape and
     examples' axis: its gradient is ``z``'s, so uses along the chain share one tap."""
+    sub, outputs = loop.sub, loop.outputs
     st = sub.of(z)
     while not any(o is z for o in outputs):
-        consumers = z.consumers()
+        consumers = loop.consumers(z)
         if len(consumers) != 1:
             break
         c = consumers[0]
@@ -229,6 +230,18 @@ class LoopBody:
     # run on a chunk of the examples (it then runs on the whole batch)
     slicing: list | None = None
     steps_static: int | None = None  # the number of steps, if an input shows it statically
+    # the names of the body's ops that only fill the accumulators TensorFlow's gradient of the
+    # loop appended (`_accumulators`): not part of the loop as built, left out of the copy
+    dropped: frozenset = frozenset()
+
+    @property
+    def outputs(self) -> list:
+        """The body's outputs of the loop as built (``inputs``' loop variables)."""
+        return self.body.outputs[: len(self.inputs)]
+
+    def consumers(self, t: tf.Tensor) -> list:
+        """The ops inside the body that consume ``t``, the accumulators' left out."""
+        return [c for c in t.consumers() if c.name not in self.dropped]
 
 
 def _check_counter(op, body) -> None:
@@ -248,6 +261,57 @@ def _check_counter(op, body) -> None:
         raise RuleError("the loop's first variable is not an iteration counter plus 1")
 
 
+def _accumulators(op: tf.Operation, body, outputs) -> tuple[int, frozenset]:
+    """The loop variables of the loop as built, and the body's ops that only fill the
+    accumulators TensorFlow's gradient of the loop appended after them.
+
+    ``while_v2``'s gradient rewrites the forward loop in place: for each value of the body that
+    the backward loop needs, a new loop variable, an ``EmptyTensorList`` on entry, to which the
+    body pushes the value at every step (``TensorListPushBack``). A gradient taken before the
+    plan (a first plan's backward pass in the same step, the user's tape) leaves them in the
+    body, where they would read as uses of the variables; the loss depends on none of them (a
+    variable whose output is among the site's ``outputs`` is kept). Returns the number of
+    loop variables before the appended accumulators and the names of the ops that only feed
+    them (the pushes, and what only they consume)."""
+    n = len(op.inputs)
+    pushes: set = set()
+    while n > 1:
+        j = n - 1
+        p, out = body.inputs[j], body.outputs[j]
+        if (
+            op.inputs[j].op.type != "EmptyTensorList"
+            or out.op.type != "TensorListPushBack"
+            or out.op.inputs[0] is not p
+            or p.consumers() != [out.op]
+            or any(o is op.outputs[j] for o in outputs)
+        ):
+            break
+        pushes.add(out.op)
+        n = j
+    if not pushes:
+        return n, frozenset()
+    dropped = set(pushes)
+    for i in range(n, len(op.inputs)):
+        dropped.add(body.inputs[i].op)
+    ops = body.get_operations()
+    users: dict = {o: [c for t in o.outputs for c in t.consumers()] for o in ops}
+    for o in ops:
+        for c in o.control_inputs:
+            users[c].append(o)
+    kept_outputs = {t.ref() for t in body.outputs[:n]}
+    changed = True
+    while changed:  # what only the accumulators consume (the shape of a pushed list, say)
+        changed = False
+        for o in ops:
+            if o in dropped or not users[o] or not all(c in dropped for c in users[o]):
+                continue
+            if any(t.ref() in kept_outputs for t in o.outputs):  # pragma: no cover
+                continue  # a value pushed that is also a loop variable
+            dropped.add(o)
+            changed = True
+    return n, frozenset(o.name for o in dropped)
+
+
 def analyse(site: Site) -> LoopBody:
     """The analysis of the loop that ``site`` consumes a variable in; `RuleError` if the rule
     cannot cover it."""
@@ -256,11 +320,14 @@ def analyse(site: Site) -> LoopBody:
     if found is None:
         raise RuleError("the examples' axes of the loop's variables do not settle")
     body, sub = found
-    n_in = len(op.inputs)
-    if len(body.inputs) != n_in or len(body.outputs) != n_in:
+    if len(body.inputs) != len(op.inputs) or len(body.outputs) != len(op.inputs):
         raise RuleError("the loop's body does not match its inputs")
+    outputs = site.output if isinstance(site.output, tuple) else (site.output,)
+    n_in, dropped = _accumulators(op, body, outputs)
     _check_counter(op, body)
     for o in body.get_operations():
+        if o.name in dropped:
+            continue
         if o.type in _CALL_OPS:
             raise RuleError(f"the loop's body holds a {o.type} (a nested loop or call)")
         if o.op_def.is_stateful and o.type not in _READS:
@@ -283,6 +350,10 @@ def analyse(site: Site) -> LoopBody:
         if op.inputs[i].dtype == tf.resource:
             raise RuleError("a resource handle changes from step to step")
     body_def = body.as_graph_def()
+    if dropped:
+        kept = [nd for nd in body_def.node if nd.name not in dropped]
+        del body_def.node[:]
+        body_def.node.extend(kept)
     try:  # the copy must import: find out now, while the core can still fall back
         with tf.Graph().as_default():
             tf.graph_util.import_graph_def(body_def, name="")
@@ -294,18 +365,19 @@ def analyse(site: Site) -> LoopBody:
         for o in body.get_operations()
         if o.type == "ReadVariableOp" and o.inputs[0].op in placeholders
     ]
-    slicing, steps = _slicing(op, body, sub)
+    slicing, steps = _slicing(op, body, sub, n_in)
     return LoopBody(
         op=op,
         body=body,
         sub=sub,
         body_def=body_def.SerializeToString(),
-        inputs=list(op.inputs),
+        inputs=list(op.inputs[:n_in]),
         carried=carried,
         invariant=invariant,
         reads=reads,
         slicing=slicing,
         steps_static=steps,
+        dropped=dropped,
     )
 
 
@@ -316,7 +388,7 @@ def list_source(t: tf.Tensor) -> tf.Operation:
     return src
 
 
-def _slicing(op: tf.Operation, body, sub) -> tuple[list | None, int | None]:
+def _slicing(op: tf.Operation, body, sub, n_in: int) -> tuple[list | None, int | None]:
     """Per loop input, how the copy takes a chunk of its examples: None (it holds none: the
     same input), ``("dense", axis)`` (a slice on that axis), ``("reserve", axis)`` or
     ``("from_tensor", axis)`` (a ``TensorList`` made by that op, its elements holding the
@@ -325,7 +397,7 @@ def _slicing(op: tf.Operation, body, sub) -> tuple[list | None, int | None]:
     number of steps if a list made from a tensor shows it."""
     how: list = []
     steps = None
-    for i, t in enumerate(op.inputs):
+    for i, t in enumerate(op.inputs[:n_in]):
         st = sub.of(body.inputs[i])
         if st == _axes.FREE or (isinstance(st, _axes.Elements) and st.of == _axes.FREE):
             how.append(None)
@@ -364,7 +436,7 @@ def _roots(site: Site, loop: LoopBody) -> list:
             raise RuleError("the consumed value holds examples")
         return [p]
     roots = []
-    for c in p.consumers():
+    for c in loop.consumers(p):
         if c.type in _NO_GRADIENT:
             continue
         if c.type not in _READS:
@@ -389,11 +461,11 @@ def uses(site: Site, loop: LoopBody) -> list[Use]:
     while stack:
         t, positions = stack.pop()
         passed = t is body.inputs[site.index]  # a captured value: passed through, unchanged
-        if not passed and any(o is t for o in body.outputs):
+        if not passed and any(o is t for o in loop.outputs):
             raise RuleError("the variable's value leaves the loop")
         if t.dtype != dtype:
             raise RuleError(f"the loop computes in {t.dtype.name}, not {dtype.name}")
-        for c in t.consumers():
+        for c in loop.consumers(t):
             if c.type in _NO_GRADIENT or c in seen:
                 continue
             seen.add(c)
@@ -415,11 +487,11 @@ def uses(site: Site, loop: LoopBody) -> list[Use]:
                 continue
             view_shape = tuple(int(d) for d in t.shape) if positions is not None else shape
             if c.type == "MatMul":
-                uses.append(_matmul_use(c, i, view_shape, positions, sub, body, what))
+                uses.append(_matmul_use(c, i, view_shape, positions, loop, what))
             elif c.type in _CONVS:
-                uses.append(_conv_use(c, i, view_shape, positions, sub, body, what))
+                uses.append(_conv_use(c, i, view_shape, positions, loop, what))
             elif c.type in _ADDS:
-                uses.append(_bias_use(c, i, view_shape, positions, sub, body, what))
+                uses.append(_bias_use(c, i, view_shape, positions, loop, what))
             else:
                 raise RuleError(f"the variable is used by {what} (no rule for it in a loop)")
     if not uses:
@@ -427,7 +499,8 @@ def uses(site: Site, loop: LoopBody) -> list[Use]:
     return uses
 
 
-def _matmul_use(c, i, view_shape, positions, sub, body, what) -> Use:
+def _matmul_use(c, i, view_shape, positions, loop, what) -> Use:
+    sub = loop.sub
     ta, tb = c.get_attr("transpose_a"), c.get_attr("transpose_b")
     other = c.inputs[1 - i]
     a_axis = _pure_axis(sub, other, f"the other operand of {what}")
@@ -442,7 +515,7 @@ def _matmul_use(c, i, view_shape, positions, sub, body, what) -> Use:
     z = c.outputs[0]
     if _pure_axis(sub, z, f"the output of {what}") != z_axis:
         raise RuleError(f"the examples' axis of the output of {what} is not its rows")
-    tap = _tap_of(z, sub, body.outputs)
+    tap = _tap_of(z, loop)
     t_axis = _pure_axis(sub, tap, "a tapped tensor")
     return Use(
         kind="matmul",
@@ -454,7 +527,8 @@ def _matmul_use(c, i, view_shape, positions, sub, body, what) -> Use:
     )
 
 
-def _conv_use(c, i, view_shape, positions, sub, body, what) -> Use:
+def _conv_use(c, i, view_shape, positions, loop, what) -> Use:
+    sub = loop.sub
     """A convolution ``z_t = conv(x_t, F)`` with ``F`` (a view of) the variable: example ``j``'s
     gradient is ``sum_t`` of the conv rule's filter gradient of ``(x_{t,j}, delta_{t,j})``."""
     if i != 1:
@@ -465,7 +539,7 @@ def _conv_use(c, i, view_shape, positions, sub, body, what) -> Use:
         raise RuleError(f"the examples are not on the batch axis of the input of {what}")
     if _pure_axis(sub, z, f"the output of {what}") != 0:
         raise RuleError(f"the examples are not on the batch axis of the output of {what}")
-    tap = _tap_of(z, sub, body.outputs)
+    tap = _tap_of(z, loop)
     t_axis = _pure_axis(sub, tap, "a tapped tensor")
     return Use(
         kind="conv",
@@ -477,7 +551,8 @@ def _conv_use(c, i, view_shape, positions, sub, body, what) -> Use:
     )
 
 
-def _bias_use(c, i, view_shape, positions, sub, body, what) -> Use:
+def _bias_use(c, i, view_shape, positions, loop, what) -> Use:
+    sub = loop.sub
     if c.type == "BiasAdd":
         fmt = c.get_attr("data_format")
         fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
@@ -500,7 +575,7 @@ def _bias_use(c, i, view_shape, positions, sub, body, what) -> Use:
                 keep.append(j)
         elif d != 1:
             raise RuleError(f"the variable broadcasts the other operand of {what}")
-    tap = _tap_of(z, sub, body.outputs)
+    tap = _tap_of(z, loop)
     t_axis = _pure_axis(sub, tap, "a tapped tensor")
     if tap is not z and t_axis != z_axis:  # pragma: no cover - _tap_of keeps the axis
         raise RuleError("the tapped tensor moves the examples")

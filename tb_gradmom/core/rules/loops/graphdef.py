@@ -45,7 +45,7 @@ def _open_items(loop, gdef, nodes, size=-1) -> None:
         src = o.inputs[0].op
         while src.type == "Identity":
             src = src.inputs[0].op
-        if src.name not in lists:
+        if src.name not in lists or o.name not in nodes:
             continue
         shape = tf.get_static_value(o.inputs[2])
         if shape is None or np.ndim(shape) != 1:
@@ -101,8 +101,9 @@ def build_copy(loop, grads, outputs, n, inputs=None, inits=()) -> dict:
         add.input.extend([node_name + "/gradmom_untapped", ph.name])
         add.attr["T"].type = tap.dtype.as_datatype_enum
 
-    body_in = [t.name for t in loop.body.inputs]
-    body_out = [t.name for t in loop.body.outputs]
+    # the loop as built: the loop variables before any accumulators of a gradient
+    body_in = [t.name for t in loop.body.inputs[: len(loop.inputs)]]
+    body_out = [t.name for t in loop.outputs]
     position = {name: i for i, name in enumerate(body_in)}
     # The placeholders that `input_map` replaces (the body's inputs, the taps) are left out
     # of the import: unused, they would still be ops of the copy's body, which XLA compiles
