@@ -139,7 +139,7 @@ class Site:
 # and size).
 Count: TypeAlias = int | tf.Tensor
 # per_example(delta, n, start, size) -> [size, *view.shape] per-example gradients of `view`
-# (`delta`: the output gradient, or for a loop's site a `recurrent.LoopGrads`)
+# (`delta`: the output gradient, or for a loop's site a `loops.LoopGrads`)
 PerExampleFn = Callable[[Any, Count, Count, Count], tf.Tensor]
 # power_sums(delta, n, orders, chunk) -> {p: sum_j g_j ** p}, shaped like `view`; `chunk`: the
 # most examples to process at once (None: all), for rules whose fast path materialises per example

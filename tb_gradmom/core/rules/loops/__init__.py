@@ -1,4 +1,4 @@
-"""Variables used inside a ``while`` loop: Keras recurrent layers (LSTM, GRU, SimpleRNN, ConvLSTM).
+"""Variables used inside a ``while`` loop: Keras recurrent layers (LSTM, GRU, ConvLSTM, ...).
 
 Keras 3 on TensorFlow runs a recurrent layer as one ``While`` op. Its variables enter the loop as
 loop-invariant resource handles, and the body reads them and uses each value in a few ops, e.g.

@@ -9,7 +9,8 @@ the outer input holds them on axis 1; a zero initial state takes the examples' a
 update), and a use is accepted only where the examples' axis of ``a_t`` and ``z_t`` is proven.
 Anything else, a nested loop or call, a stateful op other than a variable read (random numbers,
 assignments), a statistic over the batch inside the body (the examples coupled from step to
-step), a use other than a matmul, a convolution's filter or an added bias, raises `RuleError`.
+step), a use other than a matmul, a convolution's filter or an added bias, a float16 loop (mixed
+precision), raises `RuleError` and the core takes the exact fallback.
 """
 
 from __future__ import annotations

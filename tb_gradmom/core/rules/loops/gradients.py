@@ -59,7 +59,7 @@ def variable_gradients(uses, stacks, start, count, shape, size, dtype) -> tf.Ten
 
 def _use_gradients(u: Use, stacks: dict, start, size, dtype) -> tf.Tensor:
     """``[size, *u.shape]``: the per-example gradients of the used view, examples ``[start,
-    start + size)``, unscaled. The stacks are time-major (`tb_gradmom.core.rules.loops.loop.Loop.stacks`)."""
+    start + size)``, unscaled. The stacks are time-major (`Loop.stacks`)."""
     d_stack, d_axis = stacks[u.tap.name], u.tap.axis
     if u.kind == "matmul":
         d = tf.cast(chunk_of(d_stack, d_axis, start, size), dtype)  # [size, T, d_out]

@@ -61,7 +61,9 @@ class LoopGrads(NamedTuple):
 
 
 def num_original_outputs(op: tf.Operation) -> int:
-    """The loop's outputs before TensorFlow's gradient added its accumulators."""
+    """The loop's outputs as ``while_v2`` counts them (``_num_original_outputs``): before a
+    gradient of the loop, those it was built with; after one, TensorFlow counts the
+    accumulators it appended too (`tb_gradmom.core.rules.loops.body` tells them apart)."""
     try:
         return int(op.get_attr("_num_original_outputs"))
     except (ValueError, TypeError):
@@ -135,8 +137,8 @@ def recurrent_rule(site: Site) -> Contribution:
         return gradients(stacks, start, count, delta.factor)
 
     def power_sums(delta, n, orders, chunk=None):
-        # The copy on chunks of at most chunks.COPY_ELEMENTS elements of stacks (and at most `chunk`
-        # examples): unless the batch is statically one such chunk.
+        # The copy on chunks of at most `chunks.COPY_ELEMENTS` elements of stacks (and at most
+        # `chunk` examples): unless the batch is statically one such chunk.
         copy_chunk = loop.copy_chunk(chunk)
         n_static = tf.get_static_value(n)
         if n_static is None or int(n_static) > copy_chunk:
