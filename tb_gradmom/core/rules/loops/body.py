@@ -298,7 +298,7 @@ def _accumulators(op: tf.Operation, body, outputs) -> tuple[int, frozenset]:
     users: dict = {o: [c for t in o.outputs for c in t.consumers()] for o in ops}
     for o in ops:
         for c in o.control_inputs:
-            users[c].append(o)
+            users.setdefault(c, []).append(o)
     kept_outputs = {t.ref() for t in body.outputs[:n]}
     changed = True
     while changed:  # what only the accumulators consume (the shape of a pushed list, say)
@@ -306,8 +306,8 @@ def _accumulators(op: tf.Operation, body, outputs) -> tuple[int, frozenset]:
         for o in ops:
             if o in dropped or not users[o] or not all(c in dropped for c in users[o]):
                 continue
-            if any(t.ref() in kept_outputs for t in o.outputs):  # pragma: no cover
-                continue  # a value pushed that is also a loop variable
+            if any(t.ref() in kept_outputs for t in o.outputs):
+                continue  # a loop variable's next value (pushed too): no consumer in the body
             dropped.add(o)
             changed = True
     return n, frozenset(o.name for o in dropped)
