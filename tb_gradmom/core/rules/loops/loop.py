@@ -44,7 +44,7 @@ class Loop(LoopBody):
     inits: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, found: LoopBody) -> Loop:
+    def from_body(cls, found: LoopBody) -> Loop:
         return cls(**{k: getattr(found, k) for k in LoopBody.__dataclass_fields__})
 
     def register(self, uses, key=None, shape=(), size=0, dtype=tf.float32) -> None:
@@ -123,7 +123,7 @@ class Loops:
         found = self._found.get(key)
         if found is None:
             try:
-                found = Loop.of(analyse(site))
+                found = Loop.from_body(analyse(site))
             except RuleError as e:
                 found = e
             self._found[key] = found
