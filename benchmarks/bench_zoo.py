@@ -20,7 +20,7 @@ Models (float32, seed 0, no download; see `MODELS`):
   `Dense(10)`);
 - "lstm" and "gru": `LSTM(128)` / `GRU(128)` over 50 steps of 32 features, `Dense(10)`,
   batch 64. Their recurrent variables live in a ``tf.while_loop`` and go through the loop rule
-  (``tb_gradmom/core/rules/recurrent.py``).
+  (``tb_gradmom/core/rules/loops/``).
 
 The loss is ``mean(sparse_softmax_cross_entropy_with_logits)``; ``training=True`` everywhere
 (BatchNormalization uses the batch statistics; dropout is on).

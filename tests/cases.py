@@ -856,7 +856,7 @@ CASES: list[Case] = [
     ),
     Case("view-used-twice-by-one-op", _view_twice, _xy((4, 3), (4, 3))),
     Case("view-used-twice-by-one-op-batch-eq-width", _view_twice, _xy((3, 3), (3, 3)), "sum"),
-    # Keras recurrent layers (a while loop; `tb_gradmom.core.rules.recurrent`), in
+    # Keras recurrent layers (a while loop; `tb_gradmom.core.rules.loops`), in
     # RECURRENT_CASE_IDS: each is also run with fallback="error" by tests/test_recurrent.py.
     Case(
         "lstm-classifier",

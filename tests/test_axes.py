@@ -82,6 +82,23 @@ def _tensor_array_loop(x):
     return out.stack()
 
 
+def _differentiated_loop(x):
+    # the loop above differentiated in the step: TensorFlow's gradient appends a list per value
+    # its backward loop needs, pushed at every step (here tanh's output): stacked, [T, n, d]
+    y = _tensor_array_loop(x)
+    tf.gradients(tf.reduce_sum(y), x)
+    loop = next(op for op in y.graph.get_operations() if op.type in ("While", "StatelessWhile"))
+    body = axes.function_graph(loop, "body")
+    pushed = [
+        i
+        for i, t in enumerate(body.outputs)
+        if t.op.type == "TensorListPushBack" and t.op.inputs[1].op.type == "Tanh"
+    ]
+    return tf.raw_ops.TensorListStack(
+        input_handle=loop.outputs[pushed[0]], element_shape=[-1, D], element_dtype=tf.float32
+    )
+
+
 @tf.function
 def _inner(x):
     return tf.nn.relu(x) * 2.0
@@ -535,6 +552,7 @@ ROWS = [
     Row("call", lambda x: _inner(x), (spec(N, D),), Axis(0)),
     Row("while-accumulates", _accumulate_loop, (spec(N, D),), Axis(0)),
     Row("while-tensor-array", _tensor_array_loop, (spec(N, T, D),), Axis(1)),
+    Row("while-differentiated-accumulator", _differentiated_loop, (spec(N, T, D),), Axis(1)),
     Row("while-settles-within-bound", _shift_loop(3), (spec(N, D),), Axis(0)),
     Row(
         "while-past-bound",

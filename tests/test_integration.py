@@ -768,22 +768,10 @@ def test_zoo_entries_log_through_summary_moments_what_the_core_computes(entry, t
             assert fragment in str(info.value), str(info.value)
             return
 
-        # Known defect: a second plan over a loss whose stacked recurrent loops the first plan
-        # rewrote takes the exact fallback (refused with fallback="error"): for the ConvLSTM
-        # stacks the core runs in a function of its own (their forward draws nothing random).
-        apart = entry.id.startswith("convlstm")
-
-        @tf.function
-        def core_step(x, y):
-            loss = scalar(forward(x), y)
-            return gradmom.gradients_and_moments(loss, variables, fallback=entry.fallback)[1]
-
         @tf.function
         def step(x, y):
             loss = scalar(forward(x), y)
-            moments = None
-            if not apart:
-                moments = gradmom.gradients_and_moments(loss, variables, fallback=entry.fallback)[1]
+            moments = gradmom.gradients_and_moments(loss, variables, fallback=entry.fallback)[1]
             with writer.as_default(step=0):
                 grads = gradmom.summary.moments(
                     loss, variables, max_elements=1 << 30, fallback=entry.fallback
@@ -798,8 +786,6 @@ def test_zoo_entries_log_through_summary_moments_what_the_core_computes(entry, t
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             moments, grads, want, n = step(x, y)
-            if apart:
-                moments = core_step(x, y)
     writer.close()
     for g, w in zip(grads, want):
         if w is not None:

@@ -1,4 +1,4 @@
-"""The loop rule (`tb_gradmom.core.rules.recurrent`): Keras LSTM, GRU and SimpleRNN, and a raw
+"""The loop rule (`tb_gradmom.core.rules.loops`): Keras LSTM, GRU and SimpleRNN, and a raw
 ``tf.while_loop``, exact against brute-force per-example gradients with ``fallback="error"``
 (so the rule, not the exact fallback, computed them); what it does not cover goes to the exact
 fallback with its warning; a step that records no moments runs none of the loop's copy."""
@@ -15,7 +15,9 @@ import tensorflow as tf
 import tb_gradmom as gradmom
 from tb_gradmom.core import moments as _moments
 from tb_gradmom.core import plan as _plan
-from tb_gradmom.core.rules import recurrent
+from tb_gradmom.core.rules import loops
+from tb_gradmom.core.rules.loops import chunks as _chunks
+from tb_gradmom.core.rules.loops import loop as _loop
 from tests import reference
 from tests.cases import (
     CASES_BY_ID,
@@ -23,7 +25,11 @@ from tests.cases import (
     RECURRENT_CASE_IDS,
     Case,
     SinCell,
+    _keras,
     _xy,
+    conv_lstm,
+    dense,
+    flatten,
     squared_error,
 )
 from tests.test_core import ORDERS, TOLERANCE, _assert_close, _run
@@ -100,17 +106,17 @@ def test_copy_on_chunks_of_examples(case_id, chunk, monkeypatch):
     """The copy of the loop run on chunks of ``chunk`` examples (one after the other in a
     while loop), for every case whose loop inputs and seeds can be sliced; the others keep the
     whole batch's copy. Exact either way."""
-    monkeypatch.setattr(recurrent, "_COPY_ELEMENTS", chunk)
-    monkeypatch.setattr(recurrent._Loop, "copy_elements", lambda self: 1)
+    monkeypatch.setattr(_chunks, "COPY_ELEMENTS", chunk)
+    monkeypatch.setattr(loops.Loop, "copy_elements", lambda self: 1)
     ran = []
-    chunk_sums = recurrent._Loop.chunk_sums
+    chunk_sums = loops.Loop.chunk_sums
 
     def spy(self, *args, **kwargs):
         out = chunk_sums(self, *args, **kwargs)
         ran.append(out is not None)
         return out
 
-    monkeypatch.setattr(recurrent._Loop, "chunk_sums", spy)
+    monkeypatch.setattr(loops.Loop, "chunk_sums", spy)
     _check(CASES_BY_ID[case_id])
     if case_id in ("lstm-classifier", "gru-last", "gru-sequence", "lstm-stacked"):
         assert ran and all(ran), ran
@@ -347,7 +353,7 @@ def test_skipped_steps_run_no_copy_of_the_loop(tmp_path, monkeypatch):
     """The copy of the loop is built where the moments are, inside summary.moments' cond: a
     check attached to the copy never fires on a skipped step, and fires on a recorded one."""
     built = []
-    original = recurrent._Loop._build
+    original = loops.Loop.build
 
     def build(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
@@ -356,7 +362,7 @@ def test_skipped_steps_run_no_copy_of_the_loop(tmp_path, monkeypatch):
         with tf.control_dependencies([check]):
             return {k: tf.identity(v) for k, v in out.items()}
 
-    monkeypatch.setattr(recurrent._Loop, "_build", build)
+    monkeypatch.setattr(loops.Loop, "build", build)
     keras.utils.set_random_seed(3)
     model = keras.Sequential([keras.Input((5, 3)), keras.layers.GRU(4), keras.layers.Dense(2)])
     writer = tf.summary.create_file_writer(str(tmp_path))
@@ -405,7 +411,7 @@ def test_dropout_masks_are_the_loops_own(layer):
             (site, c) = vplan.sites[0]
             assert site.op.type == "While"
             grads = tuple(backward.out_grads[backward.index[t.ref()]] for t in site.output)
-            g = c.per_example(recurrent.LoopGrads(grads, 1.0), plan.n, 0, plan.n)
+            g = c.per_example(loops.LoopGrads(grads, 1.0), plan.n, 0, plan.n)
             sums.append(tf.reduce_sum(g, axis=0))
         return sums, backward.grads[:3]
 
@@ -447,3 +453,102 @@ def test_sequence_length_unknown_at_trace_time():
             expected = reference.moments(r, ORDERS)
             for p in ORDERS:
                 _assert_close(m[p], expected[p], 1e-10, f"T={steps} {v.path} M{p}")
+
+
+# Stacked loops whose second loop's input needs a gradient: TensorFlow's gradient of each loop
+# (while_v2) rewrites the loop in place, appending a list per value its backward loop needs
+# (the kernels' reads, the gates), which the body pushes at every step.
+STACKED_CASES = [
+    CASES_BY_ID["lstm-stacked"],
+    Case(
+        "convlstm2d-stacked",
+        _keras(
+            conv_lstm(2, 2, 2, padding="same", return_sequences=True),
+            conv_lstm(2, 2, 2),
+            flatten(),
+            dense(2),
+            input_shape=(3, 4, 4, 1),
+        ),
+        _xy((3, 3, 4, 4, 1), (3, 2)),
+    ),
+]
+
+
+@pytest.mark.parametrize("first", ["gradients_and_moments", "tape"])
+@pytest.mark.parametrize("case", STACKED_CASES, ids=[c.id for c in STACKED_CASES])
+def test_a_call_after_a_backward_pass_of_stacked_loops(case, first):
+    """A call of the core after a backward pass through stacked loops in the same function
+    (a first call's, or the user's tape's), which rewrote the loops with accumulators: the
+    analysis leaves the accumulators out, so the second call takes the loop rule too
+    (``fallback="error"``), and both calls' moments equal brute force."""
+    forward, variables = case.build("float64")
+    x, y = case.inputs(np.random.default_rng(0), "float64")
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(squared_error(forward(x), y))
+        if first == "tape":
+            before = [tf.reduce_sum(g) for g in tape.gradient(loss, variables)]
+        else:
+            before = gradmom.gradients_and_moments(
+                loss, variables, orders=ORDERS, fallback="error"
+            )[1]
+        after = gradmom.gradients_and_moments(loss, variables, orders=ORDERS, fallback="error")
+        return before, after[1]
+
+    before, after = step(tf.constant(x), tf.constant(y))
+    ref = reference.per_example_gradients(forward, variables, squared_error, x, y)
+    expected_all = [reference.moments(r, ORDERS) for r in ref]
+    floor = {p: 1e-3 * max(float(np.max(np.abs(e[p]))) for e in expected_all) for p in ORDERS}
+    calls = [("second", after)] + ([("first", before)] if first != "tape" else [])
+    for call, moments in calls:
+        for v, m, expected in zip(variables, moments, expected_all):
+            for p in ORDERS:
+                what = f"{case.id} {call} call {v.path} M{p}"
+                _assert_close(m[p], expected[p], TOLERANCE["float64"], what, floor[p])
+
+
+def test_each_plan_owns_its_loops():
+    """The loops a plan analyses (and the copies built from them) are the plan's own: two
+    plans in one function hold distinct analyses, nothing is kept once a plan is made, and a
+    plan made after a backward pass through the loops analyses them without the accumulators
+    that pass appended (the same loop variables as before it)."""
+    forward, variables = CASES_BY_ID["lstm-stacked"].build("float64")
+    x, y = CASES_BY_ID["lstm-stacked"].inputs(np.random.default_rng(0), "float64")
+    seen = {}
+
+    @tf.function
+    def step(x, y):
+        loss = tf.reduce_mean(squared_error(forward(x), y))
+        options = _plan.Options.check((1, 2), fallback="error")
+        first = _plan.make_plan(loss, variables, options)
+        ops = [site.op for vplan in first.variables for site, _ in vplan.sites]
+        loops_ops = {op.name: op for op in ops if op.type in loops.LOOP_OPS}
+        seen["inputs"] = {k: len(op.inputs) for k, op in loops_ops.items()}
+        tf.gradients(loss, variables)
+        seen["rewritten"] = {k: len(op.inputs) for k, op in loops_ops.items()}
+        second = _plan.make_plan(loss, variables, options)
+        seen["active"] = _loop.active()
+        seen["plans"] = first, second
+        return loss
+
+    step(tf.constant(x), tf.constant(y))
+    first, second = seen["plans"]
+    assert len(first.loops) == len(second.loops) == 2
+    assert first.loops is not second.loops
+    assert all(seen["rewritten"][k] > n for k, n in seen["inputs"].items())  # accumulators
+
+    def analysed(plan, name):
+        site = next(s for vplan in plan.variables for s, _ in vplan.sites if s.op.name == name)
+        return plan.loops.of(site)
+
+    for name, n in seen["inputs"].items():
+        a, b = analysed(first, name), analysed(second, name)
+        assert len(first.loops) == len(second.loops) == 2  # the plans' own, analysed once
+        assert a is not b
+        assert not a.dropped and b.dropped
+        assert len(a.inputs) == len(b.inputs) == n
+        assert a.carried == b.carried and a.invariant == b.invariant
+    assert len(seen["active"]) == 0  # outside a plan: loops of its own, nothing kept
+    assert _loop.active() is not _loop.active()

@@ -31,7 +31,7 @@ from tb_gradmom.core.rules.base import (
     sum_over_chunks,
     times,
 )
-from tb_gradmom.core.rules.recurrent import LoopGrads
+from tb_gradmom.core.rules.loops import LoopGrads
 from tb_gradmom.core.sites import VariablePlan
 
 __all__ = [
@@ -214,7 +214,7 @@ def gradients_and_moments(
         materialised: Dense on sequences, EinsumDense, variables used by several ops).
       name: a name scope for the added ops.
       fallback: for a variable consumed by an op without an exact rule (a custom op,
-        ``tf.sin(W)``, a ``tf.while_loop`` that `tb_gradmom.core.rules.recurrent` does not cover;
+        ``tf.sin(W)``, a ``tf.while_loop`` that `tb_gradmom.core.rules.loops` does not cover;
         Keras LSTM/GRU/SimpleRNN have a rule): ``"exact"`` (default) computes its
         per-example gradients from the per-example losses by vectorised autodiff (exact, about
         one backward pass per example; a warning names the variables once); ``"error"`` raises

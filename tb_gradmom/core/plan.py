@@ -26,6 +26,7 @@ from tb_gradmom.core import graph as _graph
 from tb_gradmom.core import loss as _loss
 from tb_gradmom.core import validate as _validate
 from tb_gradmom.core.errors import BatchSizeError, PerExampleLossError, UnsupportedOpError
+from tb_gradmom.core.rules.loops import Loops
 from tb_gradmom.core.sites import VariablePlan, plan_variable
 
 __all__ = [
@@ -452,6 +453,9 @@ class Plan:
     # made inside an XLA-compiled function: every chunk of examples has a static size
     # (`tb_gradmom.core.rules.base.static_chunks`)
     xla: bool = False
+    # the while loops whose variables the loop rule covers, analysed once for this plan, with
+    # the copies built from them (`tb_gradmom.core.rules.loops.Loops`): this plan's alone
+    loops: Loops = field(default_factory=Loops)
 
     @property
     def names(self) -> list[str]:
@@ -586,10 +590,12 @@ def make_plan(
             free_ids = _reads(variables, graph, [f.value for f in form.free])
         else:
             on_path = _graph.ancestors(scalar)
-        plans = [
-            plan_variable(v, nm, graph, on_path, ex, options.fallback)
-            for v, nm in zip(variables, names)
-        ]
+        loops = Loops()  # the loop rule's analyses and copies, this plan's own
+        with loops.planning():
+            plans = [
+                plan_variable(v, nm, graph, on_path, ex, options.fallback)
+                for v, nm in zip(variables, names)
+            ]
         route_other_batches(plans, loss_values[1].batch, ex, options.fallback)
         ends = [loss_vector] if form is None else [term.values for term in form.terms]
         kept = route_coupled(
@@ -631,6 +637,7 @@ def make_plan(
         scope=scope,
         free_ids=free_ids,
         xla=xla,
+        loops=loops,
     )
 
 

@@ -27,8 +27,8 @@ from tb_gradmom.core.rules.derived import (
     local_factor,
     region_contribution,
 )
+from tb_gradmom.core.rules.loops import LOOP_OPS, loop_outputs
 from tb_gradmom.core.rules.masked import masked_vjp_rule
-from tb_gradmom.core.rules.recurrent import LOOP_OPS, loop_outputs
 
 __all__ = ["VariablePlan", "plan_variable", "moment_dtype"]
 
@@ -368,7 +368,7 @@ def _refused(name, op, e: RuleError) -> UnsupportedOpError:
 
 
 def _make_site(raw, op, dtype, var_shape, ex, on_path=None) -> Site:
-    # A loop's site has a tuple of outputs: those the loss depends on (`rules.recurrent`).
+    # A loop's site has a tuple of outputs: those the loss depends on (`rules.loops`).
     loop = op.type in LOOP_OPS and on_path is not None
     return Site(
         op=op,

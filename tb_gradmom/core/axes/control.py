@@ -156,6 +156,15 @@ def h_list_set(ex, op, states):
     return UNKNOWN if inner in (UNKNOWN, REDUCED) else Elements(inner)
 
 
+def h_list_push(ex, op, states):
+    """``TensorListPushBack``: the accumulators that ``while_v2``'s gradient adds to a loop it
+    differentiates (a list per value the backward loop needs, pushed at every step)."""
+    if isinstance(states[1], Elements):
+        return UNKNOWN  # a list of lists (not followed)
+    inner = join(_elements(states[0]), states[1])
+    return UNKNOWN if inner in (UNKNOWN, REDUCED) else Elements(inner)
+
+
 def h_list_stack(ex, op, states):
     inner = _elements(states[0])
     if isinstance(inner, Axis):

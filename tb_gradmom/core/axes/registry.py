@@ -131,7 +131,7 @@ def is_source(op_type: str) -> bool:
 defsource("IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue", "IteratorGetNextAsOptional")
 deffree(
     *"""Const VarHandleOp ReadVariableOp VariableShape Shape ShapeN Size Rank ZerosLike OnesLike
-    Range Fill BroadcastArgs NoOp StopGradient""".split()
+    Range Fill BroadcastArgs NoOp StopGradient TensorListElementShape TensorListLength""".split()
 )
 defelementwise(
     *"""Identity Cast Neg Abs Exp Log Log1p Expm1 Sqrt Rsqrt Square Reciprocal Inv Relu Relu6 Elu
@@ -194,6 +194,7 @@ defop(["SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"], 
 defop(["TensorListFromTensor"], control.h_list_from_tensor)
 defop(["TensorListGetItem"], control.h_list_get)
 defop(["TensorListSetItem"], control.h_list_set)
+defop(["TensorListPushBack"], control.h_list_push)
 defop(["TensorListStack"], control.h_list_stack)
 defop(["While", "StatelessWhile"], control.h_while)
 defop(["PartitionedCall", "StatefulPartitionedCall"], control.h_call)

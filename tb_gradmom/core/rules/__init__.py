@@ -13,8 +13,8 @@ from tb_gradmom.core.rules.concat import concat_rule
 from tb_gradmom.core.rules.conv import conv_rule
 from tb_gradmom.core.rules.einsum import batch_matmul_rule, einsum_rule
 from tb_gradmom.core.rules.embedding import gather_rule
+from tb_gradmom.core.rules.loops import recurrent_rule
 from tb_gradmom.core.rules.matmul import matmul_rule
-from tb_gradmom.core.rules.recurrent import recurrent_rule
 
 __all__ = ["REGISTRY", "Contribution", "RuleError", "Site", "supported_ops"]
 

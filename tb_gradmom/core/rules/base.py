@@ -102,7 +102,7 @@ class Site:
       index: which input of ``op`` carries the variable's value.
       view: that input tensor (the variable after pass-through views).
       output: the op's output whose gradient the rule needs (a loop's site: a tuple of
-        outputs, see `tb_gradmom.core.rules.recurrent`).
+        outputs, see `tb_gradmom.core.rules.loops`).
       dtype: the dtype in which moments are computed (float32, or float64 for float64 models).
       var_shape: the variable's shape (``view`` is the resource handle for ``ResourceGather``).
       axes: the analysis of where the examples are (`tb_gradmom.core.axes.Examples`): a rule fires
@@ -139,7 +139,7 @@ class Site:
 # and size).
 Count: TypeAlias = int | tf.Tensor
 # per_example(delta, n, start, size) -> [size, *view.shape] per-example gradients of `view`
-# (`delta`: the output gradient, or for a loop's site a `recurrent.LoopGrads`)
+# (`delta`: the output gradient, or for a loop's site a `loops.LoopGrads`)
 PerExampleFn = Callable[[Any, Count, Count, Count], tf.Tensor]
 # power_sums(delta, n, orders, chunk) -> {p: sum_j g_j ** p}, shaped like `view`; `chunk`: the
 # most examples to process at once (None: all), for rules whose fast path materialises per example

@@ -614,7 +614,7 @@ def conv_spec(op: tf.Operation, kshape: tf.TensorShape, blocks: int = 1) -> Conv
     convolution ``op`` whose filter has the static shape ``kshape`` (``blocks`` rows per
     example); `RuleError` for what the rule does not cover (channels-first, a strided batch,
     channels that do not form groups). Shared with the loop rule
-    (`tb_gradmom.core.rules.recurrent`: a convolution inside a ``while`` loop)."""
+    (`tb_gradmom.core.rules.loops`: a convolution inside a ``while`` loop)."""
     what = f"{op.type} op '{op.name}'"
     # A transposed convolution z = conv_transpose(x, W) (Conv2DBackpropInput: input sizes,
     # filter, x) is the input-gradient of the conv x = conv(z, W): its filter gradient pairs
