@@ -366,21 +366,59 @@ CONV_CASES = [
 ]
 
 
+CONV_PATHS = [
+    "default",
+    "ghost",
+    "unfolded-channels-first",
+    "unfolded-channels-last",
+    "native",
+    "products-1",
+    "products-2",
+    "products-all",
+]
+
+
 @pytest.mark.parametrize("case_id", CONV_CASES)
-@pytest.mark.parametrize("path", ["native", "products-1", "products-2", "products-all"])
+@pytest.mark.parametrize("path", CONV_PATHS)
 def test_conv_paths(case_id, path, monkeypatch):
-    """A convolution's norms by TensorFlow's per-example filter gradients (`native`) or by
+    """A convolution's norms by the form chosen per layer (`default`), the Gram form of the
+    unfolded input (`ghost`), its per-example gradients by one batched matmul of the unfolded
+    input (channels first or last), TensorFlow's per-example filter gradients (`native`) or
     products of 1, 2 or all kernel offsets, with a penalty (the shift split by the blocks)."""
     from tb_gradmom.core.rules import conv
 
-    if path != "native":
+    if path == "ghost":
+        monkeypatch.setattr(conv, "FORCE_NORMS_FORM", "ghost")
+    elif path.startswith("unfolded"):
+        monkeypatch.setattr(conv, "FORCE_NORMS_FORM", "unfolded")
+        first = path.endswith("first")
+        monkeypatch.setattr(conv, "_CHANNELS_FIRST_MAX", 1 << 20 if first else 0)
+    elif path == "native":
+        monkeypatch.setattr(conv, "FORCE_NORMS_FORM", "native")
+    elif path != "default":
         per = {"products-1": 1, "products-2": 2, "products-all": 100}[path]
+        monkeypatch.setattr(conv, "FORCE_NORMS_FORM", "products")
         monkeypatch.setattr(conv, "_NATIVE_MAX_EXAMPLES", 0)
         monkeypatch.setattr(conv, "_offsets_per_product", lambda n_off, *_: min(per, n_off))
     variables, norms, want = _penalised(case_id, "mean")
     floor = max(float(np.max(w)) for w in want)
     for v, got, w in zip(variables, norms, want):
         _assert_norms(got, w, f"{case_id} {path} {variable_name(v)}", TOL, floor)
+
+
+@pytest.mark.parametrize(
+    "positions, k_in, c_out, form",
+    [
+        (36, 864, 128, "ghost"),  # 3C3D's third layer: 36 * 992 < 110592
+        (144, 576, 96, "unfolded"),  # its second: 144 * 672 > 55296
+        (784, 75, 64, "unfolded"),
+        (None, 864, 128, "unfolded"),  # positions unknown at trace time
+    ],
+)
+def test_conv_norms_form_by_flops(positions, k_in, c_out, form):
+    from tb_gradmom.core.rules import conv
+
+    assert conv._norms_form(positions, k_in, c_out) == form
 
 
 @pytest.mark.parametrize(
