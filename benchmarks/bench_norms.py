@@ -26,7 +26,13 @@ a summary writer in a temporary directory (event files, statistics and scalars i
 
 - moments-log: ``summary.moments(loss, vars)`` (``mode="moments"``: maps, histograms, sums);
 - norms-log:   ``summary.moments(loss, vars, mode="norms")`` (the statistics' sums from the
-  per-example squared norms and the batch gradient; no maps).
+  per-example squared norms and the batch gradient; no maps);
+- norms-log-fromwork: the same with ``exact_gradients=False`` (the convolution kernels'
+  gradients from the per-example filter gradients the norms build, not TensorFlow's own).
+
+``--conv-forms ghost,unfolded,native`` adds norms steps with every convolution's norms forced
+to that form (``norms[native]``: TensorFlow's per-example filter gradients, the form before the
+unfolded ones), side by side with the default choice.
 
 Models "resnet50", "bert" and "gpt2" are `bench_zoo.py`'s (`bench_zoo.build`, its default
 batch and size); for them only plain, moments-log and norms-log are timed. ``--coupled rules``
@@ -112,18 +118,24 @@ def make_steps(
         for form in conv_forms:
             steps[f"norms[{form}]"] = _forced(form, make_steps(model, core=True)["norms"])
     if logged:
-        for mode in ("moments", "norms"):
+        for key, mode, exact in (
+            ("moments-log", "moments", True),
+            ("norms-log", "norms", True),
+            ("norms-log-fromwork", "norms", False),
+        ):
             writer = tf.summary.create_file_writer(tempfile.mkdtemp(prefix=f"bench_{mode}_"))
 
             @tf.function(jit_compile=False)
-            def log_step(x, y, mode=mode, writer=writer):
+            def log_step(x, y, mode=mode, writer=writer, exact=exact):
                 loss = loss_of(x, y)
                 with writer.as_default(step=0), tf.summary.record_if(True):
-                    grads = gradmom.summary.moments(loss, variables, mode=mode, coupled=coupled)
+                    grads = gradmom.summary.moments(
+                        loss, variables, mode=mode, coupled=coupled, exact_gradients=exact
+                    )
                 update(grads)
                 return loss
 
-            steps[f"{mode}-log"] = log_step
+            steps[key] = log_step
     return steps
 
 
@@ -242,6 +254,7 @@ def run(
         "norms-log/plain": ratio("norms-log", "plain"),
         "moments-log/plain": ratio("moments-log", "plain"),
         "norms-log/moments-log": ratio("norms-log", "moments-log"),
+        "norms-log-fromwork/plain": ratio("norms-log-fromwork", "plain"),
         **{f"norms[{f}]/plain": ratio(f"norms[{f}]", "plain") for f in conv_forms},
         "forms": [] if zoo else forms(model, x, y, batch),
     }
@@ -419,7 +432,7 @@ def main(argv=None) -> int:
         )
     for r in results:
         for key, value in r.items():
-            if key.startswith("norms[") and value is not None:
+            if (key.startswith("norms[") or key.startswith("norms-log-")) and value is not None:
                 ms = r["ms"][key.split("/")[0]]
                 print(f"{r['model']:<12} {key:<24} {value:.2f} ({ms:.1f} ms)")
     if args.replicas:
