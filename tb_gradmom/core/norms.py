@@ -10,7 +10,10 @@ variable the cheapest exact form:
   ``[n, d]`` rows ``||a_j||^2 ||delta_j||^2``; Dense/EinsumDense on sequences the Gram ("ghost")
   form ``<A_j A_j^T, D_j D_j^T>`` or the materialised ``||A_j^T D_j||^2``, by the sizes; biases
   and broadcast parameters from their per-example sums; embeddings from the (example, id)
-  sums; convolutions from the per-example filter gradients their power sums build;
+  sums; a one-group convolution from its unfolded input ``U_j`` (im2col, ``[Q, K c_in]``):
+  the Gram form ``<U_j U_j^T, D_j D_j^T>`` or ``||U_j^T D_j||^2`` by one batched matmul,
+  whichever takes fewer FLOPs (`tb_gradmom.core.rules.conv`), its kernel's gradient from the
+  same work; grouped and depthwise ones from their per-example filter gradients;
 - otherwise (several sites, whose per-example gradients add before the norm; derived
   parameters; recurrent layers; the masked VJP) the per-example gradients the rules materialise,
   summed over the sites, chunk by chunk;
