@@ -557,6 +557,14 @@ def conv_contribution(
             return unfold + 2 * positions * positions + positions * c_out
         return unfold + n_off * c_in * c_out
 
+    def unfold(x, out_sizes, channels_first=False):
+        """The offsets' slices stacked before the channels (after them channels-first): one
+        slice, no copy, for a 1x1 kernel."""
+        slices = [offset_slice(x, off, out_sizes, channels_first) for off in offsets]
+        if len(slices) == 1:
+            return tf.expand_dims(slices[0], constant(2 if channels_first else -2))
+        return tf.stack(slices, axis=2 if channels_first else -2)
+
     def unfolded_norms(x, d, out_sizes, c, with_sum, ghost):
         """``([rows] ||g_j + C||^2, sum_j g_j [K c_in, c_out] or None)`` for the rows of ``x``
         (padded) and ``d`` (see above)."""
@@ -564,8 +572,7 @@ def conv_contribution(
         k_in = n_off * c_in
         d3 = reshape(d, [rows_n, -1, c_out])
         if ghost:
-            u = tf.stack([offset_slice(x, off, out_sizes) for off in offsets], axis=-2)
-            u = reshape(u, [rows_n, -1, k_in])  # [rows, Q, K c_in]
+            u = reshape(unfold(x, out_sizes), [rows_n, -1, k_in])  # [rows, Q, K c_in]
             grams = tf.linalg.matmul(u, u, transpose_b=True) * tf.linalg.matmul(
                 d3, d3, transpose_b=True
             )
@@ -580,10 +587,10 @@ def conv_contribution(
                     reshape(u, [-1, k_in]), reshape(d3, [-1, c_out]), transpose_a=True
                 )
             return norms, total
-        if c_in <= _CHANNELS_FIRST_MAX:
+        if c_in <= _CHANNELS_FIRST_MAX and n_off > 1:  # (a 1x1 kernel: x itself, no copy)
             # [rows, c_in, *spatial]; the slices stacked [rows, c_in, K, *out]: [c_in K, c_out]
             xt = tf.transpose(x, [0, nd + 1, *range(1, nd + 1)])
-            u = tf.stack([offset_slice(xt, off, out_sizes, True) for off in offsets], axis=2)
+            u = unfold(xt, out_sizes, channels_first=True)
             g = tf.linalg.matmul(reshape(u, [rows_n, k_in, -1]), d3)  # [rows, c_in K, c_out]
 
             def filter_order(t):  # [c_in K, c_out] -> [K c_in, c_out]
@@ -597,8 +604,7 @@ def conv_contribution(
                     tf.transpose(reshape(c, [n_off, c_in, c_out]), [1, 0, 2]), [k_in, c_out]
                 )
         else:
-            u = tf.stack([offset_slice(x, off, out_sizes) for off in offsets], axis=-2)
-            u = reshape(u, [rows_n, -1, k_in])
+            u = reshape(unfold(x, out_sizes), [rows_n, -1, k_in])
             g = tf.linalg.matmul(u, d3, transpose_a=True)  # [rows, K c_in, c_out]
 
             def filter_order(t):
