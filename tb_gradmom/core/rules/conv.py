@@ -534,11 +534,11 @@ def conv_contribution(
     # static and that is below materialising g_j by one batched matmul (2 Q K c_in c_out); the
     # filter's sum is then one matmul of every example's rows, U^T D. With few input channels
     # the slices are taken channels-first ([rows, c_in, K, Q]: long contiguous rows instead
-    # of c_in floats at a time; 3C3D's first layer, 3 channels: 4.0 against 5.7 ms, TF's
-    # batch filter gradient 3.2, per-example Conv2DBackpropFilter 7.4). Either way no
-    # separate filter gradient runs. On 3C3D (b64) against TF's per-example filter gradients
-    # (`native_gradients`): 5x5x3->64 on 32x32 3.98 against 7.44 ms, 3x3x64->96 on 14x14
-    # (materialised) 7.8 against 18.2, 3x3x96->128 on 6x6 (Gram) 4.2 against 18.0.
+    # of c_in floats at a time). Either way no separate filter gradient runs. On 3C3D (b64),
+    # one interleaved run (ms): 5x5x3->64 on 32x32 (channels-first) 11.1 against 16.7 for
+    # TF's per-example filter gradients (`native_gradients`), 3x3x64->96 on 14x14
+    # (materialised) 18.0 against 26.6, 3x3x96->128 on 6x6 (Gram) 9.7 against 27.8; TF's
+    # batch filter gradients 9.6, 11.6, 6.9 (benchmarks/README.md, bench_norms).
     def norms_form() -> str:
         if FORCE_NORMS_FORM is not None:
             forced = FORCE_NORMS_FORM
