@@ -173,9 +173,9 @@ def test_grads_are_those_of_tf_gradients(case_id, reduction, monkeypatch):
         grads, _ = gradmom.per_example_norms(loss, variables, loss_scale=4.0)
         return grads, tf.gradients(loss, variables)
 
-    for native in (True, False):
-        if not native:
-            monkeypatch.setattr(conv, "_NATIVE_MAX_EXAMPLES", 0)
+    # the form chosen by FLOPs, then each form forced (grouped filters: native or products)
+    for form in (None, "ghost", "unfolded", "native", "products"):
+        monkeypatch.setattr(conv, "FORCE_NORMS_FORM", form)
         ours, tfs = tf.function(step)(tf.constant(x), tf.constant(y))
         for v, a, b in zip(variables, ours, tfs):
             a, b = np.asarray(a), np.asarray(b)
