@@ -26,7 +26,13 @@ a summary writer in a temporary directory (event files, statistics and scalars i
 
 - moments-log: ``summary.moments(loss, vars)`` (``mode="moments"``: maps, histograms, sums);
 - norms-log:   ``summary.moments(loss, vars, mode="norms")`` (the statistics' sums from the
-  per-example squared norms and the batch gradient; no maps).
+  per-example squared norms and the batch gradient; no maps);
+- norms-log-fromwork: the same with ``exact_gradients=False`` (the convolution kernels'
+  gradients from the per-example filter gradients the norms build, not TensorFlow's own).
+
+``--conv-forms ghost,unfolded,native`` adds norms steps with every convolution's norms forced
+to that form (``norms[native]``: TensorFlow's per-example filter gradients, the form before the
+unfolded ones), side by side with the default choice.
 
 Models "resnet50", "bert" and "gpt2" are `bench_zoo.py`'s (`bench_zoo.build`, its default
 batch and size); for them only plain, moments-log and norms-log are timed. ``--coupled rules``
@@ -57,6 +63,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import bench_core  # noqa: E402
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tb_gradmom as gradmom  # noqa: E402
@@ -68,7 +75,13 @@ PER_ROUND = {"mlp": 20, "3c3d": 5, "transformer": 5, "resnet50": 3, "bert": 3, "
 PER_ROUND_QUICK = {"mlp": 8, "3c3d": 2, "transformer": 2, "resnet50": 1, "bert": 1, "gpt2": 1}
 
 
-def make_steps(model, logged: bool = False, core: bool = True, coupled: str = "exact") -> dict:
+def make_steps(
+    model,
+    logged: bool = False,
+    core: bool = True,
+    coupled: str = "exact",
+    conv_forms: tuple[str, ...] = (),
+) -> dict:
     variables = list(model.trainable_variables)
 
     def update(grads):
@@ -102,20 +115,44 @@ def make_steps(model, logged: bool = False, core: bool = True, coupled: str = "e
     steps = {"plain": plain}
     if core:
         steps.update(moments=moments, norms=norms)
+        for form in conv_forms:
+            steps[f"norms[{form}]"] = _forced(form, make_steps(model, core=True)["norms"])
     if logged:
-        for mode in ("moments", "norms"):
+        for key, mode, exact in (
+            ("moments-log", "moments", True),
+            ("norms-log", "norms", True),
+            ("norms-log-fromwork", "norms", False),
+        ):
             writer = tf.summary.create_file_writer(tempfile.mkdtemp(prefix=f"bench_{mode}_"))
 
             @tf.function(jit_compile=False)
-            def log_step(x, y, mode=mode, writer=writer):
+            def log_step(x, y, mode=mode, writer=writer, exact=exact):
                 loss = loss_of(x, y)
                 with writer.as_default(step=0), tf.summary.record_if(True):
-                    grads = gradmom.summary.moments(loss, variables, mode=mode, coupled=coupled)
+                    grads = gradmom.summary.moments(
+                        loss, variables, mode=mode, coupled=coupled, exact_gradients=exact
+                    )
                 update(grads)
                 return loss
 
-            steps[f"{mode}-log"] = log_step
+            steps[key] = log_step
     return steps
+
+
+def _forced(form: str, step):
+    """``step`` traced and run with the convolutions' norms in ``form`` (`conv.FORCE_NORMS_FORM`:
+    "ghost", "unfolded", "native", "products"), for a before/after in one process."""
+    from tb_gradmom.core.rules import conv
+
+    def call(x, y):
+        before = conv.FORCE_NORMS_FORM
+        conv.FORCE_NORMS_FORM = form
+        try:
+            return step(x, y)
+        finally:
+            conv.FORCE_NORMS_FORM = before
+
+    return call
 
 
 def forms(model, x, y, batch: int) -> list[str]:
@@ -138,6 +175,8 @@ def forms(model, x, y, batch: int) -> list[str]:
             else:
                 site = v.sites[0][0]
                 form = f"{site.op.type} norms form"
+                if site.op.type in ("Conv2D", "Conv3D") and site.index == 1:
+                    form += f" ({_conv_form(site)})"
                 if site.op.type in ("MatMul", "BatchMatMulV2") and site.view.shape.rank == 2:
                     t = _positions(site, batch)
                     if t is not None and t > 1:
@@ -151,6 +190,22 @@ def forms(model, x, y, batch: int) -> list[str]:
     return out
 
 
+def _conv_form(site) -> str:
+    """A one-group convolution's norms form (`conv._norms_form`), with its sizes."""
+    from tb_gradmom.core.rules import conv
+
+    kshape = site.view.shape.as_list()
+    x = site.op.inputs[0]
+    if x.shape[-1] != kshape[-2]:
+        return "grouped"
+    out = site.op.outputs[0].shape[1:-1]
+    q = None if any(s is None for s in out) else int(np.prod(out))
+    k_in = int(np.prod(kshape[:-1]))
+    form = conv._norms_form(q, k_in, kshape[-1])
+    name = "Gram" if form == "ghost" else "materialised, one batched matmul"
+    return f"Q={q}, K c_in={k_in}, c_out={kshape[-1]}: {name}"
+
+
 def _positions(site, batch: int) -> int | None:
     """Positions per example of the Dense input ``site`` reads (1 for rows), if static."""
     x = site.op.inputs[1 - site.index]
@@ -160,7 +215,14 @@ def _positions(site, batch: int) -> int | None:
     return x.shape.num_elements() // (batch * d_in)
 
 
-def run(name: str, rounds: int, quick: bool, logged: bool = False, coupled: str = "exact") -> dict:
+def run(
+    name: str,
+    rounds: int,
+    quick: bool,
+    logged: bool = False,
+    coupled: str = "exact",
+    conv_forms: tuple[str, ...] = (),
+) -> dict:
     zoo = name in ZOO
     if zoo:
         import bench_zoo
@@ -171,7 +233,9 @@ def run(name: str, rounds: int, quick: bool, logged: bool = False, coupled: str 
         model = bench_core.build_model(name)
         x, y = bench_core.make_data(name)
         batch = bench_core.MODELS[name][0]
-    steps = make_steps(model, logged=logged or zoo, core=not zoo, coupled=coupled)
+    steps = make_steps(
+        model, logged=logged or zoo, core=not zoo, coupled=coupled, conv_forms=conv_forms
+    )
     per = (PER_ROUND_QUICK if quick else PER_ROUND)[name]
     times = bench_core.time_interleaved(steps, x, y, rounds, dict.fromkeys(steps, per))
     per_round = {k: [statistics.median(r) for r in v] for k, v in times.items()}
@@ -190,6 +254,8 @@ def run(name: str, rounds: int, quick: bool, logged: bool = False, coupled: str 
         "norms-log/plain": ratio("norms-log", "plain"),
         "moments-log/plain": ratio("moments-log", "plain"),
         "norms-log/moments-log": ratio("norms-log", "moments-log"),
+        "norms-log-fromwork/plain": ratio("norms-log-fromwork", "plain"),
+        **{f"norms[{f}]/plain": ratio(f"norms[{f}]", "plain") for f in conv_forms},
         "forms": [] if zoo else forms(model, x, y, batch),
     }
 
@@ -311,6 +377,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--replicas-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
+        "--conv-forms",
+        default="",
+        help="also time the norms step with every convolution's norms forced to these forms "
+        "(comma-separated: ghost, unfolded, native, products), side by side",
+    )
+    parser.add_argument(
         "--coupled",
         default="exact",
         choices=("exact", "rules"),
@@ -347,7 +419,8 @@ def main(argv=None) -> int:
         f"{'moments-log/plain':>18}"
     )
     for name in args.models.split(","):
-        r = run(name, rounds, args.quick, args.logged, args.coupled)
+        conv_forms = tuple(f for f in args.conv_forms.split(",") if f)
+        r = run(name, rounds, args.quick, args.logged, args.coupled, conv_forms)
         results.append(r)
         print(
             f"{name:<12} {ms_cell(r, 'plain', 9)} {ms_cell(r, 'moments', 11)} "
@@ -357,6 +430,11 @@ def main(argv=None) -> int:
             f"{cell(r, 'norms-log/plain', 16)} {cell(r, 'moments-log/plain', 18)}",
             flush=True,
         )
+    for r in results:
+        for key, value in r.items():
+            if (key.startswith("norms[") or key.startswith("norms-log-")) and value is not None:
+                ms = r["ms"][key.split("/")[0]]
+                print(f"{r['model']:<12} {key:<24} {value:.2f} ({ms:.1f} ms)")
     if args.replicas:
         print(
             f"\n{'model':<12} {'plain ms':>9} {'replicas ms':>12} {'replicas-log ms':>16} "

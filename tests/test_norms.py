@@ -173,9 +173,9 @@ def test_grads_are_those_of_tf_gradients(case_id, reduction, monkeypatch):
         grads, _ = gradmom.per_example_norms(loss, variables, loss_scale=4.0)
         return grads, tf.gradients(loss, variables)
 
-    for native in (True, False):
-        if not native:
-            monkeypatch.setattr(conv, "_NATIVE_MAX_EXAMPLES", 0)
+    # the form chosen by FLOPs, then each form forced (grouped filters: native or products)
+    for form in (None, "ghost", "unfolded", "native", "products"):
+        monkeypatch.setattr(conv, "FORCE_NORMS_FORM", form)
         ours, tfs = tf.function(step)(tf.constant(x), tf.constant(y))
         for v, a, b in zip(variables, ours, tfs):
             a, b = np.asarray(a), np.asarray(b)
@@ -366,21 +366,59 @@ CONV_CASES = [
 ]
 
 
+CONV_PATHS = [
+    "default",
+    "ghost",
+    "unfolded-channels-first",
+    "unfolded-channels-last",
+    "native",
+    "products-1",
+    "products-2",
+    "products-all",
+]
+
+
 @pytest.mark.parametrize("case_id", CONV_CASES)
-@pytest.mark.parametrize("path", ["native", "products-1", "products-2", "products-all"])
+@pytest.mark.parametrize("path", CONV_PATHS)
 def test_conv_paths(case_id, path, monkeypatch):
-    """A convolution's norms by TensorFlow's per-example filter gradients (`native`) or by
+    """A convolution's norms by the form chosen per layer (`default`), the Gram form of the
+    unfolded input (`ghost`), its per-example gradients by one batched matmul of the unfolded
+    input (channels first or last), TensorFlow's per-example filter gradients (`native`) or
     products of 1, 2 or all kernel offsets, with a penalty (the shift split by the blocks)."""
     from tb_gradmom.core.rules import conv
 
-    if path != "native":
+    if path == "ghost":
+        monkeypatch.setattr(conv, "FORCE_NORMS_FORM", "ghost")
+    elif path.startswith("unfolded"):
+        monkeypatch.setattr(conv, "FORCE_NORMS_FORM", "unfolded")
+        first = path.endswith("first")
+        monkeypatch.setattr(conv, "_CHANNELS_FIRST_MAX", 1 << 20 if first else 0)
+    elif path == "native":
+        monkeypatch.setattr(conv, "FORCE_NORMS_FORM", "native")
+    elif path != "default":
         per = {"products-1": 1, "products-2": 2, "products-all": 100}[path]
+        monkeypatch.setattr(conv, "FORCE_NORMS_FORM", "products")
         monkeypatch.setattr(conv, "_NATIVE_MAX_EXAMPLES", 0)
         monkeypatch.setattr(conv, "_offsets_per_product", lambda n_off, *_: min(per, n_off))
     variables, norms, want = _penalised(case_id, "mean")
     floor = max(float(np.max(w)) for w in want)
     for v, got, w in zip(variables, norms, want):
         _assert_norms(got, w, f"{case_id} {path} {variable_name(v)}", TOL, floor)
+
+
+@pytest.mark.parametrize(
+    "positions, k_in, c_out, form",
+    [
+        (36, 864, 128, "ghost"),  # 3C3D's third layer: 36 * 992 < 110592
+        (144, 576, 96, "unfolded"),  # its second: 144 * 672 > 55296
+        (784, 75, 64, "unfolded"),
+        (None, 864, 128, "unfolded"),  # positions unknown at trace time
+    ],
+)
+def test_conv_norms_form_by_flops(positions, k_in, c_out, form):
+    from tb_gradmom.core.rules import conv
+
+    assert conv._norms_form(positions, k_in, c_out) == form
 
 
 @pytest.mark.parametrize(
@@ -412,3 +450,133 @@ def test_single_site_variables_take_their_rules_norms(case_id, monkeypatch):
     floor = max(float(np.max(w)) for w in want)
     for v, g, w in zip(variables, got, want):
         _assert_norms(g, w, f"{case_id} {variable_name(v)}", TOL, floor)
+
+
+def _conv_model(dtype="float64"):
+    import keras
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential(
+        [
+            keras.Input((9, 9, 3), dtype=dtype),
+            keras.layers.Conv2D(4, 3, strides=2, padding="same", name="c1", dtype=dtype),
+            keras.layers.DepthwiseConv2D(3, padding="valid", name="dw", dtype=dtype),
+            keras.layers.Conv2D(6, 1, name="pw", dtype=dtype),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3, name="out", dtype=dtype),
+        ]
+    )
+    rng = np.random.default_rng(4)
+    x = tf.constant(rng.normal(size=(6, 9, 9, 3)), dtype)
+    y = tf.constant(rng.integers(0, 3, size=6))
+    return model, x, y
+
+
+def _top_level_ops(fn, *args) -> list[str]:
+    """The op types that ``fn``'s outputs need (its graph, without those inside ``tf.cond``
+    branches; TensorFlow's Conv2D gradient builds its filter gradient beside the input gradient
+    even when nothing reads it, and the function's run prunes it)."""
+    graph = fn.get_concrete_function(*args).graph
+    seen: set[str] = set()
+    todo = [t.op for t in graph.outputs] + list(graph.control_outputs)
+    while todo:
+        op = todo.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        todo.extend(t.op for t in op.inputs)
+        todo.extend(op.control_inputs)
+    return [graph.get_operation_by_name(name).type for name in seen]
+
+
+@pytest.mark.parametrize("penalty", [0.0, 0.3])
+def test_norms_mode_takes_conv_gradients_from_the_norms_work(penalty):
+    """``compute_logged(mode="norms", exact_gradients=False)``: the kernels' gradients from the
+    per-example filter gradients the norms build (no Conv2DBackpropFilter in the step), equal
+    to tf.gradients to 1e-12 in float64, and the logged sums equal to those of
+    ``exact_gradients=True``."""
+    from tb_gradmom.core import moments as core_moments
+    from tb_gradmom.core import plan as core_plan
+    from tests.cases import sparse_ce
+
+    model, x, y = _conv_model()
+    variables = model.trainable_variables
+
+    def make(exact):
+        @tf.function
+        def step(x, y):
+            loss = tf.reduce_mean(sparse_ce(model(x), y))
+            loss += penalty * tf.add_n([tf.reduce_sum(tf.square(v)) for v in variables])
+            want = tf.gradients(loss, variables)
+            plan = core_plan.make_plan(loss, variables, core_plan.Options.check((1,)))
+            computed = core_moments.compute_logged(plan, mode="norms", exact_gradients=exact)
+            sums = [
+                tf.stack([s[k] for k in ("sum_m2", "sum_var", "sum_m2_raw")])
+                for s in computed.logged.sums
+            ]
+            return want, computed.grads, sums
+
+        return step
+
+    results = {}
+    for exact in (True, False):
+        step = make(exact)
+        filters = _top_level_ops(step, x, y).count("Conv2DBackpropFilter")
+        # the reference's tf.gradients (2: the 3x3 and 1x1 Conv2D kernels; the depthwise
+        # filter keeps its own gradient op), and as many more in the exact step
+        assert filters == (4 if exact else 2), (exact, filters)
+        want, got, sums = step(x, y)
+        for w, g, v in zip(want, got, variables):
+            w, g = w.numpy(), g.numpy()
+            err = np.max(np.abs(g - w))
+            assert err <= 1e-12 * np.max(np.abs(w)), f"{v.path} exact={exact}: {err:.3g}"
+        results[exact] = np.array([s.numpy() for s in sums])
+    np.testing.assert_allclose(results[False], results[True], rtol=1e-12, atol=0)
+
+
+def test_norms_mode_summary_exact_gradients_false_on_logged_and_skipped_steps(tmp_path):
+    """``summary.moments(mode="norms", exact_gradients=False)`` in a step logged or not (a
+    ``tf.cond``): the gradients equal tf.gradients on both sides; TensorFlow's filter gradient
+    runs only in the branch that does not log; the written stats equal the exact run's."""
+    from tests.cases import sparse_ce
+
+    model, x, y = _conv_model()
+    variables = model.trainable_variables
+    logs = {}
+
+    def make(exact):
+        writer = tf.summary.create_file_writer(str(tmp_path / f"exact{exact}"))
+        logs[exact] = (writer, tmp_path / f"exact{exact}")
+
+        @tf.function
+        def step(x, y, record):
+            loss = tf.reduce_mean(sparse_ce(model(x), y))
+            want = tf.gradients(loss, variables)
+            with writer.as_default(step=1), tf.summary.record_if(record):
+                got = gradmom.summary.moments(loss, variables, mode="norms", exact_gradients=exact)
+            return want, got
+
+        return step
+
+    for exact in (True, False):
+        step = make(exact)
+        ops = _top_level_ops(step, x, y, tf.constant(True))
+        # the reference's tf.gradients, and the exact step's own
+        assert ops.count("Conv2DBackpropFilter") == (4 if exact else 2), exact
+        for record in (False, True):
+            want, got = step(x, y, tf.constant(record))
+            for w, g, v in zip(want, got, variables):
+                w, g = w.numpy(), g.numpy()
+                err = np.max(np.abs(g - w))
+                assert err <= 1e-12 * np.max(np.abs(w)), f"{v.path} {exact} {record}: {err:.3g}"
+        logs[exact][0].close()
+    runs = {e: gradmom.data.load(str(logs[e][1]))["."] for e in logs}
+    a, b = runs[True], runs[False]
+    assert set(a) == set(b) and "_model" in a
+    for tag in a:
+        (ra,), (rb,) = a[tag], b[tag]
+        for key in ("sum_m2", "sum_var", "sum_m2_raw"):
+            # float32 on disk: equal, or neighbours where float64 values straddle a rounding
+            np.testing.assert_allclose(
+                rb.stats[key], ra.stats[key], rtol=2.0**-22, err_msg=f"{tag} {key}"
+            )

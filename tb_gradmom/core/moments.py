@@ -1130,7 +1130,15 @@ def compute_logged(
         from tb_gradmom.core import norms as _norms
 
         return _norms.compute_sums_logged(
-            plan, indices, gate=gate, record=record, write=write, norms=norms, ids=ids, mode=mode
+            plan,
+            indices,
+            gate=gate,
+            record=record,
+            write=write,
+            norms=norms,
+            ids=ids,
+            mode=mode,
+            exact_gradients=exact_gradients,
         )
     orders = plan.options.orders
     extras = _Extras(norms, ids)

@@ -158,8 +158,9 @@ def moments(
       exact_gradients: True (default): the returned gradients are TensorFlow's own, the ones
         ``tf.gradients``/``tf.GradientTape`` give, bit for bit, on every step, so training is
         unchanged. False: on logged steps a convolution kernel's gradient is the order-1 sum
-        of the per-example work the moments already do (no separate filter gradient; equal to
-        TensorFlow's up to float rounding).
+        of the per-example work the moments (``mode="norms"``: the per-example norms) already
+        do (no separate filter gradient; equal to TensorFlow's up to float rounding). Not
+        under ``tf.distribute`` in the norms and replicas modes.
       coupled: ``"exact"`` or ``"rules"``, for variables used before an op that couples the
         examples (a training-mode batch normalisation): see `gradients_and_moments`.
       map_dtype: ``"auto"`` (default): pooled maps as float16 (``M_1`` and the variance, each
