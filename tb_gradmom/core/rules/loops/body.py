@@ -516,11 +516,9 @@ def _matmul_use(c, i, view_shape, positions, loop, what) -> Use:
     z = c.outputs[0]
     if _pure_axis(sub, z, f"the output of {what}") != z_axis:
         raise RuleError(f"the examples' axis of the output of {what} is not its rows")
-    tap = _tap_of(z, loop)
-    t_axis = _pure_axis(sub, tap, "a tapped tensor")
     return Use(
         kind="matmul",
-        tap=Tap(tap.name, tap.dtype, _dims(tap, t_axis, "a tapped tensor"), t_axis),
+        tap=_tapped(z, loop),
         shape=view_shape,
         positions=positions,
         record=Record(other.name, other.dtype, _dims(other, a_axis, "an operand"), a_axis),
@@ -528,10 +526,17 @@ def _matmul_use(c, i, view_shape, positions, loop, what) -> Use:
     )
 
 
+def _tapped(z, loop) -> Tap:
+    """The tap of ``z``, the output of a use inside the loop, with its examples' axis."""
+    tap = _tap_of(z, loop)
+    t_axis = _pure_axis(loop.sub, tap, "a tapped tensor")
+    return Tap(tap.name, tap.dtype, _dims(tap, t_axis, "a tapped tensor"), t_axis)
+
+
 def _conv_use(c, i, view_shape, positions, loop, what) -> Use:
-    sub = loop.sub
     """A convolution ``z_t = conv(x_t, F)`` with ``F`` (a view of) the variable: example ``j``'s
     gradient is ``sum_t`` of the conv rule's filter gradient of ``(x_{t,j}, delta_{t,j})``."""
+    sub = loop.sub
     if i != 1:
         raise RuleError(f"the variable is the input of {what}, not its filter")
     spec = conv_spec(c, tf.TensorShape(view_shape))
@@ -540,11 +545,9 @@ def _conv_use(c, i, view_shape, positions, loop, what) -> Use:
         raise RuleError(f"the examples are not on the batch axis of the input of {what}")
     if _pure_axis(sub, z, f"the output of {what}") != 0:
         raise RuleError(f"the examples are not on the batch axis of the output of {what}")
-    tap = _tap_of(z, loop)
-    t_axis = _pure_axis(sub, tap, "a tapped tensor")
     return Use(
         kind="conv",
-        tap=Tap(tap.name, tap.dtype, _dims(tap, t_axis, "a tapped tensor"), t_axis),
+        tap=_tapped(z, loop),
         shape=view_shape,
         positions=positions,
         record=Record(x.name, x.dtype, _dims(x, 0, "an operand"), 0),
@@ -582,7 +585,7 @@ def _bias_use(c, i, view_shape, positions, loop, what) -> Use:
         raise RuleError("the tapped tensor moves the examples")
     return Use(
         kind="bias",
-        tap=Tap(tap.name, tap.dtype, _dims(tap, t_axis, "a tapped tensor"), t_axis),
+        tap=_tapped(z, loop),
         shape=view_shape,
         positions=positions,
         sign=-1.0 if (c.type == "Sub" and i == 1) else 1.0,
