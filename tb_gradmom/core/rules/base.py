@@ -223,6 +223,14 @@ class Contribution:
         (used to choose a chunk size).
       power_sums: optional fast path returning ``{p: sum_j g_j ** p}`` without materialising
         per-example gradients (used when the variable has this site only).
+
+    Only the first four are required: with them alone the core computes the moments and the
+    per-example norms by materialising ``per_example`` in chunks. The optional members (below,
+    each typed by its Protocol) are faster exact forms and what the core may ask of them: the
+    power sums, the norms (`NormsFn`, `NormsAndSumFn`), the gradient from the sums
+    (``gradient_from_sums``) and TensorFlow's own gradient (`PlainGradientFn`). A contribution
+    chained back through a derived parameter (`tb_gradmom.core.rules.derived`) keeps only what
+    holds for the variable (its gradient is not the consumed tensor's).
     """
 
     examples: tf.Tensor | int
