@@ -586,10 +586,12 @@ def run_backward(
     are gated (``tf.cond``).
 
     `defer`: variable indices (gated moments) whose gradient may come from the same sums: those
-    of them that `fused` would take from their sums and whose op is a convolution get no
-    gradient here (None in ``grads``, listed in ``deferred``); the caller takes it inside its
-    ``tf.cond``, with `Backward.from_sums` where it logs (no separate filter gradient) and
-    `Backward.plain_grads` (TF's own filter gradient) where it does not.
+    of them that `fused` would take from their sums and whose rule gives TF's own gradient too
+    (`Contribution.plain_gradient`: a convolution's filter; under XLA
+    ``xla_gradient_from_sums``: a function call) get no gradient here (None in ``grads``,
+    listed in ``deferred``); the caller takes it inside its ``tf.cond``, with
+    `Backward.from_sums` where it logs (no separate filter gradient) and `Backward.plain_grads`
+    (TF's own filter gradient) where it does not.
 
     The exact fallback's per-example gradients are taken here too, in the step's graph (a
     gradient cannot be taken inside a ``tf.cond`` branch); `gate`, a scalar bool tensor, makes
