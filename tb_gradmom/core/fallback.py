@@ -23,9 +23,9 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tb_gradmom._compat import tf_private
-from tb_gradmom.core import axes as _axes
 from tb_gradmom.core import graph as _graph
 from tb_gradmom.core.errors import UnsupportedOpError
+from tb_gradmom.core.rules import vectorisation_hazard
 from tb_gradmom.core.rules.base import power_sum
 
 __all__ = ["refuse_broken", "power_sums", "sq_norms", "DEFAULT_CHUNK"]
@@ -33,31 +33,11 @@ __all__ = ["refuse_broken", "power_sums", "sq_norms", "DEFAULT_CHUNK"]
 # Examples per vectorised chunk: each holds about `chunk` backward passes of the whole batch.
 DEFAULT_CHUNK = 32
 
+# Ops that run functions (loops, conds, calls): those the vectorisation creates get every input
+# gated (`_gate_function_ops`).
 _FUNCTION_OPS = frozenset(
     {"While", "StatelessWhile", "If", "StatelessIf", "PartitionedCall", "StatefulPartitionedCall"}
 )
-
-
-def _broken(op: tf.Operation, depth: int = 0) -> str | None:
-    """Why pfor must not vectorise the backward pass through ``op``, or None."""
-    if op.type in ("Conv2D", "Conv3D") and len(op.inputs) >= 2:
-        c_in, k_in = op.inputs[0].shape[-1], op.inputs[1].shape[-2]
-        if c_in is None or k_in is None or c_in != k_in:
-            return "a grouped convolution, whose filter gradient pfor vectorises wrongly"
-    if op.type in ("PartitionedCall", "StatefulPartitionedCall") and depth < 8:
-        try:
-            xla = op.get_attr("_XlaMustCompile")
-        except (ValueError, TypeError):
-            xla = False
-        body = _axes.function_graph(op)
-        if body is not None:
-            for inner in body.get_operations():
-                why = _broken(inner, depth + 1)
-                if why is not None:
-                    return why
-        elif xla:
-            return "an XLA-compiled function that gradmom cannot look into"
-    return None
 
 
 def refuse_broken(
@@ -67,8 +47,9 @@ def refuse_broken(
     on_path: set[tf.Operation],
 ) -> None:
     """Raise `UnsupportedOpError` when the fallback's backward pass for these variables would
-    cross an op that TensorFlow's vectorisation gets wrong (wrong numbers, no error): a
-    grouped convolution (Keras wraps them in an XLA-compiled function)."""
+    cross an op that TensorFlow's vectorisation gets wrong (wrong numbers, no error), as the
+    op's rule says (`tb_gradmom.core.rules.Rule.vectorisation_hazard`): a grouped convolution
+    (Keras wraps them in an XLA-compiled function)."""
     for v, name in zip(variables, names):
         handle = _graph.internal_handle(graph, v)
         if handle is None:
@@ -80,7 +61,7 @@ def refuse_broken(
             if op in seen:
                 continue
             seen.add(op)
-            why = _broken(op)
+            why = vectorisation_hazard(op)
             if why is not None:
                 raise UnsupportedOpError(
                     f"variable '{name}' has no exact rule and needs the exact fallback, but its "

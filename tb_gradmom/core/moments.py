@@ -31,7 +31,6 @@ from tb_gradmom.core.rules.base import (
     sum_over_chunks,
     times,
 )
-from tb_gradmom.core.rules.loops import LoopGrads
 from tb_gradmom.core.sites import VariablePlan
 
 __all__ = [
@@ -347,8 +346,8 @@ class Backward:
         with tf.name_scope(plan.scope.rstrip("/") + "_plain"), static_chunks(plan.xla):
             for i in self.deferred:
                 vplan = plan.variables[i]
-                site = vplan.sites[0][0]
-                if site.op.type not in _FILTER_GRADIENTS:  # a function call, under XLA
+                site, contribution = vplan.sites[0]
+                if contribution.plain_gradient is None:  # a function call, under XLA
                     m1 = _moments_of(
                         vplan,
                         None,
@@ -364,7 +363,7 @@ class Backward:
                     grads.append(_grad_from_sums(vplan, m1, plan))
                     continue
                 dz = self.out_grads[self.index[_site_outputs(site)[0].ref()]]
-                grad = _filter_grad(site.op, dz)
+                grad = contribution.plain_gradient(dz)
                 grad = reshape(tf.cast(grad, vplan.variable.dtype), vplan.variable.shape)
                 if i in self.shifts:  # the loss's example-free terms (a weight penalty)
                     r = self.shifts[i]
@@ -587,10 +586,12 @@ def run_backward(
     are gated (``tf.cond``).
 
     `defer`: variable indices (gated moments) whose gradient may come from the same sums: those
-    of them that `fused` would take from their sums and whose op is a convolution get no
-    gradient here (None in ``grads``, listed in ``deferred``); the caller takes it inside its
-    ``tf.cond``, with `Backward.from_sums` where it logs (no separate filter gradient) and
-    `Backward.plain_grads` (TF's own filter gradient) where it does not.
+    of them that `fused` would take from their sums and whose rule gives TF's own gradient too
+    (`Contribution.plain_gradient`: a convolution's filter; under XLA
+    ``xla_gradient_from_sums``: a function call) get no gradient here (None in ``grads``,
+    listed in ``deferred``); the caller takes it inside its ``tf.cond``, with
+    `Backward.from_sums` where it logs (no separate filter gradient) and `Backward.plain_grads`
+    (TF's own filter gradient) where it does not.
 
     The exact fallback's per-example gradients are taken here too, in the step's graph (a
     gradient cannot be taken inside a ``tf.cond`` branch); `gate`, a scalar bool tensor, makes
@@ -604,6 +605,7 @@ def run_backward(
     variables = [p.variable for p in plans]
     with tf.name_scope(plan.scope), static_chunks(plan.xla):
         outputs: list[tf.Tensor] = []
+        targets: list[tf.Tensor] = []  # what tf.gradients differentiates for each output
         index: dict[Any, int] = {}  # output.ref() -> its position in `outputs`
         for vplan in plans:
             for site, _ in vplan.sites:
@@ -612,6 +614,7 @@ def run_backward(
                     if key not in index:
                         index[key] = len(outputs)
                         outputs.append(out)
+                        targets.append(_target(site, out) if plan.xla else out)
         fused_ids: set[int] = set()
         allowed = set(range(len(plans))) if fused else set(defer)
         if not fused:  # deferred: only where `Backward.plain_grads` has TF's own gradient
@@ -620,13 +623,10 @@ def run_backward(
                 for i in allowed
                 if len(plans[i].sites) == 1
                 and (
-                    (
-                        plans[i].sites[0][0].op.type in _FILTER_GRADIENTS
-                        and plans[i].sites[0][0].index == 1
-                    )
-                    # under XLA a function call's gradient does not compile (`_past_call`):
+                    plans[i].sites[0][1].plain_gradient is not None
+                    # under XLA a function call's gradient does not compile (`Rule.xla_target`):
                     # `plain_grads` takes it from the rule's order-1 sums
-                    or (plan.xla and plans[i].sites[0][0].op.type in _CALL_OPS)
+                    or (plan.xla and plans[i].sites[0][1].xla_gradient_from_sums)
                 )
             }
         if allowed and any(p > 1 for p in options.orders) and plan.replica is None:
@@ -638,7 +638,6 @@ def run_backward(
         fused_ids |= set(from_work)
         asked = [v for i, v in enumerate(variables) if i not in fused_ids]
         free = [f.value for f in plan.form.free] if plan.free_ids else []
-        targets = [_past_call(out) for out in outputs] if plan.xla else outputs
         all_grads = tf.gradients(plan.loss, asked + targets + free)
         rest = iter(all_grads[: len(asked)])
         grads = [None if i in fused_ids else next(rest) for i in range(len(variables))]
@@ -710,58 +709,13 @@ def _free_gradients(
     return out
 
 
-_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
-
-
-def _past_call(out: tf.Tensor) -> tf.Tensor:
-    """``out`` itself, or for the output of a function call (Keras' grouped convolution) an
-    identity of it that its consumers read instead (rewired in place, the same values).
-
-    ``tf.gradients`` with respect to a call's output builds the call's ``SymbolicGradient``
-    even though nothing uses it (TensorFlow's gradients_util differentiates every function call
-    it reaches, its ``stop_ops`` notwithstanding). Outside XLA the unused op is pruned; XLA
-    compiles the function whole and has no ``SymbolicGradient`` of a call that reads a
-    variable, so the step would not compile. Past the identity, the call is not reached."""
-    if out.op.type not in _CALL_OPS:
+def _target(site: Site, out: tf.Tensor) -> tf.Tensor:
+    """Under XLA, the tensor ``tf.gradients`` differentiates for the site's output ``out``: its
+    rule's `Rule.xla_target` (a function call's output: past an identity), else ``out``."""
+    rule = site.rule
+    if rule is None or rule.xla_target is None:
         return out
-    from tb_gradmom._compat import tf_private
-
-    consumers = [(c, i) for c in out.consumers() for i, x in enumerate(c.inputs) if x is out]
-    with tf.control_dependencies(None):
-        past = tf.identity(out, name="gradmom_past_call")
-    for c, i in consumers:
-        tf_private.update_input(c, i, past)
-    return past
-
-
-# The filter gradients TensorFlow registers for these ops (its nn_grad), for `plain_grads`: a
-# variable is deferred only when its site is one of them, at the filter input (index 1). Per op:
-# the raw gradient op and the attributes it takes from the forward op.
-_FILTER_GRADIENTS = {
-    "Conv2D": (
-        tf.raw_ops.Conv2DBackpropFilter,
-        ("strides", "use_cudnn_on_gpu", "padding", "explicit_paddings", "data_format", "dilations"),
-    ),
-    "DepthwiseConv2dNative": (
-        tf.raw_ops.DepthwiseConv2dNativeBackpropFilter,
-        ("strides", "padding", "explicit_paddings", "data_format", "dilations"),
-    ),
-    "Conv3D": (
-        tf.raw_ops.Conv3DBackpropFilterV2,
-        ("strides", "padding", "data_format", "dilations"),
-    ),
-}
-
-
-def _filter_grad(op: tf.Operation, dz: tf.Tensor) -> tf.Tensor:
-    """TensorFlow's filter gradient of the convolution ``op`` from its output gradient ``dz``."""
-    raw, attrs = _FILTER_GRADIENTS[op.type]
-    return raw(
-        input=op.inputs[0],
-        filter_sizes=tf.shape(op.inputs[1]),
-        out_backprop=dz,
-        **{a: op.get_attr(a) for a in attrs},
-    )
+    return rule.xla_target(out)
 
 
 def _grad_from_sums(vplan: VariablePlan, m1: tf.Tensor, plan: Plan) -> tf.Tensor:
@@ -944,11 +898,16 @@ def site_deltas(
     dtype times ``factor`` and ``inv_scale`` (a loop's site: its `LoopGrads`)."""
     if inv_scale is not None:
         factor = tf.cast(inv_scale, plan.dtype) * factor
-    deltas: list[Any] = []  # output gradients, or a loop's LoopGrads
+    deltas: list[Any] = []  # output gradients, or a rule's seed of several (a loop's LoopGrads)
     for site, _ in plan.sites:
-        if isinstance(site.output, tuple):  # a loop: its rule seeds a copy with these
+        if isinstance(site.output, tuple):  # several outputs (a loop): the rule's seed
+            if site.rule is None or site.rule.seed is None:
+                raise TypeError(
+                    f"the site of {site.op.type} op '{site.op.name}' has several outputs but "
+                    "its rule has no seed (Rule.outputs and Rule.seed go together)"
+                )
             grads = tuple(out_grads[index[t.ref()]] for t in site.output)
-            deltas.append(LoopGrads(grads, factor))
+            deltas.append(site.rule.seed(grads, factor))
             continue
         g_out = out_grads[index[site.output.ref()]]
         if g_out is None:

@@ -505,17 +505,16 @@ def compute_sums_logged(
 
 def _deferrable(plan: _plan.Plan, indices: Sequence[int]) -> list[int]:
     """The variables at ``indices`` whose gradient the norms' work can give and TensorFlow's own
-    filter gradient can replace where nothing is logged (`Backward.plain_grads`): a convolution
-    filter with one site whose rule has `Contribution.sq_norms_and_sum`."""
-    from tb_gradmom.core.moments import _FILTER_GRADIENTS
-
+    filter gradient can replace where nothing is logged (`Backward.plain_grads`): a variable with
+    one site whose contribution has both `Contribution.sq_norms_and_sum` and
+    `Contribution.plain_gradient` (a convolution's filter)."""
     out = []
     for i in indices:
         sites = plan.variables[i].sites
-        if len(sites) != 1 or sites[0][1].sq_norms_and_sum is None:
+        if len(sites) != 1:
             continue
-        site = sites[0][0]
-        if site.op.type in _FILTER_GRADIENTS and site.index == 1:
+        contribution = sites[0][1]
+        if contribution.sq_norms_and_sum is not None and contribution.plain_gradient is not None:
             out.append(i)
     return sorted(out)
 

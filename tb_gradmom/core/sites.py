@@ -27,7 +27,6 @@ from tb_gradmom.core.rules.derived import (
     local_factor,
     region_contribution,
 )
-from tb_gradmom.core.rules.loops import LOOP_OPS, loop_outputs
 from tb_gradmom.core.rules.masked import masked_vjp_rule
 
 __all__ = ["VariablePlan", "plan_variable", "moment_dtype"]
@@ -125,57 +124,12 @@ _MAX_DERIVED_DEPTH = 12
 # large graph of their own; the fallback handles it).
 _MAX_REGION_OPS = 4096
 
-# Convolutions whose batch axis the conv rule takes as the examples (after SpaceToBatchND, the
-# blocks of a dilated convolution).
-_CONV_OPS = frozenset(
-    {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv3DBackpropInputV2"}
-)
 
-
-def _check_conv_batch(op, ex) -> str | None:
-    """Why the conv rule must not fire at ``op`` (its batch axis not proven to be the
-    examples, alone or as SpaceToBatchND's blocks x examples), or None."""
-    data = op.inputs[2] if op.type in ("Conv2DBackpropInput", "Conv3DBackpropInputV2") else None
-    if data is None:
-        data = op.inputs[0]
-    src = data
-    while src.op.type in ("ExpandDims", "Identity"):
-        src = src.op.inputs[0]
-    if src.op.type == "SpaceToBatchND":
-        src = src.op.inputs[0]
-    st = ex.of(src)
-    if isinstance(st, _axes.Axis) and st.axis == 0 and st.pure:  # of any batch (a union too)
-        return None
-    why = f" (stopped at {ex.why(src)})" if st == _axes.UNKNOWN else ""
-    return (
-        f"the batch axis of '{src.name}', the input of {op.type} op '{op.name}', is not proven "
-        f"to hold the examples alone: {_axes.describe(st)}{why}"
-    )
-
-
-_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
-
-
-def _check_call_batch(op, ex, index: int) -> str | None:
-    """A call wrapping a convolution: its data inputs and output hold the examples on axis 0
-    (but the filter, input ``index``: a kernel computed from the variable holds none)."""
-    for i, t in enumerate([*op.inputs, *op.outputs]):
-        if t.dtype == tf.resource or i == index:
-            continue
-        st = ex.of(t)
-        if not (isinstance(st, _axes.Axis) and st.axis == 0 and st.pure):
-            why = f" (stopped at {ex.why(t)})" if st == _axes.UNKNOWN else ""
-            return (
-                f"'{t.name}' of {op.type} op '{op.name}' is not proven to hold the examples "
-                f"on its batch axis alone: {_axes.describe(st)}{why}"
-            )
-    return None
-
-
-# Element-wise ops whose rule (`bias_rule`) broadcasts the parameter itself.
-
-
-_BROADCASTING = frozenset({"AddV2", "Add", "Sub", "Mul", "BiasAdd"})
+def _broadcasts(op_type: str) -> bool:
+    """Whether ``op_type``'s rule covers a parameter that the op broadcasts itself
+    (`Rule.broadcasts`: an add or a multiply)."""
+    rule = REGISTRY.get(op_type)
+    return rule is not None and rule.broadcasts
 
 
 def _broadcast_through(raw, op, on_path):
@@ -192,7 +146,7 @@ def _broadcast_through(raw, op, on_path):
         if mult is None or any(int(m) != 1 and p.shape[i] != 1 for i, m in enumerate(mult)):
             return None
     consumers = _graph.consumers_past_views(out, on_path, raw.read)
-    if not consumers or any(c.op.type not in _BROADCASTING for c in consumers):
+    if not consumers or any(not _broadcasts(c.op.type) for c in consumers):
         return None
     if any(c.view is not out for c in consumers):
         return None  # reshaped on the way: broadcasting would not line up
@@ -339,12 +293,8 @@ def _site_contributions(raw, name, dtype, var_shape, on_path, ex, depth):
         raise UnsupportedOpError(
             _unsupported_message(name, op, None), reason=f"{op.type} op '{op.name}' has no rule"
         )
-    if op.type in _CONV_OPS or op.type in _CALL_OPS:
-        why = (
-            _check_conv_batch(op, ex)
-            if op.type in _CONV_OPS
-            else _check_call_batch(op, ex, raw.index)
-        )
+    if rule.precheck is not None:
+        why = rule.precheck(op, raw.index, ex)
         if why is not None:
             raise UnsupportedOpError(
                 _unsupported_message(name, op, why), reason=f"{op.type} op '{op.name}': {why}"
@@ -368,14 +318,19 @@ def _refused(name, op, e: RuleError) -> UnsupportedOpError:
 
 
 def _make_site(raw, op, dtype, var_shape, ex, on_path=None) -> Site:
-    # A loop's site has a tuple of outputs: those the loss depends on (`rules.loops`).
-    loop = op.type in LOOP_OPS and on_path is not None
+    # A site whose rule needs several outputs (a loop's: those the loss depends on) has a
+    # tuple of them (`Rule.outputs`).
+    rule = REGISTRY.get(op.type)
+    output = op.outputs[0]
+    if rule is not None and rule.outputs is not None and on_path is not None:
+        output = rule.outputs(op, on_path)
     return Site(
         op=op,
         index=raw.index,
         view=raw.view,
-        output=loop_outputs(op, on_path) if loop else op.outputs[0],
+        output=output,
         dtype=dtype,
         var_shape=var_shape,
         axes=ex,
+        rule=rule,
     )

@@ -270,12 +270,12 @@ class Examples:
         if self._inherit_unknown(op):
             return [UNKNOWN] * len(outs)
         if any(isinstance(s, Padded) for s in states):
-            result = h_padded(self, op, states, registry.HANDLERS.get(ty))
+            result = h_padded(self, op, states, registry.handler(ty))
             return self._stopped(op, result if isinstance(result, list) else [result] * len(outs))
         data = [s for s in states if isinstance(s, Axis | Elements)]
         if not data:  # only FREE and REDUCED inputs: batch statistics stay batch statistics
             return [REDUCED] * len(outs)
-        handler = registry.HANDLERS.get(ty)
+        handler = registry.handler(ty)
         if handler is None:
             return [self._unknown(op)] * len(outs)
         result = handler(self, op, states)

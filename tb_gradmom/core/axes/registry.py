@@ -4,7 +4,8 @@ An op family shares one transfer function (`tb_gradmom.core.axes.handlers`), and
 by the named helper of its family, as JAX registers batching rules (``defvectorized``,
 ``defbroadcasting``): supporting a new element-wise op is one word in `defelementwise`'s list,
 and an op type registered twice is an error at import. Op types with no handler stop the proof
-(`UNKNOWN`, the op named).
+(`UNKNOWN`, the op named), unless the op's moment rule brings a handler of its own
+(`handler`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tb_gradmom.core.axes import handlers as h
 __all__ = [
     "HANDLERS",
     "Handler",
+    "handler",
     "is_free",
     "is_source",
     "defsource",
@@ -103,6 +105,19 @@ def defalongaxes(*op_types: str, axes_input: int) -> None:
 def definnermost(*op_types: str, k: int) -> None:
     """Ops on the ``k`` innermost axes (FFTs): the examples must be on an outer axis."""
     defop(op_types, h.innermost(k))
+
+
+def handler(op_type: str) -> Handler | None:
+    """The handler of ``op_type``: this table's, else the transfer function that the op's moment
+    rule brings (`tb_gradmom.core.rules.Rule.axes`, for an op this table does not know), else
+    None (the proof stops there)."""
+    found = HANDLERS.get(op_type)
+    if found is not None:
+        return found
+    from tb_gradmom.core.rules import REGISTRY  # here: the rules import this package
+
+    rule = REGISTRY.get(op_type)
+    return None if rule is None else rule.axes
 
 
 def is_free(op_type: str) -> bool:

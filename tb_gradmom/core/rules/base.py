@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
@@ -27,7 +27,18 @@ if TYPE_CHECKING:
 __all__ = [
     "Site",
     "Contribution",
+    "Rule",
     "RuleError",
+    "PerExampleFn",
+    "PowerSumsFn",
+    "PlainGradientFn",
+    "RuleFn",
+    "PrecheckFn",
+    "OutputsFn",
+    "SeedFn",
+    "TargetFn",
+    "HazardFn",
+    "AxesFn",
     "sum_over_chunks",
     "static_chunks",
     "static_chunks_only",
@@ -108,6 +119,9 @@ class Site:
       axes: the analysis of where the examples are (`tb_gradmom.core.axes.Examples`): a rule fires
         only where it proves the axis it treats as the examples, and raises `RuleError`
         otherwise.
+      rule: the `Rule` registered for ``op.type``, whose op-level hooks the core asks at
+        execution (a site of several outputs: its ``seed``; under XLA: its ``xla_target``);
+        None for an op no rule covers (a parameter into any op: the masked VJP).
     """
 
     op: tf.Operation
@@ -117,6 +131,7 @@ class Site:
     dtype: tf.DType
     var_shape: tf.TensorShape | None = None
     axes: Examples = field(kw_only=True)
+    rule: Rule | None = field(default=None, kw_only=True)
 
     def input(self, i: int) -> tf.Tensor:
         """The op's i-th input, cast to the moment dtype."""
@@ -138,12 +153,27 @@ class Site:
 # A Python int where it is static, else a scalar int tensor (the batch size, a chunk's start
 # and size).
 Count: TypeAlias = int | tf.Tensor
-# per_example(delta, n, start, size) -> [size, *view.shape] per-example gradients of `view`
-# (`delta`: the output gradient, or for a loop's site a `loops.LoopGrads`)
-PerExampleFn = Callable[[Any, Count, Count, Count], tf.Tensor]
-# power_sums(delta, n, orders, chunk) -> {p: sum_j g_j ** p}, shaped like `view`; `chunk`: the
-# most examples to process at once (None: all), for rules whose fast path materialises per example
-PowerSumsFn = Callable[[Any, Count, tuple[int, ...], int | None], dict[int, tf.Tensor]]
+
+
+class PerExampleFn(Protocol):
+    """``per_example(delta, n, start, size) -> [size, *view.shape]``: the per-example gradients
+    of the consumed tensor ``view`` for examples ``[start, start + size)``. ``delta``: the
+    unscaled output gradient (``n * dL/dz`` for a mean loss; for a rule whose `Rule.seed` is
+    set, what that seed made of the outputs' gradients, e.g. a loop's ``LoopGrads``), ``n``:
+    the batch size."""
+
+    def __call__(self, delta: Any, n: Count, start: Count, size: Count, /) -> tf.Tensor: ...
+
+
+class PowerSumsFn(Protocol):
+    """``power_sums(delta, n, orders, chunk) -> {p: sum_j g_j ** p}``, each shaped like
+    ``view``, without materialising every per-example gradient at once. ``chunk``: the most
+    examples to process at once (None: all), for rules whose fast path materialises per
+    example."""
+
+    def __call__(
+        self, delta: Any, n: Count, orders: tuple[int, ...], chunk: int | None, /
+    ) -> dict[int, tf.Tensor]: ...
 
 
 class NormsFn(Protocol):
@@ -169,6 +199,15 @@ class NormsAndSumFn(Protocol):
     ) -> tuple[tf.Tensor, tf.Tensor]: ...
 
 
+class PlainGradientFn(Protocol):
+    """``plain_gradient(dz) -> [*view.shape]``: the gradient of the consumed tensor as
+    ``tf.gradients`` gives it, from the op's output gradient ``dz`` as ``tf.gradients`` gives
+    that (scaled as the loss is), by the one op TensorFlow registers for it (a convolution's
+    ``Conv2DBackpropFilter``)."""
+
+    def __call__(self, dz: tf.Tensor, /) -> tf.Tensor: ...
+
+
 @dataclass(frozen=True)
 class Contribution:
     """A rule's answer for one site.
@@ -184,6 +223,14 @@ class Contribution:
         (used to choose a chunk size).
       power_sums: optional fast path returning ``{p: sum_j g_j ** p}`` without materialising
         per-example gradients (used when the variable has this site only).
+
+    Only the first four are required: with them alone the core computes the moments and the
+    per-example norms by materialising ``per_example`` in chunks. The optional members (below,
+    each typed by its Protocol) are faster exact forms and what the core may ask of them: the
+    power sums, the norms (`NormsFn`, `NormsAndSumFn`), the gradient from the sums
+    (``gradient_from_sums``) and TensorFlow's own gradient (`PlainGradientFn`). A contribution
+    chained back through a derived parameter (`tb_gradmom.core.rules.derived`) keeps only what
+    holds for the variable (its gradient is not the consumed tensor's).
     """
 
     examples: tf.Tensor | int
@@ -202,6 +249,123 @@ class Contribution:
     # Optional: `NormsAndSumFn`, the same norms and ``sum_j g_j`` from the same per-example
     # work (whose sum is the gradient, as with ``gradient_from_sums``).
     sq_norms_and_sum: NormsAndSumFn | None = None
+    # Optional: TensorFlow's own gradient of the consumed tensor from the output gradient
+    # (`PlainGradientFn`). A variable with this one site whose gradient comes from the power
+    # sums (``gradient_from_sums``) may then be deferred into a gated step's branches
+    # (`tb_gradmom.core.moments.run_backward`, ``defer``): from the sums where the moments are
+    # logged, by this op where they are not.
+    plain_gradient: PlainGradientFn | None = None
+    # Under XLA, ``tf.gradients`` must not be asked for the op's gradient (a function call:
+    # its ``SymbolicGradient`` does not compile, see `Rule.xla_target`): such a variable is
+    # deferred as above, its gradient from the order-1 power sums in both branches.
+    xla_gradient_from_sums: bool = False
+
+
+class RuleFn(Protocol):
+    """``rule(site) -> Contribution``, at trace time: the math for one site, or `RuleError`
+    where the op is used in a way the rule does not cover."""
+
+    def __call__(self, site: Site, /) -> Contribution: ...
+
+
+class PrecheckFn(Protocol):
+    """``precheck(op, index, axes) -> why``: None where the rule may look at ``op`` (its input
+    ``index`` carries the variable), else why not, from where the examples are (``axes``, the
+    `tb_gradmom.core.axes.Examples` of the step): the variable then takes the exact fallback
+    with that reason (`UnsupportedOpError` with ``fallback="error"``), and no other rule is
+    tried at the op."""
+
+    def __call__(self, op: tf.Operation, index: int, axes: Examples, /) -> str | None: ...
+
+
+class OutputsFn(Protocol):
+    """``outputs(op, on_path) -> (t, ...)``: the outputs of ``op`` whose gradients the rule needs
+    (``Site.output``), for an op whose rule needs more than its first output (a loop: those
+    the loss depends on; ``on_path``: the ops on the loss's path)."""
+
+    def __call__(self, op: tf.Operation, on_path: Collection[tf.Operation], /) -> tuple: ...
+
+
+class SeedFn(Protocol):
+    """``seed(grads, factor) -> delta``: what the rule's functions take as ``delta`` for a site
+    of several outputs (`OutputsFn`), from the loss's gradients of those outputs (a tuple in
+    their order, None where one is structurally zero) and the factor the core scales an
+    output gradient by (the batch size for a mean loss, the loss scale's inverse)."""
+
+    def __call__(self, grads: tuple, factor: float | tf.Tensor, /) -> Any: ...
+
+
+class TargetFn(Protocol):
+    """``xla_target(out) -> t``: under XLA, the tensor whose gradient the core asks of
+    ``tf.gradients`` in place of the site's output ``out`` (the same values)."""
+
+    def __call__(self, out: tf.Tensor, /) -> tf.Tensor: ...
+
+
+class HazardFn(Protocol):
+    """``hazard(op, depth) -> why``: why TensorFlow's ``pfor`` must not vectorise the backward
+    pass through ``op`` (the exact fallback would return wrong numbers, with no error), or
+    None; ``depth``: how many function calls deep ``op`` is (`vectorisation_hazard`)."""
+
+    def __call__(self, op: tf.Operation, depth: int, /) -> str | None: ...
+
+
+class AxesFn(Protocol):
+    """``axes(ex, op, states) -> state``: where the examples are in the outputs of ``op`` (one
+    `tb_gradmom.core.axes.State` for all, or a list, one per output) from its inputs'
+    ``states``; the transfer function of `tb_gradmom.core.axes.handlers` for an op that the
+    analysis has no handler for."""
+
+    def __call__(self, ex: Examples, op: tf.Operation, states: list, /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One op family's rule and all that the core asks of its ops (`tb_gradmom.core.rules.REGISTRY`
+    maps each of ``ops`` to it). Only ``name``, ``ops`` and ``contribution`` are required.
+
+    Attributes:
+      name: a short name for messages (``"conv"``).
+      ops: the op types the rule covers.
+      contribution: `RuleFn`, the math: ``Site -> Contribution``.
+      precheck: `PrecheckFn`, run before the site is built (the conv rule: the batch axis of its
+        input holds the examples alone).
+      outputs: `OutputsFn`, for a site that needs the gradients of several outputs (default:
+        the op's first output); then ``seed`` is required too.
+      seed: `SeedFn`, the ``delta`` of such a site.
+      xla_target: `TargetFn`, under XLA the tensor differentiated in place of an output of
+        ``ops`` (a function call's output: past an identity).
+      vectorisation_hazard: `HazardFn`, the reason the exact fallback must refuse a variable
+        whose backward pass crosses one of ``ops``.
+      broadcasts: the rule covers a parameter broadcast by the op itself (an add or a multiply):
+        a parameter broadcast to the batch before such an op is seen as used by it directly.
+      axes: `AxesFn`, where the examples go through one of ``ops`` that the analysis
+        (`tb_gradmom.core.axes`) has no handler for; ignored for an op that has one.
+    """
+
+    name: str
+    ops: tuple[str, ...]
+    contribution: RuleFn
+    precheck: PrecheckFn | None = None
+    outputs: OutputsFn | None = None
+    seed: SeedFn | None = None
+    xla_target: TargetFn | None = None
+    vectorisation_hazard: HazardFn | None = None
+    broadcasts: bool = False
+    axes: AxesFn | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ops, str) or not self.ops:
+            raise TypeError(f"rule '{self.name}': ops must be a non-empty tuple of op types")
+        if (self.outputs is None) != (self.seed is None):
+            raise TypeError(
+                f"rule '{self.name}': outputs and seed go together (a site of several outputs "
+                "needs the seed that makes its delta from their gradients)"
+            )
+
+    def __call__(self, site: Site) -> Contribution:
+        """The rule's `Contribution` for ``site`` (`RuleError` where it does not apply)."""
+        return self.contribution(site)
 
 
 def example_count(t: tf.Tensor, axis: int, partners: int = 1) -> Count:

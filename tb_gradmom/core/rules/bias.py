@@ -15,6 +15,7 @@ import tensorflow as tf
 from tb_gradmom.core.rules.base import (
     Contribution,
     Count,
+    Rule,
     RuleError,
     Site,
     constant,
@@ -27,7 +28,7 @@ from tb_gradmom.core.rules.base import (
     sq_norms_of,
 )
 
-__all__ = ["bias_rule"]
+__all__ = ["BIAS_RULE", "bias_rule"]
 
 
 def bias_rule(site: Site) -> Contribution:
@@ -145,3 +146,11 @@ def _tiled(site: Site, op, out, ax, aligned, other_index) -> Contribution:
         per_example=per_example,
         per_example_elements=int(vshape.num_elements()),
     )
+
+
+BIAS_RULE = Rule(
+    "bias",
+    ops=("BiasAdd", "AddV2", "Add", "Sub", "Mul"),
+    contribution=bias_rule,
+    broadcasts=True,
+)

@@ -20,17 +20,38 @@ the fast per-offset path.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 import numpy as np
 import tensorflow as tf
 
 from tb_gradmom._compat import PrivateAPIError, tf_private
-from tb_gradmom.core.rules.base import Contribution, RuleError, Site, example_count, example_slice
+from tb_gradmom.core import axes as _axes
+from tb_gradmom.core.rules.base import (
+    Contribution,
+    Rule,
+    RuleError,
+    Site,
+    example_count,
+    example_slice,
+)
 from tb_gradmom.core.rules.conv import ConvSpec, attr_str, conv_contribution
 
-__all__ = ["call_rule", "function_body"]
+if TYPE_CHECKING:
+    from tb_gradmom.core.axes import Examples
+
+__all__ = [
+    "CALL_RULE",
+    "call_rule",
+    "function_body",
+    "call_batch_check",
+    "past_call",
+    "call_hazard",
+]
 
 _FILTER_VIEWS = frozenset({"Identity", "Cast", "ExpandDims", "Reshape", "Squeeze"})
-_CONV_OPS = ("Conv2D", "Conv3D")
+_CONV_OPS = ("Conv2D", "Conv3D")  # what a call may wrap
 
 
 def function_body(op: tf.Operation):
@@ -286,7 +307,7 @@ def call_rule(site: Site) -> Contribution:
     positions = 1
     for s in out_outer.shape[1:-1]:
         positions *= s if s is not None else 1024
-    return conv_contribution(
+    contribution = conv_contribution(
         spec,
         operands,
         site.dtype,
@@ -294,3 +315,82 @@ def call_rule(site: Site) -> Contribution:
         evidence=f"the batch axis of the input of {what} (a {conv.type} in a function)",
         positions=positions,
     )
+    # under XLA the call's own gradient does not compile (`past_call`): from the order-1 sums
+    return replace(contribution, xla_gradient_from_sums=True)
+
+
+_CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
+
+
+def call_batch_check(op: tf.Operation, index: int, ex: Examples) -> str | None:
+    """A call wrapping a convolution: its data inputs and output hold the examples on axis 0
+    (but the filter, input ``index``: a kernel computed from the variable holds none), or why
+    not (`Rule.precheck`)."""
+    for i, t in enumerate([*op.inputs, *op.outputs]):
+        if t.dtype == tf.resource or i == index:
+            continue
+        st = ex.of(t)
+        if not (isinstance(st, _axes.Axis) and st.axis == 0 and st.pure):
+            why = f" (stopped at {ex.why(t)})" if st == _axes.UNKNOWN else ""
+            return (
+                f"'{t.name}' of {op.type} op '{op.name}' is not proven to hold the examples "
+                f"on its batch axis alone: {_axes.describe(st)}{why}"
+            )
+    return None
+
+
+def past_call(out: tf.Tensor) -> tf.Tensor:
+    """``out`` itself, or for the output of a function call (Keras' grouped convolution) an
+    identity of it that its consumers read instead (rewired in place, the same values): the
+    call's `Rule.xla_target`.
+
+    ``tf.gradients`` with respect to a call's output builds the call's ``SymbolicGradient``
+    even though nothing uses it (TensorFlow's gradients_util differentiates every function call
+    it reaches, its ``stop_ops`` notwithstanding). Outside XLA the unused op is pruned; XLA
+    compiles the function whole and has no ``SymbolicGradient`` of a call that reads a
+    variable, so the step would not compile. Past the identity, the call is not reached."""
+    if out.op.type not in _CALL_OPS:
+        return out
+    consumers = [(c, i) for c in out.consumers() for i, x in enumerate(c.inputs) if x is out]
+    with tf.control_dependencies(None):
+        past = tf.identity(out, name="gradmom_past_call")
+    for c, i in consumers:
+        tf_private.update_input(c, i, past)
+    return past
+
+
+# Calls nested deeper than this are not looked into for a vectorisation hazard.
+_MAX_HAZARD_DEPTH = 8
+
+
+def call_hazard(op: tf.Operation, depth: int) -> str | None:
+    """Why ``pfor`` must not vectorise through the function call ``op``: an op in its body
+    with a hazard of its own (`tb_gradmom.core.rules.vectorisation_hazard`: a grouped
+    convolution), or an XLA-compiled body that cannot be read; None otherwise."""
+    from tb_gradmom.core.rules import vectorisation_hazard
+
+    if depth >= _MAX_HAZARD_DEPTH:
+        return None
+    try:
+        xla = op.get_attr("_XlaMustCompile")
+    except (ValueError, TypeError):
+        xla = False
+    body = _axes.function_graph(op)
+    if body is not None:
+        for inner in body.get_operations():
+            why = vectorisation_hazard(inner, depth + 1)
+            if why is not None:
+                return why
+    elif xla:
+        return "an XLA-compiled function that gradmom cannot look into"
+    return None
+
+
+CALL_RULE = Rule(
+    "call",
+    ops=_CALL_OPS,
+    contribution=call_rule,
+    precheck=call_batch_check,
+    xla_target=past_call,
+    vectorisation_hazard=call_hazard,
+)

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tb_gradmom.core.rules.base import (
     Contribution,
+    Rule,
     RuleError,
     Site,
     example_count,
@@ -21,7 +22,7 @@ from tb_gradmom.core.rules.base import (
 )
 from tb_gradmom.core.rules.derived import _elements
 
-__all__ = ["concat_rule"]
+__all__ = ["CONCAT_RULE", "concat_rule"]
 
 
 def concat_rule(site: Site) -> Contribution:
@@ -68,3 +69,6 @@ def concat_rule(site: Site) -> Contribution:
         per_example=per_example,
         per_example_elements=_elements(vshape),
     )
+
+
+CONCAT_RULE = Rule("concat", ops=("ConcatV2",), contribution=concat_rule)

@@ -32,15 +32,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
+from tb_gradmom.core import axes as _axes
 from tb_gradmom.core.rules.base import (
     UNROLL,
     Contribution,
     Count,
+    Rule,
     RuleError,
     Site,
     constant,
@@ -55,7 +58,19 @@ from tb_gradmom.core.rules.base import (
     sum_over_chunks,
 )
 
-__all__ = ["conv_rule", "conv_spec", "ConvSpec", "conv_contribution", "attr_str"]
+if TYPE_CHECKING:
+    from tb_gradmom.core.axes import Examples
+
+__all__ = [
+    "CONV_RULE",
+    "conv_rule",
+    "conv_spec",
+    "ConvSpec",
+    "conv_contribution",
+    "attr_str",
+    "conv_batch_check",
+    "grouped_hazard",
+]
 
 # Kernel offsets whose per-example work may be in flight at once in `power_sums`: offset k waits
 # for the sums of offset k - _IN_FLIGHT. Bounds memory (a few slices and [n, c_in, c_out] blocks)
@@ -842,7 +857,7 @@ def conv_rule(site: Site) -> Contribution:
     out_spatial = (op.inputs[2] if transposed else op.outputs[0]).shape[1:-1]
     for s in out_spatial:
         positions *= s if s is not None else 1024
-    return conv_contribution(
+    contribution = conv_contribution(
         spec,
         operands,
         site.dtype,
@@ -851,3 +866,76 @@ def conv_rule(site: Site) -> Contribution:
         positions=positions,
         static_positions=positions if all(s is not None for s in out_spatial) else None,
     )
+    if op.type not in _FILTER_GRADIENTS:
+        return contribution
+    return replace(contribution, plain_gradient=lambda dz: _filter_gradient(op, dz))
+
+
+# The filter gradients TensorFlow registers for these ops (its nn_grad), the `plain_gradient`
+# of their filter (input 1): per op, the raw gradient op and the attributes it takes from the
+# forward op. The transposed convolutions have none here: their filter is deferred nowhere.
+_FILTER_GRADIENTS = {
+    "Conv2D": (
+        tf.raw_ops.Conv2DBackpropFilter,
+        ("strides", "use_cudnn_on_gpu", "padding", "explicit_paddings", "data_format", "dilations"),
+    ),
+    "DepthwiseConv2dNative": (
+        tf.raw_ops.DepthwiseConv2dNativeBackpropFilter,
+        ("strides", "padding", "explicit_paddings", "data_format", "dilations"),
+    ),
+    "Conv3D": (
+        tf.raw_ops.Conv3DBackpropFilterV2,
+        ("strides", "padding", "data_format", "dilations"),
+    ),
+}
+
+
+def _filter_gradient(op: tf.Operation, dz: tf.Tensor) -> tf.Tensor:
+    """TensorFlow's filter gradient of the convolution ``op`` from its output gradient ``dz``."""
+    raw, attrs = _FILTER_GRADIENTS[op.type]
+    return raw(
+        input=op.inputs[0],
+        filter_sizes=tf.shape(op.inputs[1]),
+        out_backprop=dz,
+        **{a: op.get_attr(a) for a in attrs},
+    )
+
+
+_TRANSPOSED = ("Conv2DBackpropInput", "Conv3DBackpropInputV2")
+
+
+def conv_batch_check(op: tf.Operation, index: int, ex: Examples) -> str | None:
+    """Why the conv rule must not fire at ``op`` (its batch axis not proven to be the
+    examples, alone or as SpaceToBatchND's blocks x examples), or None (`Rule.precheck`)."""
+    src = op.inputs[2] if op.type in _TRANSPOSED else op.inputs[0]
+    while src.op.type in ("ExpandDims", "Identity"):
+        src = src.op.inputs[0]
+    if src.op.type == "SpaceToBatchND":
+        src = src.op.inputs[0]
+    st = ex.of(src)
+    if isinstance(st, _axes.Axis) and st.axis == 0 and st.pure:  # of any batch (a union too)
+        return None
+    why = f" (stopped at {ex.why(src)})" if st == _axes.UNKNOWN else ""
+    return (
+        f"the batch axis of '{src.name}', the input of {op.type} op '{op.name}', is not proven "
+        f"to hold the examples alone: {_axes.describe(st)}{why}"
+    )
+
+
+def grouped_hazard(op: tf.Operation, depth: int) -> str | None:
+    """A grouped ``Conv2D``/``Conv3D`` (the input has more channels than the filter's
+    in-channels): ``pfor`` vectorises its filter gradient wrongly (`Rule.vectorisation_hazard`)."""
+    if op.type in ("Conv2D", "Conv3D") and len(op.inputs) >= 2:
+        c_in, k_in = op.inputs[0].shape[-1], op.inputs[1].shape[-2]
+        if c_in is None or k_in is None or c_in != k_in:
+            return "a grouped convolution, whose filter gradient pfor vectorises wrongly"
+    return None
+
+
+CONV_RULE = Rule(
+    "conv",
+    ops=("Conv2D", "Conv3D", "DepthwiseConv2dNative", *_TRANSPOSED),
+    contribution=conv_rule,
+    precheck=conv_batch_check,
+    vectorisation_hazard=grouped_hazard,
+)

@@ -20,6 +20,7 @@ from tb_gradmom.core.axes import Axis
 from tb_gradmom.core.rules.base import (
     Contribution,
     Count,
+    Rule,
     RuleError,
     Site,
     example_count,
@@ -30,7 +31,7 @@ from tb_gradmom.core.rules.base import (
     sequence_sq_norms,
 )
 
-__all__ = ["batch_matmul_rule", "einsum_rule"]
+__all__ = ["BATCH_MATMUL_RULE", "EINSUM_RULE", "batch_matmul_rule", "einsum_rule"]
 
 
 def batch_matmul_rule(site: Site) -> Contribution:
@@ -151,3 +152,9 @@ def einsum_rule(site: Site) -> Contribution:
         per_example_elements=int(site.view.shape.num_elements()),
         gradient_from_sums=True,
     )
+
+
+BATCH_MATMUL_RULE = Rule(
+    "batch_matmul", ops=("BatchMatMulV2", "BatchMatMulV3"), contribution=batch_matmul_rule
+)
+EINSUM_RULE = Rule("einsum", ops=("Einsum",), contribution=einsum_rule)

@@ -18,6 +18,7 @@ import tensorflow as tf
 from tb_gradmom.core.rules.base import (
     Contribution,
     Count,
+    Rule,
     RuleError,
     Site,
     example_count,
@@ -28,7 +29,7 @@ from tb_gradmom.core.rules.base import (
     times,
 )
 
-__all__ = ["gather_rule"]
+__all__ = ["GATHER_RULE", "gather_rule"]
 
 
 def gather_rule(site: Site) -> Contribution:
@@ -107,3 +108,6 @@ def gather_rule(site: Site) -> Contribution:
         power_sums=power_sums,
         sq_norms=sq_norms,
     )
+
+
+GATHER_RULE = Rule("gather", ops=("GatherV2", "ResourceGather"), contribution=gather_rule)

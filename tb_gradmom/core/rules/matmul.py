@@ -18,6 +18,7 @@ from tb_gradmom.core.axes import Axis
 from tb_gradmom.core.rules.base import (
     Contribution,
     Count,
+    Rule,
     RuleError,
     Site,
     example_count,
@@ -29,7 +30,7 @@ from tb_gradmom.core.rules.base import (
     times,
 )
 
-__all__ = ["matmul_rule"]
+__all__ = ["MATMUL_RULE", "matmul_rule"]
 
 
 def _t(x: tf.Tensor) -> tf.Tensor:
@@ -158,3 +159,6 @@ def matmul_rule(site: Site) -> Contribution:
         # the per-example gradients are materialised anyway: their sum is the weight gradient
         gradient_from_sums=True,
     )
+
+
+MATMUL_RULE = Rule("matmul", ops=("MatMul",), contribution=matmul_rule)

@@ -36,6 +36,7 @@ from __future__ import annotations
 from tb_gradmom.core.rules.loops.loop import Loop, Loops
 from tb_gradmom.core.rules.loops.rule import (
     LOOP_OPS,
+    RECURRENT_RULE,
     LoopGrads,
     loop_outputs,
     num_original_outputs,
@@ -44,6 +45,7 @@ from tb_gradmom.core.rules.loops.rule import (
 
 __all__ = [
     "LOOP_OPS",
+    "RECURRENT_RULE",
     "Loop",
     "LoopGrads",
     "Loops",

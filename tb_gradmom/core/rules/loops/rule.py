@@ -18,6 +18,7 @@ import tensorflow as tf
 from tb_gradmom.core import axes as _axes
 from tb_gradmom.core.rules.base import (
     Contribution,
+    Rule,
     RuleError,
     Site,
     example_count,
@@ -33,6 +34,7 @@ from tb_gradmom.core.rules.loops.loop import Loop
 
 __all__ = [
     "LOOP_OPS",
+    "RECURRENT_RULE",
     "LoopGrads",
     "init_rule",
     "loop_outputs",
@@ -235,3 +237,14 @@ def init_rule(site: Site, loop: Loop, outputs: tuple) -> Contribution:
         per_example=per_example,
         per_example_elements=int(elements) + loop.copy_elements(),
     )
+
+
+# Keras recurrent layers: a variable read inside a tf.while_loop. A site needs the gradients of
+# every loop output the loss depends on, handed to the rule as one `LoopGrads`.
+RECURRENT_RULE = Rule(
+    "recurrent",
+    ops=tuple(sorted(LOOP_OPS)),
+    contribution=recurrent_rule,
+    outputs=loop_outputs,
+    seed=LoopGrads,
+)
