@@ -104,6 +104,16 @@ def _assert_close(got, want, what):
     assert err <= TOL * scale, f"{what}: max error {err:.3g} > {TOL:g} * {scale:.3g}"
 
 
+def _assert_exact(forward, variables, x, y, grads, moments):
+    """Gradients and moments against brute-force per-example gradients."""
+    per_ex = reference.per_example_gradients(forward, variables, _per_example_loss, x, y)
+    for v, g, m, want in zip(variables, grads, moments, per_ex):
+        ref = reference.moments(want, ORDERS)
+        _assert_close(g, ref[1], f"{v.name} gradient")
+        for p in ORDERS:
+            _assert_close(m[p], ref[p], f"{v.name} M_{p}")
+
+
 @pytest.mark.parametrize("shape", [(6, 4), (5, 3, 4)], ids=["rows", "sequence"])
 def test_a_new_rule_registered_once_is_used_and_exact(monkeypatch, shape):
     calls: list = []
@@ -114,12 +124,7 @@ def test_a_new_rule_registered_once_is_used_and_exact(monkeypatch, shape):
     assert seen["paths"] == ["rule: RealDiv", "rule: AddV2"], seen["paths"]
     assert "toy divisor rule" in seen["text"], seen["text"]
     assert calls, "the registered rule's per_example was never built"
-    per_ex = reference.per_example_gradients(forward, variables, _per_example_loss, x, y)
-    for v, g, m, want in zip(variables, grads, moments, per_ex):
-        ref = reference.moments(want, ORDERS)
-        _assert_close(g, ref[1], f"{v.name} gradient")
-        for p in ORDERS:
-            _assert_close(m[p], ref[p], f"{v.name} M_{p}")
+    _assert_exact(forward, variables, x, y, grads, moments)
 
 
 def test_a_new_rule_gives_per_example_norms_exactly(monkeypatch):
@@ -234,12 +239,7 @@ def test_a_rule_brings_the_axes_of_an_op_the_analysis_does_not_know(monkeypatch)
     monkeypatch.setitem(REGISTRY, "BiasAddV1", BIAS_V1_RULE)
     grads, moments, seen = _moments_and_paths(forward, variables, x, y, fallback="error")
     assert seen["paths"] == ["rule: MatMul", "rule: BiasAddV1"], seen["paths"]
-    per_ex = reference.per_example_gradients(forward, variables, _per_example_loss, x, y)
-    for v, g, m, want in zip(variables, grads, moments, per_ex):
-        ref = reference.moments(want, ORDERS)
-        _assert_close(g, ref[1], f"{v.name} gradient")
-        for p in ORDERS:
-            _assert_close(m[p], ref[p], f"{v.name} M_{p}")
+    _assert_exact(forward, variables, x, y, grads, moments)
 
 
 # --- the registry and the modules that must not list op types ---------------------------------
