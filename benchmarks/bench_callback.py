@@ -88,6 +88,11 @@ def _ratio(times: dict, a: str, b: str) -> float:
     return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
 
+def _ratio_of(a: dict, b: dict, k: str) -> float:
+    """The median over rounds of ``a[k] / b[k]`` (two settings timed in the same rounds)."""
+    return statistics.median(x / y for x, y in zip(a[k], b[k]))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,3c3d")
@@ -105,12 +110,16 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as logdir:
         for name in names:
-            times = {}
-            for jit in (False, True):
-                print(f"{name}, jit_compile={jit}: tracing and timing ...", flush=True)
-                variants = _variants(name, jit, logdir)
-                t = _time(variants, args.rounds, PER_ROUND[name])
-                times[jit] = t
+            # Both settings of jit_compile timed in the same rounds, so that the comparison of
+            # the logged steps with and without XLA sees the same load.
+            print(f"{name}: tracing and timing, jit_compile False and True ...", flush=True)
+            variants = {
+                (jit, k): v
+                for jit in (False, True)
+                for k, v in _variants(name, jit, logdir).items()
+            }
+            t = _time(variants, args.rounds, PER_ROUND[name])
+            times = {jit: {k: t[(j, k)] for j, k in t if j == jit} for jit in (False, True)}
             rows.append((name, times))
     print()
     print("| model | jit | plain ms | attached / plain | logged / plain |")
@@ -125,13 +134,18 @@ def main(argv=None) -> int:
     print()
     for name, times in rows:
         xla, nox = times[True], times[False]
-        logged = statistics.median(xla["logged"]) / statistics.median(nox["logged"])
+        logged = _ratio_of(xla, nox, "logged")
         attached = _ratio(xla, "attached", "plain")
+        # What logging adds to a step, in ms, with and without XLA (medians of the rounds).
+        added = {
+            jit: 1e3 * statistics.median(a - b for a, b in zip(t["logged"], t["plain"]))
+            for jit, t in times.items()
+        }
         print(
             f"{name}: with XLA, attached / plain {attached:.3f} (target <= 1.05); logged step "
             f"with XLA / logged step without {logged:.2f} (target <= 1; the plain XLA step / "
-            f"plain step without XLA: "
-            f"{statistics.median(xla['plain']) / statistics.median(nox['plain']):.2f})"
+            f"plain step without XLA: {_ratio_of(xla, nox, 'plain'):.2f}); logging adds "
+            f"{added[True]:.1f} ms to the XLA step, {added[False]:.1f} ms without XLA"
         )
     return 0
 
