@@ -931,6 +931,18 @@ def test_summary_table_sorts_and_opens_heatmap(page):
                 key,
             )
 
+    # The SVG export draws the table as shown: its rows in the shown order, cell for cell.
+    _, svg = download(pg, pg.locator("#summary-card").get_by_role("button", name="SVG"))
+    texts = [t.text or "" for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
+    assert texts[0] == "Model summary" and texts[1].startswith("run alpha · step"), texts[:2]
+    shown_rows = [rows.nth(k).locator("td").all_text_contents() for k in range(rows.count())]
+    foot = pg.locator("table.summary tfoot tr")
+    if foot.count():
+        shown_rows.append(foot.first.locator("td").all_text_contents())
+    ncol = len(shown_rows[0])
+    drawn = texts[2 + ncol :]  # after the title, the subtitle and the header row
+    assert [drawn[k : k + ncol] for k in range(0, len(drawn), ncol)] == shown_rows
+
     pg.click('table.summary tbody tr[data-tag="dense/bias"]')
     page.settle()
     title = pg.locator("#heatmap-card text.title").text_content()

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
@@ -217,6 +218,18 @@ def test_outlier_table_finds_the_corrupted_ids_and_sorts(page, reference):
         pg.click(".ex-outlier-part .export button:text('CSV')")
     rows = list(csv.DictReader(io.StringIO(open(dl.value.path()).read())))
     assert [r["id"] for r in rows] == ids
+    # the SVG export draws it as shown, cell for cell
+    with pg.expect_download() as dl:
+        pg.click(".ex-outlier-part .export button:text('SVG')")
+    svg = ET.parse(dl.value.path()).getroot()
+    texts = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+    assert texts[0] == "Outlier examples", texts[:2]
+    shown = pg.eval_on_selector_all(
+        "table.ex-outliers tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))"
+    )
+    ncol = len(shown[0])
+    drawn = texts[2 + ncol :]
+    assert [drawn[k : k + ncol] for k in range(0, len(drawn), ncol)] == shown
 
 
 def test_clipped_fraction_and_histogram_are_numpys(page, reference):

@@ -237,6 +237,50 @@ export function drawTitle(svg, title, subtitle, theme, reserve = 0) {
   }
 }
 
+/**
+ * A table drawn as a figure (PNG/SVG export): a title, a header row, a rule, one text row per
+ * entry of `rows`, and optionally a bold total row under a second rule.
+ * @param {{title: string, subtitle: string, theme: any, columns: readonly {key: string, label?: string, numeric?: boolean}[], widths: number[], rows: any[], text: (col: any, row: any) => string, total?: ((col: any) => string) | null}} spec
+ */
+export function tableFigure({ title, subtitle, theme, columns, widths, rows, text, total = null }) {
+  const rowH = 18;
+  const width = 24 + widths.reduce((a, b) => a + b, 0);
+  const height = 60 + rowH * (rows.length + (total ? 2 : 1)) + 12;
+  const svg = newFigure(width, height, theme);
+  drawTitle(svg, title, subtitle, theme);
+  const g = svg.append("g").attr("transform", "translate(12,52)");
+  const xs = widths.map((_, k) => widths.slice(0, k).reduce((a, b) => a + b, 0));
+  /** @param {number} y @param {(col: any) => string} label @param {boolean} bold */
+  const line = (y, label, bold) =>
+    columns.forEach((col, k) => {
+      g.append("text")
+        .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
+        .attr("y", y)
+        .attr("text-anchor", col.numeric ? "end" : "start")
+        .attr("font-weight", bold ? 600 : null)
+        .attr("fill", theme.text)
+        .text(label(col));
+    });
+  /** @param {number} y */
+  const rule = (y) =>
+    g
+      .append("line")
+      .attr("x1", 0)
+      .attr("x2", width - 24)
+      .attr("y1", y)
+      .attr("y2", y)
+      .attr("stroke", theme.axis);
+  line(12, (col) => col.label ?? "", true);
+  rule(17);
+  rows.forEach((row, r) => line(12 + rowH * (r + 1), (col) => text(col, row), false));
+  if (total) {
+    const y = 12 + rowH * (rows.length + 1);
+    rule(y - 13);
+    line(y, total, true);
+  }
+  return svg;
+}
+
 const FONT_FAMILY = "Roboto, Helvetica, Arial, sans-serif";
 let measureContext = null;
 

@@ -16,6 +16,7 @@ import {
   exportButtons,
   h,
   newFigure,
+  tableFigure,
   toJSON,
   View,
 } from "./common.js";
@@ -633,47 +634,16 @@ export class ExamplesView extends View {
 
   /** The outlier table as a figure (PNG/SVG export). @param {any} theme */
   outlierFigure(theme) {
-    const rows = this.sortedOutliers();
-    const widths = [140, 100, 60, 90, 70, 90, 110, 80];
-    const width = 24 + widths.reduce((a, b) => a + b, 0);
-    const rowH = 18;
-    const height = 60 + rowH * (rows.length + 1) + 12;
-    const svg = newFigure(width, height, theme);
     const o = this.model.outliers;
-    drawTitle(
-      svg,
-      "Outlier examples",
-      `${this.subject()} · norm / median > ${o.threshold} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`,
+    return tableFigure({
+      title: "Outlier examples",
+      subtitle: `${this.subject()} · norm / median > ${o.threshold} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`,
       theme,
-    );
-    const g = svg.append("g").attr("transform", "translate(12,52)");
-    const xs = widths.map((_, k) => widths.slice(0, k).reduce((a, b) => a + b, 0));
-    OUTLIER_COLUMNS.forEach((col, k) => {
-      g.append("text")
-        .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
-        .attr("y", 12)
-        .attr("text-anchor", col.numeric ? "end" : "start")
-        .attr("font-weight", 600)
-        .attr("fill", theme.text)
-        .text(col.label);
+      columns: OUTLIER_COLUMNS,
+      widths: [140, 100, 60, 90, 70, 90, 110, 80],
+      rows: this.sortedOutliers(),
+      text: cellText,
     });
-    g.append("line")
-      .attr("x1", 0)
-      .attr("x2", width - 24)
-      .attr("y1", 17)
-      .attr("y2", 17)
-      .attr("stroke", theme.axis);
-    rows.forEach((r, i) => {
-      OUTLIER_COLUMNS.forEach((col, k) => {
-        g.append("text")
-          .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
-          .attr("y", 12 + rowH * (i + 1))
-          .attr("text-anchor", col.numeric ? "end" : "start")
-          .attr("fill", theme.text)
-          .text(cellText(col, r));
-      });
-    });
-    return svg;
   }
 
   // ---------------------------------------------------------------------------- clipping

@@ -3,7 +3,7 @@
 // size at one step; sortable by any column; a click on a row opens its heatmap.
 
 import { estimateStatus, formatEstimate, formatNumber, sortRows, toCSV } from "../core.js";
-import { drawTitle, exportButtons, h, newFigure, toJSON, View } from "./common.js";
+import { exportButtons, h, tableFigure, toJSON, View } from "./common.js";
 
 // The tab's columns. The statistic columns' headers are /meta's short names with their
 // symbols (`columns(statistics)`); their tooltips /meta's explanations.
@@ -224,69 +224,20 @@ export class TableView extends View {
   /** The table as a figure (for PNG/SVG export). */
   figure(theme) {
     const { run, step } = this.model;
-    const rows = this.sorted();
-    const widths = [260, 80, 150, 100, 170, 60];
-    const width = 24 + widths.reduce((a, b) => a + b, 0);
-    const rowH = 18;
     const whole = this.model.model;
-    const height = 60 + rowH * (rows.length + (whole ? 2 : 1)) + 12;
-    const svg = newFigure(width, height, theme);
-    drawTitle(
-      svg,
-      "Model summary",
-      `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · ${this.caption()} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`,
+    return tableFigure({
+      title: "Model summary",
+      subtitle: `run ${run}${this.model.group ? ` · model ${this.model.group}` : ""} · step ${step} · ${this.caption()} · sorted by ${this.sortKey}${this.descending ? " (descending)" : ""}`,
       theme,
-    );
-    const g = svg.append("g").attr("transform", "translate(12,52)");
-    const xs = widths.map((_, k) => widths.slice(0, k).reduce((a, b) => a + b, 0));
-    const cols = this.columns();
-    cols.forEach((col, k) => {
-      g.append("text")
-        .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
-        .attr("y", 12)
-        .attr("text-anchor", col.numeric ? "end" : "start")
-        .attr("font-weight", 600)
-        .attr("fill", theme.text)
-        .text(col.label);
+      columns: this.columns(),
+      widths: [260, 80, 150, 100, 170, 60],
+      rows: this.sorted(),
+      text: (col, row) => cellText(col, row, this.model.positiveOnly),
+      total: whole
+        ? (col) =>
+            col.key === "tag" ? this.wholeLabel() : cellText(col, whole, this.model.positiveOnly)
+        : null,
     });
-    g.append("line")
-      .attr("x1", 0)
-      .attr("x2", width - 24)
-      .attr("y1", 17)
-      .attr("y2", 17)
-      .attr("stroke", theme.axis);
-    rows.forEach((row, r) => {
-      const y = 12 + rowH * (r + 1);
-      cols.forEach((col, k) => {
-        g.append("text")
-          .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
-          .attr("y", y)
-          .attr("text-anchor", col.numeric ? "end" : "start")
-          .attr("fill", theme.text)
-          .text(cellText(col, row, this.model.positiveOnly));
-      });
-    });
-    if (whole) {
-      const y = 12 + rowH * (rows.length + 1);
-      g.append("line")
-        .attr("x1", 0)
-        .attr("x2", width - 24)
-        .attr("y1", y - 13)
-        .attr("y2", y - 13)
-        .attr("stroke", theme.axis);
-      cols.forEach((col, k) => {
-        g.append("text")
-          .attr("x", col.numeric ? xs[k] + widths[k] - 6 : xs[k])
-          .attr("y", y)
-          .attr("text-anchor", col.numeric ? "end" : "start")
-          .attr("font-weight", 600)
-          .attr("fill", theme.text)
-          .text(
-            col.key === "tag" ? this.wholeLabel() : cellText(col, whole, this.model.positiveOnly),
-          );
-      });
-    }
-    return svg;
   }
 
   wholeLabel() {
